@@ -1,0 +1,47 @@
+# Two entry points on a fresh machine: `make up` runs the main job, `make test` runs the checks.
+# Both create .venv and install what they need: the CPU build of torch 2.13.0 first (a plain `torch`
+# requirement would pull a multi-GB CUDA build), then the project; Debian packages when running as root.
+
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+STAMP := $(VENV)/.installed
+APT_PACKAGES := prometheus
+PROMPT ?= Hello! Tell me about paged attention.
+
+.PHONY: up test lint typecheck apt bench clean
+
+up: $(STAMP)
+	$(PY) -m inference generate "$(PROMPT)"
+
+test: $(STAMP) apt lint typecheck
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)
+	$(PY) -m inference.bench offline
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[dev]'
+	touch $(STAMP)
+
+# Debian packages the tests use (promtool from prometheus); skipped with a note when not root.
+apt:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "note: not root or no apt-get; missing Debian packages: $$missing"; exit 0; fi; \
+	echo "installing Debian packages: $$missing"; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

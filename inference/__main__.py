@@ -1,0 +1,77 @@
+"""``python -m inference``: run one replica's engine from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from inference.config import EngineConfig
+from inference.sampling_params import SamplingParams
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default",
+                   help="'default' (built on first use) or a Hugging Face folder")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda[:N] or npu[:N]")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"])
+    p.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens)
+
+
+def _engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
+                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from inference.engine import LLMEngine
+
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed, stop=tuple(args.stop or ()))
+    engine = LLMEngine(args.model, _engine_config(args))
+    prompt = args.prompt
+    if not args.raw:
+        prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+    engine.add_request("cli", prompt, params)
+    final = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            sys.stdout.write(out.delta_text)
+            sys.stdout.flush()
+            final = out
+    sys.stdout.write("\n")
+    if final is not None:
+        m = final.metrics
+        print(f"[{len(final.output_token_ids)} tokens, finish_reason={final.finish_reason}, "
+              f"ttft={m.ttft * 1000:.1f} ms, decode={m.decode_time * 1000:.1f} ms, "
+              f"device={engine.device.torch_device}]", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inference")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate a completion for one prompt and print it")
+    gen.add_argument("prompt")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", help="stop string (repeatable)")
+    gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    _engine_args(gen)
+    gen.set_defaults(func=_generate)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

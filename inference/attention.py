@@ -1,0 +1,128 @@
+"""Attention over block tables in plain torch (CPU, CUDA, NPU).
+
+The model runner lays out one step's tokens flat: every prefill chunk first (each sequence's chunk
+contiguous), then one token per decoding sequence. It publishes an :class:`AttentionContext` before the
+forward pass; each :class:`Attention` layer writes this step's keys and values into its paged cache through
+``slot_mapping`` and attends over the sequence's blocks through its block table.
+
+Without a context (``get_context() is None``) a layer treats its input as one sequence and runs plain
+causal attention with no cache: the path used to compare logits with a reference model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inference.kv_quant import KVCacheStore
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    """One sequence's prefill chunk in the flat batch."""
+
+    query_start: int  # index of its first token in the flat batch
+    query_len: int  # tokens computed this step
+    context_len: int  # tokens the chunk attends over, its own included
+    block_table: torch.Tensor  # int64 [num_blocks] covering context_len tokens
+
+
+@dataclass(slots=True)
+class AttentionContext:
+    slot_mapping: torch.Tensor  # int64 [num_tokens]: where each token's K/V goes in the flat cache
+    prefills: list[PrefillChunk]
+    num_prefill_tokens: int
+    decode_block_tables: torch.Tensor | None  # int64 [num_decodes, max_blocks], padded with 0
+    decode_context_lens: torch.Tensor | None  # int64 [num_decodes]
+    decode_mask: torch.Tensor | None  # bool [num_decodes, 1, 1, max_blocks * block_size]: True = attend
+
+
+_context: AttentionContext | None = None
+
+
+def get_context() -> AttentionContext | None:
+    return _context
+
+
+@contextmanager
+def attention_context(ctx: AttentionContext) -> Iterator[None]:
+    global _context
+    previous, _context = _context, ctx
+    try:
+        yield
+    finally:
+        _context = previous
+
+
+# A fused kernel (e.g. torch-npu's paged attention) may replace the plain-torch decode path; it takes
+# (query [B, H, D], cache, block_tables, context_lens, scale) and returns [B, H, D].
+DecodeKernel = Callable[[torch.Tensor, KVCacheStore, torch.Tensor, torch.Tensor, float], torch.Tensor]
+
+
+class Attention(nn.Module):
+    """Scaled dot-product attention with grouped-query heads over a paged KV cache."""
+
+    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float | None = None) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of "
+                             f"num_key_value_heads ({num_kv_heads})")
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.num_kv_heads = num_kv_heads
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.cache: KVCacheStore | None = None  # bound by the model runner
+        self.decode_kernel: DecodeKernel | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: [T, H, D]; k, v: [T, KV, D]; returns [T, H, D]."""
+        ctx = get_context()
+        if ctx is None or self.cache is None:
+            return self._dense_causal(q, k, v)
+        self.cache.write(k, v, ctx.slot_mapping)
+        out = torch.empty_like(q)
+        for chunk in ctx.prefills:
+            rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
+            out[rows] = self._prefill(q[rows], chunk)
+        if ctx.decode_block_tables is not None:
+            out[ctx.num_prefill_tokens:] = self._decode(q[ctx.num_prefill_tokens:], ctx)
+        return out
+
+    def _dense_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=self.scale,
+                                           enable_gqa=self.num_heads != self.num_kv_heads)
+        return o.squeeze(0).transpose(0, 1)
+
+    def _prefill(self, q: torch.Tensor, chunk: PrefillChunk) -> torch.Tensor:
+        assert self.cache is not None
+        k, v = self.cache.gather(chunk.block_table.unsqueeze(0), chunk.context_len)  # [1, KV, L, D]
+        qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, Lq, D]
+        past = chunk.context_len - chunk.query_len
+        if past == 0:
+            o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=self.scale,
+                                               enable_gqa=self.num_heads != self.num_kv_heads)
+        else:
+            # Query i (absolute position past + i) sees keys 0..past + i.
+            rows = torch.arange(chunk.query_len, device=q.device).unsqueeze(1) + past
+            cols = torch.arange(chunk.context_len, device=q.device).unsqueeze(0)
+            o = F.scaled_dot_product_attention(qh, k, v, attn_mask=cols <= rows, scale=self.scale,
+                                               enable_gqa=self.num_heads != self.num_kv_heads)
+        return o.squeeze(0).transpose(0, 1)
+
+    def _decode(self, q: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        assert self.cache is not None and ctx.decode_block_tables is not None
+        assert ctx.decode_context_lens is not None and ctx.decode_mask is not None
+        if self.decode_kernel is not None:
+            return self.decode_kernel(q, self.cache, ctx.decode_block_tables, ctx.decode_context_lens,
+                                      self.scale)
+        k, v = self.cache.gather(ctx.decode_block_tables, None)  # [B, KV, Lmax, D]
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=ctx.decode_mask,
+                                           scale=self.scale,
+                                           enable_gqa=self.num_heads != self.num_kv_heads)
+        return o.squeeze(2)

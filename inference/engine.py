@@ -1,0 +1,263 @@
+"""The engine: ``LLMEngine.step()`` is schedule, run, postprocess.
+
+Requests come in through :meth:`LLMEngine.add_request`; each step the scheduler picks what to compute,
+the model runner computes it and samples, and postprocessing appends tokens, detokenizes, applies stop
+conditions and frees finished sequences. :class:`LLM` wraps the loop for offline batch generation; the
+server drives the same engine from a background thread (``inference.async_engine``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from inference.config import EngineConfig
+from inference.device import select_device
+from inference.kv_blocks import BlockManager
+from inference.model_runner import ModelRunner, plan_cache
+from inference.models.default import ensure_default_model
+from inference.models.loader import load_model
+from inference.output import Clock, RequestMetrics, RequestOutput, TextAssembler
+from inference.sampler import SamplingRow
+from inference.sampling_params import InvalidParameterError, SamplingParams
+from inference.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from inference.sequence import FinishReason, Sequence
+from inference.tokenizer import IncrementalDetokenizer, Tokenizer
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class PromptTooLongError(InvalidParameterError):
+    def __init__(self, num_tokens: int, max_model_len: int) -> None:
+        super().__init__("prompt", f"the prompt has {num_tokens} tokens; this model's context holds "
+                                   f"{max_model_len} (prompt and output together)")
+        self.num_tokens = num_tokens
+        self.max_model_len = max_model_len
+
+
+@dataclass(slots=True, frozen=True)
+class StepStat:
+    start: float
+    duration: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_running: int
+    num_waiting: int
+
+
+@dataclass(slots=True)
+class _Request:
+    request_id: str
+    seq: Sequence
+    metrics: RequestMetrics
+    detokenizer: IncrementalDetokenizer
+    text: TextAssembler
+
+
+def resolve_model(model: str, state_dir: Path | None = None) -> Path:
+    """``default`` (built on first use) or a Hugging Face folder."""
+    if model == "default":
+        return ensure_default_model(state_dir)
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model folder {folder} does not exist")
+    return folder
+
+
+class LLMEngine:
+    def __init__(self, model: str = "default", config: EngineConfig | None = None, *,
+                 clock: Clock = time.monotonic, state_dir: Path | None = None) -> None:
+        self.config = config = config or EngineConfig()
+        self.clock = clock
+        self.model_path = resolve_model(model, state_dir)
+        self.model_name = "default" if model == "default" else self.model_path.name
+        self.device = select_device(config.device)
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.dtype = self.device.default_dtype() if config.dtype == "auto" else _DTYPES[config.dtype]
+        self.model, self.model_config = load_model(self.model_path, device=self.device.torch_device,
+                                                   dtype=self.dtype)
+        self.tokenizer = Tokenizer.from_folder(self.model_path)
+        mc = self.model_config
+        layout = plan_cache(memory_bytes=config.kv_cache_memory_bytes, num_blocks=config.num_kv_blocks,
+                            block_size=config.block_size, num_kv_heads=mc.num_key_value_heads,
+                            head_dim=mc.head_dim, num_layers=mc.num_hidden_layers, dtype=self.dtype,
+                            int8=config.kv_cache_dtype == "int8")
+        self.max_model_len = self._max_model_len(layout.num_blocks * layout.block_size)
+        self.block_manager = BlockManager(layout.num_blocks, layout.block_size,
+                                          enable_prefix_caching=config.enable_prefix_caching)
+        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
+                                                   config.enable_chunked_prefill), self.block_manager)
+        self.runner = ModelRunner(self.model, layout, device=self.device.torch_device, dtype=self.dtype,
+                                  int8_kv=config.kv_cache_dtype == "int8")
+        self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
+        self.requests: dict[str, _Request] = {}
+        self.step_stats: deque[StepStat] = deque(maxlen=4096)
+        self._seq_ids = itertools.count()
+        logger.info("engine ready: model=%s device=%s dtype=%s kv_blocks=%d block_size=%d max_model_len=%d",
+                    self.model_path, self.device.torch_device, self.dtype, layout.num_blocks,
+                    layout.block_size, self.max_model_len)
+
+    def _max_model_len(self, pool_tokens: int) -> int:
+        limit = min(self.model_config.max_position_embeddings, pool_tokens)
+        if self.config.max_model_len:
+            limit = min(limit, self.config.max_model_len)
+        if not self.config.enable_chunked_prefill:
+            limit = min(limit, self.config.max_num_batched_tokens)
+        return limit
+
+    # ---- requests ------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | Seq[int], params: SamplingParams, *,
+                    priority: int = 0, arrival_time: float | None = None) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        tokens = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self.validate_prompt(tokens)
+        arrival = self.clock() if arrival_time is None else arrival_time
+        seq = Sequence(next(self._seq_ids), tokens, params, arrival, priority)
+        detokenizer = IncrementalDetokenizer(self.tokenizer)
+        self.requests[request_id] = _Request(request_id, seq, RequestMetrics(arrival), detokenizer,
+                                             TextAssembler(params.stop))
+        self.scheduler.add(seq)
+
+    def validate_prompt(self, tokens: Seq[int]) -> None:
+        if not tokens:
+            raise InvalidParameterError("prompt", "must not be empty")
+        if len(tokens) >= self.max_model_len:
+            raise PromptTooLongError(len(tokens), self.max_model_len)
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in tokens):
+            raise InvalidParameterError("prompt", f"token ids must be in [0, {vocab})")
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Cancel a request; its KV blocks are free when this returns."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        return self._finish(req, FinishReason.ABORT, self.clock())
+
+    def fail_all(self, error: str) -> list[RequestOutput]:
+        """Finish every request with an error (the device failed under them)."""
+        now = self.clock()
+        requests = list(self.requests.values())
+        return [self._finish(req, FinishReason.ERROR, now, error=error) for req in requests]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- the step ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        start = self.clock()
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        rows = self._begin(out, start)
+        sampled = self.runner.run(out, rows)
+        self.scheduler.update_after_step(out, sampled)
+        now = self.clock()
+        outputs = [self._postprocess(self._by_seq[item.seq.seq_id], token, now)
+                   for item, token in zip(out.scheduled, sampled) if token is not None]
+        self._record_step(out, start, now)
+        return outputs
+
+    def _begin(self, out: SchedulerOutput, now: float) -> list[SamplingRow]:
+        self._by_seq = {r.seq.seq_id: r for r in self.requests.values()}
+        rows = []
+        for item in out.scheduled:
+            req = self._by_seq[item.seq.seq_id]
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = now
+                req.metrics.num_cached_tokens = item.seq.num_cached_tokens
+            if item.samples:
+                rows.append(self._sampling_row(item.seq))
+        for seq in out.preempted:
+            self._by_seq[seq.seq_id].metrics.num_preemptions += 1
+        return rows
+
+    def _sampling_row(self, seq: Sequence) -> SamplingRow:
+        p = seq.params
+        early = seq.num_output_tokens < p.min_tokens and not p.ignore_eos
+        banned = self.eos_token_ids if early else frozenset()
+        return SamplingRow(p, seq.num_output_tokens, banned)
+
+    def _postprocess(self, req: _Request, token: int, now: float) -> RequestOutput:
+        m = req.metrics
+        if m.first_token_time is None:
+            m.first_token_time = now
+        m.last_token_time = now
+        delta, reason = self._append_text(req, token)
+        if reason is not None:
+            return self._finish(req, reason, now, new_tokens=[token], delta=delta)
+        return self._output(req, [token], delta, finished=False, reason=None)
+
+    def _append_text(self, req: _Request, token: int) -> tuple[str, FinishReason | None]:
+        """Detokenize ``token`` and decide whether the request stops here."""
+        seq, params = req.seq, req.seq.params
+        started = time.perf_counter()
+        is_eos = token in self.eos_token_ids and not params.ignore_eos
+        delta, stopped = req.text.push("" if is_eos else req.detokenizer.push(token))
+        req.metrics.detokenize_seconds += time.perf_counter() - started
+        if is_eos or stopped:
+            return delta, FinishReason.STOP
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return delta, FinishReason.LENGTH
+        return delta, None
+
+    def _finish(self, req: _Request, reason: FinishReason, now: float, *, delta: str = "",
+                new_tokens: list[int] | None = None, error: str | None = None) -> RequestOutput:
+        self.scheduler.finish(req.seq, reason)
+        del self.requests[req.request_id]
+        req.metrics.finished_time = now
+        if not req.text.stopped:
+            delta += req.text.push(req.detokenizer.flush())[0] + req.text.flush()
+        return self._output(req, new_tokens or [], delta, finished=True, reason=reason.value, error=error)
+
+    def _output(self, req: _Request, new_tokens: list[int], delta: str, *, finished: bool,
+                reason: str | None, error: str | None = None) -> RequestOutput:
+        seq = req.seq
+        return RequestOutput(req.request_id, seq.prompt_token_ids, seq.output_token_ids, new_tokens,
+                             req.text.text[:req.text.emitted], delta, finished, reason, req.metrics, error)
+
+    def _record_step(self, out: SchedulerOutput, start: float, end: float) -> None:
+        decode = sum(1 for s in out.scheduled if s.num_new_tokens == 1)
+        self.step_stats.append(StepStat(start, end - start, out.num_batched_tokens - decode, decode,
+                                        self.scheduler.num_running, self.scheduler.num_waiting))
+
+
+ProgressCallback = Callable[[int, int], None]
+
+
+class LLM:
+    """Offline batch generation: submit everything, step until done."""
+
+    def __init__(self, model: str = "default", config: EngineConfig | None = None, **kwargs: object) -> None:
+        self.engine = LLMEngine(model, config, **kwargs)  # type: ignore[arg-type]
+
+    def generate(self, prompts: Seq[str | Seq[int]], params: SamplingParams | Seq[SamplingParams],
+                 *, priorities: Seq[int] | None = None,
+                 progress: ProgressCallback | None = None) -> list[RequestOutput]:
+        per_request = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(per_request) != len(prompts):
+            raise ValueError("params: one SamplingParams, or one per prompt")
+        ids = [f"offline-{i}" for i in range(len(prompts))]
+        for i, (rid, prompt) in enumerate(zip(ids, prompts)):
+            prio = priorities[i] if priorities is not None else 0
+            self.engine.add_request(rid, prompt, per_request[i], priority=prio)
+        final: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished_requests():
+            for o in self.engine.step():
+                if o.finished:
+                    final[o.request_id] = o
+                    if progress is not None:
+                        progress(len(final), len(ids))
+        return [final[rid] for rid in ids]

@@ -1,0 +1,97 @@
+"""Paged KV-cache storage for one attention layer: full precision, or INT8 with per-block per-head scales.
+
+Layout: ``[num_blocks, block_size, num_kv_heads, head_dim]`` so that a flat slot index
+(``block * block_size + offset``) addresses one token's keys for every head.
+"""
+
+from __future__ import annotations
+
+import torch
+
+INT8_MAX = 127.0
+
+
+class KVCacheStore:
+    """Full-precision keys and values."""
+
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 *, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.block_size = block_size
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @staticmethod
+    def bytes_per_block(block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * block_size * num_kv_heads * head_dim * dtype.itemsize
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        self.k.view(-1, *self.k.shape[2:]).index_copy_(0, slots, k.to(self.k.dtype))
+        self.v.view(-1, *self.v.shape[2:]).index_copy_(0, slots, v.to(self.v.dtype))
+
+    def gather(self, block_tables: torch.Tensor, length: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``block_tables`` [B, nb] as [B, KV, L, D]; L = length or nb * block_size."""
+        return self._gather(self.k, block_tables, length), self._gather(self.v, block_tables, length)
+
+    def _gather(self, cache: torch.Tensor, block_tables: torch.Tensor, length: int | None) -> torch.Tensor:
+        b, nb = block_tables.shape
+        x = cache[block_tables].view(b, nb * self.block_size, *cache.shape[2:])
+        if length is not None:
+            x = x[:, :length]
+        return x.transpose(1, 2)
+
+
+class Int8KVCacheStore(KVCacheStore):
+    """INT8 keys and values; each (block, kv head) has one scale that only grows while the block fills.
+
+    A block is filled from offset 0 upwards, so a write at offset 0 starts a fresh block: its scale is
+    reset. When a new token needs a larger scale, the block's earlier tokens are requantized to it.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 *, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__(num_blocks, block_size, num_kv_heads, head_dim, dtype=torch.int8, device=device)
+        self.out_dtype = dtype
+        self.k_scale = torch.zeros((num_blocks, num_kv_heads), dtype=torch.float32, device=device)
+        self.v_scale = torch.zeros((num_blocks, num_kv_heads), dtype=torch.float32, device=device)
+
+    @staticmethod
+    def bytes_per_block(block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * (block_size * num_kv_heads * head_dim + num_kv_heads * 4)
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        blocks = torch.div(slots, self.block_size, rounding_mode="floor")
+        fresh = blocks[slots % self.block_size == 0]
+        self._write_one(self.k, self.k_scale, k, slots, blocks, fresh)
+        self._write_one(self.v, self.v_scale, v, slots, blocks, fresh)
+
+    def _write_one(self, cache: torch.Tensor, scale: torch.Tensor, x: torch.Tensor, slots: torch.Tensor,
+                   blocks: torch.Tensor, fresh: torch.Tensor) -> None:
+        x = x.float()
+        scale[fresh] = 0.0
+        touched = torch.unique(blocks)
+        old = scale[touched].clone()
+        need = x.abs().amax(dim=-1) / INT8_MAX  # [T, KV]
+        scale.scatter_reduce_(0, blocks.unsqueeze(1).expand_as(need), need, "amax", include_self=True)
+        new = scale[touched]
+        grown = (new > old) & (old > 0)
+        if bool(grown.any()):
+            ratio = torch.where(grown, old / new.clamp_min(1e-30), torch.ones_like(new))
+            cache[touched] = torch.round(cache[touched].float() * ratio[:, None, :, None]).to(torch.int8)
+        s = scale[blocks].clamp_min(1e-30).unsqueeze(-1)  # [T, KV, 1]
+        q = torch.round(x / s).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, slots, q)
+
+    def gather(self, block_tables: torch.Tensor, length: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        return (self._dequant(self.k, self.k_scale, block_tables, length),
+                self._dequant(self.v, self.v_scale, block_tables, length))
+
+    def _dequant(self, cache: torch.Tensor, scale: torch.Tensor, block_tables: torch.Tensor,
+                 length: int | None) -> torch.Tensor:
+        b, nb = block_tables.shape
+        scales = scale[block_tables][:, :, None, :, None].to(self.out_dtype)
+        x = cache[block_tables].to(self.out_dtype) * scales
+        x = x.view(b, nb * self.block_size, *cache.shape[2:])
+        if length is not None:
+            x = x[:, :length]
+        return x.transpose(1, 2)

@@ -1,0 +1,134 @@
+"""All tensor work of one engine step: input preparation, the forward pass over block tables, sampling.
+
+The runner owns the paged KV cache (one :class:`KVCacheStore` per attention layer) and binds it to the
+model's attention layers. ``run`` takes the scheduler's plan and returns one sampled token (or ``None``
+for a prefill chunk that does not reach the end of its sequence) per scheduled sequence.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from inference.attention import Attention, AttentionContext, PrefillChunk, attention_context
+from inference.kv_quant import Int8KVCacheStore, KVCacheStore
+from inference.sampler import Sampler, SamplingRow
+from inference.scheduler import ScheduledSeq, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PreparedBatch:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    context: AttentionContext
+    sample_rows: list[int]  # rows of the flat batch whose logits are sampled
+    sample_items: list[int]  # index into the scheduled list for each sampled row
+
+
+@dataclass(slots=True, frozen=True)
+class CacheLayout:
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    num_layers: int
+    bytes_per_block: int  # all layers together
+
+
+def plan_cache(*, memory_bytes: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+               num_layers: int, dtype: torch.dtype, int8: bool) -> CacheLayout:
+    store = Int8KVCacheStore if int8 else KVCacheStore
+    per_block = store.bytes_per_block(block_size, num_kv_heads, head_dim, dtype) * num_layers
+    n = num_blocks or memory_bytes // per_block
+    if n < 2:
+        raise ValueError(f"kv_cache_memory_bytes: {memory_bytes} bytes hold fewer than 2 blocks "
+                         f"of {per_block} bytes")
+    return CacheLayout(n, block_size, num_kv_heads, head_dim, num_layers, per_block)
+
+
+LogitsHook = Callable[[list[ScheduledSeq], torch.Tensor], None]
+
+
+class ModelRunner:
+    def __init__(self, model: nn.Module, layout: CacheLayout, *, device: torch.device, dtype: torch.dtype,
+                 int8_kv: bool = False, seed: int = 0) -> None:
+        self.model = model
+        self.layout = layout
+        self.device = device
+        self.attention_layers = [m for m in model.modules() if isinstance(m, Attention)]
+        if len(self.attention_layers) != layout.num_layers:
+            raise ValueError(f"model has {len(self.attention_layers)} attention layers, "
+                             f"cache planned for {layout.num_layers}")
+        store = Int8KVCacheStore if int8_kv else KVCacheStore
+        for layer in self.attention_layers:
+            layer.cache = store(layout.num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim,
+                                dtype=dtype, device=device)
+        self.sampler = Sampler(device, seed)
+        self.logits_hook: LogitsHook | None = None  # tests compare logits with a reference model
+
+    @torch.inference_mode()
+    def run(self, out: SchedulerOutput, rows: list[SamplingRow]) -> list[int | None]:
+        """``rows`` holds sampling parameters for the scheduled items that sample, in order."""
+        batch = self.prepare(out.scheduled)
+        with attention_context(batch.context):
+            hidden = self.model(batch.input_ids, batch.positions)
+        tokens: list[int | None] = [None] * len(out.scheduled)
+        if not batch.sample_rows:
+            return tokens
+        logits = self.model.compute_logits(hidden[batch.sample_rows]).float()
+        if self.logits_hook is not None:
+            self.logits_hook([out.scheduled[i] for i in batch.sample_items], logits)
+        for item, token in zip(batch.sample_items, self.sampler(logits, rows), strict=True):
+            tokens[item] = token
+        return tokens
+
+    def prepare(self, scheduled: list[ScheduledSeq]) -> PreparedBatch:
+        bs = self.layout.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        prefills: list[PrefillChunk] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        sample_rows: list[int] = []
+        sample_items: list[int] = []
+        for index, item in enumerate(scheduled):
+            seq, n = item.seq, item.num_new_tokens
+            start = seq.num_computed_tokens
+            table = seq.block_table
+            if n > 1:
+                blocks = self._tensor(table[:-(-(start + n) // bs)])
+                prefills.append(PrefillChunk(len(ids), n, start + n, blocks))
+            else:
+                decode_tables.append(table)
+                decode_lens.append(start + 1)
+            ids.extend(seq.token_ids[start:start + n])
+            positions.extend(range(start, start + n))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            if item.samples:
+                sample_rows.append(len(ids) - 1)
+                sample_items.append(index)
+        context = AttentionContext(
+            slot_mapping=self._tensor(slots), prefills=prefills,
+            num_prefill_tokens=sum(c.query_len for c in prefills),
+            decode_block_tables=None, decode_context_lens=None, decode_mask=None)
+        if decode_tables:
+            self._add_decodes(context, decode_tables, decode_lens)
+        return PreparedBatch(self._tensor(ids), self._tensor(positions), context, sample_rows, sample_items)
+
+    def _add_decodes(self, context: AttentionContext, tables: list[list[int]], lens: list[int]) -> None:
+        width = max(len(t) for t in tables)
+        context.decode_block_tables = self._tensor([t + [0] * (width - len(t)) for t in tables])
+        context.decode_context_lens = self._tensor(lens)
+        span = torch.arange(width * self.layout.block_size, device=self.device)
+        mask = span.unsqueeze(0) < context.decode_context_lens.unsqueeze(1)
+        context.decode_mask = mask.view(len(tables), 1, 1, -1)
+
+    def _tensor(self, values: list[int] | list[list[int]]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
