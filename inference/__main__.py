@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import os
 import sys
 
 from inference.config import EngineConfig
 from inference.sampling_params import SamplingParams
+from inference.server import ServerConfig
+
+
+def _default(cls: type, name: str) -> object:
+    """A dataclass field's default (slots dataclasses hide it behind a descriptor on the class)."""
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -16,13 +24,15 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda[:N] or npu[:N]")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"])
-    p.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
-    p.add_argument("--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens)
+    p.add_argument("--max-num-seqs", type=int, default=_default(EngineConfig, "max_num_seqs"))
+    p.add_argument("--max-num-batched-tokens", type=int,
+                   default=_default(EngineConfig, "max_num_batched_tokens"))
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
-                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                        num_threads=getattr(args, "num_threads", 0))
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -50,6 +60,35 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from inference.replica import run
+    server = ServerConfig(replica_id=args.replica_id, zone=args.zone, host=args.host, port=args.port,
+                          served_model_name=args.served_model_name or "", api_key=args.api_key,
+                          admin_token=args.admin_token, max_waiting_requests=args.max_waiting_requests,
+                          max_waiting_tokens=args.max_waiting_tokens, drain_timeout_s=args.drain_timeout,
+                          ready_deadline_s=args.ready_deadline, stall_seconds=args.stall_seconds)
+    return run(args.model, _engine_config(args), server)
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8101)
+    p.add_argument("--replica-id", default="replica-0")
+    p.add_argument("--zone", default="local")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--api-key", default=env("INFERENCE_API_KEY"),
+                   help="require this bearer key on /v1 (default: $INFERENCE_API_KEY, else none)")
+    p.add_argument("--admin-token", default=env("INFERENCE_ADMIN_TOKEN"),
+                   help="enables /admin/faults with this bearer token (default: $INFERENCE_ADMIN_TOKEN)")
+    p.add_argument("--max-waiting-requests", type=int, default=_default(ServerConfig, "max_waiting_requests"))
+    p.add_argument("--max-waiting-tokens", type=int, default=_default(ServerConfig, "max_waiting_tokens"))
+    p.add_argument("--drain-timeout", type=float, default=_default(ServerConfig, "drain_timeout_s"))
+    p.add_argument("--ready-deadline", type=float, default=_default(ServerConfig, "ready_deadline_s"))
+    p.add_argument("--stall-seconds", type=float, default=_default(ServerConfig, "stall_seconds"))
+    p.add_argument("--num-threads", type=int, default=0, help="torch threads (0: torch's default)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m inference")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -64,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     _engine_args(gen)
     gen.set_defaults(func=_generate)
+    srv = sub.add_parser("serve", help="serve the OpenAI-compatible API as one replica")
+    _engine_args(srv)
+    _serve_args(srv)
+    srv.set_defaults(func=_serve)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

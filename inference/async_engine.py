@@ -50,7 +50,7 @@ class _Call:
     loop: asyncio.AbstractEventLoop
 
 
-StepHook = Callable[[LLMEngine], None]
+StepHook = Callable[["AsyncEngine"], None]
 _Stream = asyncio.Queue[RequestOutput | Exception]
 
 
@@ -65,6 +65,7 @@ class AsyncEngine:
         self.error: BaseException | None = None
         self.last_progress = time.monotonic()
         self.before_step: list[StepHook] = []  # fault hooks: delays, hangs, device failure
+        self.after_step: list[Callable[[LLMEngine], None]] = []  # metrics
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -78,12 +79,21 @@ class AsyncEngine:
             self._thread.join(timeout)
 
     @property
+    def is_stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    @property
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.error is None
 
     @property
     def num_in_flight(self) -> int:
         return len(self._streams)
+
+    @property
+    def num_queued(self) -> int:
+        """Requests accepted but not yet running (in the inbox or the scheduler's waiting queue)."""
+        return max(len(self._streams) - self.engine.scheduler.num_running, 0)
 
     def seconds_since_progress(self) -> float:
         return time.monotonic() - self.last_progress
@@ -131,9 +141,11 @@ class AsyncEngine:
                 if self._stopping.is_set():
                     break
                 for hook in self.before_step:
-                    hook(self.engine)
+                    hook(self)
                 if self.engine.has_unfinished_requests():
                     self._dispatch(self.engine.step())
+                    for after in self.after_step:
+                        after(self.engine)
                 self.last_progress = time.monotonic()
         except BaseException as exc:  # the loop must report, not vanish
             logger.exception("engine loop died")
@@ -141,6 +153,10 @@ class AsyncEngine:
         finally:
             reason = f"engine loop died: {self.error}" if self.error else "engine stopped"
             self._fail_streams(EngineDeadError(reason))
+
+    def fail_in_flight(self, reason: str) -> None:
+        """Finish every request in the engine with an error; engine thread only."""
+        self._dispatch(self.engine.fail_all(reason))
 
     def _drain_inbox(self, *, block: bool) -> None:
         try:

@@ -25,6 +25,7 @@ from inference.kv_blocks import BlockManager
 from inference.model_runner import ModelRunner, plan_cache
 from inference.models.default import ensure_default_model
 from inference.models.loader import load_model
+from inference.npu_attention import make_npu_decode_kernel
 from inference.output import Clock, RequestMetrics, RequestOutput, TextAssembler
 from inference.sampler import SamplingRow
 from inference.sampling_params import InvalidParameterError, SamplingParams
@@ -53,6 +54,10 @@ class StepStat:
     num_decode_tokens: int
     num_running: int
     num_waiting: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
 
 
 @dataclass(slots=True)
@@ -98,8 +103,9 @@ class LLMEngine:
                                           enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    config.enable_chunked_prefill), self.block_manager)
+        kernel = make_npu_decode_kernel() if self.device.kind == "npu" else None
         self.runner = ModelRunner(self.model, layout, device=self.device.torch_device, dtype=self.dtype,
-                                  int8_kv=config.kv_cache_dtype == "int8")
+                                  int8_kv=config.kv_cache_dtype == "int8", decode_kernel=kernel)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.requests: dict[str, _Request] = {}
         self.step_stats: deque[StepStat] = deque(maxlen=4096)
@@ -109,7 +115,7 @@ class LLMEngine:
                     layout.block_size, self.max_model_len)
 
     def _max_model_len(self, pool_tokens: int) -> int:
-        limit = min(self.model_config.max_position_embeddings, pool_tokens)
+        limit = min(self.model_config.max_model_len, pool_tokens)
         if self.config.max_model_len:
             limit = min(limit, self.config.max_model_len)
         if not self.config.enable_chunked_prefill:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from inference.attention import Attention, AttentionContext, PrefillChunk, attention_context
+from inference.attention import Attention, AttentionContext, DecodeKernel, PrefillChunk, attention_context
 from inference.kv_quant import Int8KVCacheStore, KVCacheStore
 from inference.sampler import Sampler, SamplingRow
 from inference.scheduler import ScheduledSeq, SchedulerOutput
@@ -57,7 +57,7 @@ LogitsHook = Callable[[list[ScheduledSeq], torch.Tensor], None]
 
 class ModelRunner:
     def __init__(self, model: nn.Module, layout: CacheLayout, *, device: torch.device, dtype: torch.dtype,
-                 int8_kv: bool = False, seed: int = 0) -> None:
+                 int8_kv: bool = False, seed: int = 0, decode_kernel: DecodeKernel | None = None) -> None:
         self.model = model
         self.layout = layout
         self.device = device
@@ -69,6 +69,7 @@ class ModelRunner:
         for layer in self.attention_layers:
             layer.cache = store(layout.num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim,
                                 dtype=dtype, device=device)
+            layer.decode_kernel = decode_kernel
         self.sampler = Sampler(device, seed)
         self.logits_hook: LogitsHook | None = None  # tests compare logits with a reference model
 

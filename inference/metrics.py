@@ -1,0 +1,184 @@
+"""The replica's ``/metrics`` page: vLLM's metric names and buckets, plus HTTP, admission and device metrics.
+
+Engine state (queue lengths, KV usage, prefix-cache and preemption counters) is read at scrape time by a
+collector, so the page always agrees with the engine; per-request histograms are observed when a request
+finishes. Every series carries ``model_name`` plus our ``replica`` and ``zone`` labels. Non-vLLM metrics
+use plain names (no ``:``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from inference.output import RequestOutput
+
+# Like vLLM: no `_created` series (they double the page and Prometheus ignores them in text format).
+disable_created_metrics()
+
+LABELS = ("model_name", "replica", "zone")
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+               20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                           60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def buckets_1_2_5(maximum: int) -> tuple[float, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to ``maximum`` (vLLM's token-count buckets)."""
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > maximum:
+                return tuple(out)
+            out.append(value)
+        exponent += 1
+
+
+@dataclass(slots=True, frozen=True)
+class EngineGauges:
+    """What the collector reads from the engine at scrape time."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+    device_memory_used: int
+    device_memory_total: int
+    device_utilization: float | None
+
+
+@dataclass(slots=True, frozen=True)
+class CacheConfigInfo:
+    block_size: int
+    num_gpu_blocks: int
+    cache_dtype: str
+    enable_prefix_caching: bool
+
+
+class _EngineCollector(Collector):
+    def __init__(self, read: Callable[[], EngineGauges], labels: tuple[str, str, str],
+                 info: CacheConfigInfo) -> None:
+        self.read = read
+        self.labels = list(labels)
+        self.info = info
+
+    def collect(self) -> Iterable[Metric]:
+        g = self.read()
+        yield self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+                          g.num_running)
+        yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                          g.num_waiting)
+        yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                          g.kv_cache_usage)
+        yield self._counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of "
+                            "queried tokens.", g.prefix_cache_queries)
+        yield self._counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
+                            "tokens.", g.prefix_cache_hits)
+        yield self._counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.",
+                            g.num_preemptions)
+        yield self._gauge("device_memory_used_bytes", "Device memory in use by this replica.",
+                          g.device_memory_used)
+        yield self._gauge("device_memory_total_bytes", "Device memory in total.", g.device_memory_total)
+        if g.device_utilization is not None:
+            yield self._gauge("device_utilization_ratio", "Device busy share since the last scrape "
+                              "(CPU: cores used by this process).", g.device_utilization)
+        yield self._cache_info()
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        m = GaugeMetricFamily(name, doc, labels=LABELS)
+        m.add_metric(self.labels, value)
+        return m
+
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        m = CounterMetricFamily(name, doc, labels=LABELS)
+        m.add_metric(self.labels, value)
+        return m
+
+    def _cache_info(self) -> GaugeMetricFamily:
+        keys = ["block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching"]
+        m = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                              labels=[*LABELS, *keys])
+        i = self.info
+        m.add_metric([*self.labels, str(i.block_size), str(i.num_gpu_blocks), i.cache_dtype,
+                      str(i.enable_prefix_caching)], 1.0)
+        return m
+
+
+class ReplicaMetrics:
+    def __init__(self, *, model_name: str, replica: str, zone: str, max_model_len: int,
+                 read_engine: Callable[[], EngineGauges], cache_info: CacheConfigInfo) -> None:
+        self.registry = CollectorRegistry()
+        self.label_values = (model_name, replica, zone)
+        self.registry.register(_EngineCollector(read_engine, self.label_values, cache_info))
+        r = self.registry
+        token_buckets = buckets_1_2_5(max_model_len)
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, [*LABELS, *extra], registry=r)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, LABELS, buckets=buckets, registry=r)
+
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.request_success = counter("vllm:request_success", "Count of successfully processed requests.",
+                                       ("finished_reason",))
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in "
+                              "seconds.", TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in "
+                             "seconds.", ITL_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in "
+                             "seconds.", REQUEST_LATENCY_BUCKETS)
+        self.queue = histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING "
+                               "phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.prefill = histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL "
+                                 "phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.decode = histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE "
+                                "phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.request_prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens "
+                                               "processed.", token_buckets)
+        self.request_generation_tokens = histogram("vllm:request_generation_tokens", "Number of generation "
+                                                   "tokens processed.", token_buckets)
+        self.iteration_tokens = histogram("vllm:iteration_tokens_total", "Histogram of number of tokens "
+                                          "per engine_step.", ITERATION_TOKEN_BUCKETS)
+        self.http_requests = Counter("http_requests", "HTTP requests by path and status code.",
+                                     [*LABELS, "path", "status_code"], registry=r)
+        self.rejected_requests = counter("rejected_requests", "Requests refused before they started, by "
+                                         "reason.", ("reason",))
+
+    def observe_token(self, first: bool, seconds_since_previous: float) -> None:
+        (self.ttft if first else self.itl).labels(*self.label_values).observe(seconds_since_previous)
+
+    def observe_finished(self, out: RequestOutput) -> None:
+        lv = self.label_values
+        m = out.metrics
+        self.prompt_tokens.labels(*lv).inc(len(out.prompt_token_ids))
+        self.generation_tokens.labels(*lv).inc(len(out.output_token_ids))
+        self.request_success.labels(*lv, out.finish_reason or "unknown").inc()
+        self.e2e.labels(*lv).observe(m.e2e_time)
+        self.queue.labels(*lv).observe(m.queue_time)
+        self.prefill.labels(*lv).observe(m.prefill_time)
+        self.decode.labels(*lv).observe(m.decode_time)
+        self.request_prompt_tokens.labels(*lv).observe(len(out.prompt_token_ids))
+        self.request_generation_tokens.labels(*lv).observe(len(out.output_token_ids))
+
+    def observe_step(self, num_tokens: int) -> None:
+        self.iteration_tokens.labels(*self.label_values).observe(num_tokens)
+
+    def observe_http(self, path: str, status_code: int) -> None:
+        self.http_requests.labels(*self.label_values, path, str(status_code)).inc()
+
+    def observe_rejected(self, reason: str) -> None:
+        self.rejected_requests.labels(*self.label_values, reason).inc()

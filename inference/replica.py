@@ -1,0 +1,76 @@
+"""``python -m inference serve``: wire one replica together and run it until SIGTERM has drained it.
+
+SIGTERM starts a drain (readiness 503, new requests 503, in-flight requests finish within the drain
+timeout) and the process then exits 0; a second signal, or SIGINT, stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from types import FrameType
+
+import uvicorn
+
+from inference.async_engine import AsyncEngine
+from inference.config import EngineConfig
+from inference.engine import LLMEngine
+from inference.faults import ReplicaFaults
+from inference.metrics import CacheConfigInfo, ReplicaMetrics
+from inference.server import Replica, ServerConfig, crash_now, create_app, engine_gauges
+
+logger = logging.getLogger(__name__)
+
+
+def build_replica(model: str, engine_config: EngineConfig, server_config: ServerConfig) -> Replica:
+    engine = LLMEngine(model, engine_config)
+    aengine = AsyncEngine(engine)
+    faults = ReplicaFaults(crash=crash_now)
+    name = server_config.served_model_name or engine.model_name
+    info = CacheConfigInfo(engine.block_manager.block_size, engine.block_manager.num_blocks,
+                           engine_config.kv_cache_dtype, engine_config.enable_prefix_caching)
+    metrics = ReplicaMetrics(model_name=name, replica=server_config.replica_id, zone=server_config.zone,
+                             max_model_len=engine.max_model_len,
+                             read_engine=engine_gauges(aengine, engine.device), cache_info=info)
+    aengine.before_step.append(faults.apply_before_step)
+    aengine.after_step.append(lambda e: metrics.observe_step(e.step_stats[-1].num_tokens))
+    return Replica(aengine, server_config, faults, metrics, name, device_kind=engine.device.kind)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, except that the first SIGTERM drains the replica and then exits cleanly (status 0)."""
+
+    def __init__(self, config: uvicorn.Config, replica: Replica) -> None:
+        super().__init__(config)
+        self.replica = replica
+        self.drain_task: asyncio.Task[int] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and self.drain_task is None:
+            loop = asyncio.get_event_loop()
+            self.drain_task = loop.create_task(self._drain())
+            return
+        super().handle_exit(sig, frame)
+
+    async def _drain(self) -> int:
+        aborted = await self.replica.drain()
+        self.should_exit = True
+        return aborted
+
+
+def run(model: str, engine_config: EngineConfig, server_config: ServerConfig) -> int:
+    replica = build_replica(model, engine_config, server_config)
+    replica.engine.start()
+    app = create_app(replica)
+    config = uvicorn.Config(app, host=server_config.host, port=server_config.port, log_level="warning",
+                            access_log=False, timeout_graceful_shutdown=5, lifespan="off")
+    server = DrainingServer(config, replica)
+    logger.warning("[%s] serving %s on http://%s:%d (zone %s, device %s)", server_config.replica_id,
+                   replica.model_name, server_config.host, server_config.port, server_config.zone,
+                   replica.device_kind)
+    try:
+        server.run()
+    finally:
+        replica.engine.stop()
+    return 0
