@@ -93,7 +93,9 @@ class BlockManager:
         return hits
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int, cached_prefix: Seq[int] = ()) -> bool:
-        return self._num_new_blocks(seq, num_new_tokens, cached_prefix) <= self.num_free_blocks
+        if seq.block_table:
+            cached_prefix = ()
+        return sum(self._num_new_blocks(seq, num_new_tokens, cached_prefix)) <= self.num_free_blocks
 
     # ---- mutations -----------------------------------------------------------------------------
     def allocate(self, seq: Sequence, num_new_tokens: int, cached_prefix: Seq[int] = ()) -> bool:
@@ -103,12 +105,12 @@ class BlockManager:
         """
         if seq.block_table:
             cached_prefix = ()
-        needed = self._num_new_blocks(seq, num_new_tokens, cached_prefix)
-        if needed > self.num_free_blocks:
+        fresh, revived = self._num_new_blocks(seq, num_new_tokens, cached_prefix)
+        if fresh + revived > self.num_free_blocks:
             return False
         if cached_prefix:
             self._take_cached(seq, cached_prefix)
-        for _ in range(needed):
+        for _ in range(fresh):
             seq.block_table.append(self._take_free())
         return True
 
@@ -152,14 +154,15 @@ class BlockManager:
                 del self.cached[block_hash]
 
     # ---- internals -----------------------------------------------------------------------------
-    def _num_new_blocks(self, seq: Sequence, num_new_tokens: int, cached_prefix: Seq[int]) -> int:
+    def _num_new_blocks(self, seq: Sequence, num_new_tokens: int, cached_prefix: Seq[int]) -> tuple[int, int]:
+        """(fresh blocks to take, cached blocks to take back from the free queue)."""
         if seq.block_table:
             have, computed, revived = len(seq.block_table), seq.num_computed_tokens, 0
         else:
             have, computed = len(cached_prefix), len(cached_prefix) * self.block_size
             # Cached blocks sitting in the free queue stop being free once taken.
             revived = sum(1 for b in cached_prefix if self.blocks[b].ref_count == 0)
-        return max(self.num_blocks_needed(computed + num_new_tokens) - have, 0) + revived
+        return max(self.num_blocks_needed(computed + num_new_tokens) - have, 0), revived
 
     def _take_cached(self, seq: Sequence, cached_prefix: Seq[int]) -> None:
         for block_id in cached_prefix:

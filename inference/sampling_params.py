@@ -25,26 +25,30 @@ class SamplingParams:
     min_tokens: int = 0
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+        _require(_is_int(self.max_tokens) and self.max_tokens >= 1,
                  "max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
         _require(isinstance(self.temperature, (int, float)) and 0.0 <= self.temperature <= 100.0,
                  "temperature", f"must be between 0 and 100, got {self.temperature!r}")
         _require(isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0,
                  "top_p", f"must be in (0, 1], got {self.top_p!r}")
-        _require(isinstance(self.top_k, int) and self.top_k >= 0,
+        _require(_is_int(self.top_k) and self.top_k >= 0,
                  "top_k", f"must be an integer >= 0 (0 disables it), got {self.top_k!r}")
-        _require(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
+        _require(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63),
                  "seed", f"must be an integer in [0, 2**63), got {self.seed!r}")
         _require(isinstance(self.stop, tuple) and all(isinstance(s, str) and s for s in self.stop),
-                 "stop", "must be a list of non-empty strings")
+                 "stop", "must be a tuple of non-empty strings")
         _require(len(self.stop) <= MAX_STOP_STRINGS,
                  "stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
-        _require(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
+        _require(_is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
                  "min_tokens", f"must be between 0 and max_tokens, got {self.min_tokens!r}")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _require(ok: bool, name: str, message: str) -> None:
