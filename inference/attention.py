@@ -88,7 +88,10 @@ class Attention(nn.Module):
         out = torch.empty_like(q)
         for chunk in ctx.prefills:
             rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
-            out[rows] = self._prefill(q[rows], chunk)
+            if chunk.context_len == chunk.query_len:  # nothing cached before it: attend to itself
+                out[rows] = self._dense_causal(q[rows], k[rows], v[rows])
+            else:
+                out[rows] = self._prefill(q[rows], chunk)
         if ctx.decode_block_tables is not None:
             out[ctx.num_prefill_tokens:] = self._decode(q[ctx.num_prefill_tokens:], ctx)
         return out
@@ -103,16 +106,12 @@ class Attention(nn.Module):
         assert self.cache is not None
         k, v = self.cache.gather(chunk.block_table.unsqueeze(0), chunk.context_len)  # [1, KV, L, D]
         qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, Lq, D]
+        # Query i (absolute position past + i) sees keys 0..past + i.
         past = chunk.context_len - chunk.query_len
-        if past == 0:
-            o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=self.scale,
-                                               enable_gqa=self.num_heads != self.num_kv_heads)
-        else:
-            # Query i (absolute position past + i) sees keys 0..past + i.
-            rows = torch.arange(chunk.query_len, device=q.device).unsqueeze(1) + past
-            cols = torch.arange(chunk.context_len, device=q.device).unsqueeze(0)
-            o = F.scaled_dot_product_attention(qh, k, v, attn_mask=cols <= rows, scale=self.scale,
-                                               enable_gqa=self.num_heads != self.num_kv_heads)
+        rows = torch.arange(chunk.query_len, device=q.device).unsqueeze(1) + past
+        cols = torch.arange(chunk.context_len, device=q.device).unsqueeze(0)
+        o = F.scaled_dot_product_attention(qh, k, v, attn_mask=cols <= rows, scale=self.scale,
+                                           enable_gqa=self.num_heads != self.num_kv_heads)
         return o.squeeze(0).transpose(0, 1)
 
     def _decode(self, q: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
