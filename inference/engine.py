@@ -91,7 +91,7 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.dtype = self.device.default_dtype() if config.dtype == "auto" else _DTYPES[config.dtype]
         self.model, self.model_config = load_model(self.model_path, device=self.device.torch_device,
-                                                   dtype=self.dtype)
+                                                   dtype=self.dtype, max_positions=config.max_model_len or None)
         self.tokenizer = Tokenizer.from_folder(self.model_path)
         mc = self.model_config
         layout = plan_cache(memory_bytes=config.kv_cache_memory_bytes, num_blocks=config.num_kv_blocks,
@@ -131,7 +131,7 @@ class LLMEngine:
         self.validate_prompt(tokens)
         arrival = self.clock() if arrival_time is None else arrival_time
         seq = Sequence(next(self._seq_ids), tokens, params, arrival, priority)
-        detokenizer = IncrementalDetokenizer(self.tokenizer)
+        detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids=tokens)
         self.requests[request_id] = _Request(request_id, seq, RequestMetrics(arrival), detokenizer,
                                              TextAssembler(params.stop))
         self.scheduler.add(seq)
