@@ -90,8 +90,9 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.dtype = self.device.default_dtype() if config.dtype == "auto" else _DTYPES[config.dtype]
-        self.model, self.model_config = load_model(self.model_path, device=self.device.torch_device,
-                                                   dtype=self.dtype, max_positions=config.max_model_len or None)
+        self.model, self.model_config = load_model(
+            self.model_path, device=self.device.torch_device, dtype=self.dtype,
+            max_positions=config.max_model_len or None)
         self.tokenizer = Tokenizer.from_folder(self.model_path)
         mc = self.model_config
         layout = plan_cache(memory_bytes=config.kv_cache_memory_bytes, num_blocks=config.num_kv_blocks,
