@@ -1,0 +1,513 @@
+"""``python -m inference.bench offline``: the engine's offline throughput against Hugging Face transformers.
+
+Data flow: a seeded random workload (token ids, no text) -> three paths timed one after another in this
+process, on the same model folder, device, dtype and torch threads -> one :class:`OfflineResult` that is
+printed as a table with the targets and the roofline block, and optionally written as JSON.
+
+The paths: our engine with every request submitted at once (``LLM.generate``); transformers ``generate``
+one request at a time; transformers on padded static batches in arrival order, where only each request's
+own output tokens count as useful (the rest of a batch's tokens are the padding's waste). Every request is
+greedy and ignores EOS, so every path computes exactly the requested number of tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import random
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from inference.bench.roofline import (
+    RooflineConfig,
+    RooflineReport,
+    estimate,
+    format_report,
+    mean_decode_context,
+    measure_machine,
+    model_cost,
+    observe_decode,
+)
+from inference.config import KV_CACHE_DTYPES, EngineConfig
+from inference.engine import LLM, LLMEngine
+from inference.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+ENGINE = "engine"
+HF_ONE = "hf-one-at-a-time"
+HF_STATIC = "hf-static-batches"
+LABELS = {ENGINE: "engine (all at once)", HF_ONE: "HF one at a time", HF_STATIC: "HF static batches"}
+# (baseline path, how many times its output tokens/s the engine must reach)
+TARGETS = ((HF_STATIC, 2.0), (HF_ONE, 8.0))
+TOKENIZER_FILE = "tokenizer.json"
+HF_BATCH_SIZE = 16
+
+
+class BenchmarkError(Exception):
+    """The benchmark cannot run as configured (a missing optional dependency, an unusable model)."""
+
+
+@dataclass(slots=True, frozen=True)
+class WorkloadSpec:
+    """Random requests: lengths uniform in the closed ranges, token ids uniform over non-special ids."""
+
+    num_requests: int = 64
+    min_prompt_len: int = 32
+    max_prompt_len: int = 512
+    min_output_len: int = 16
+    max_output_len: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_requests", "min_prompt_len", "max_prompt_len", "min_output_len", "max_output_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        if self.min_prompt_len > self.max_prompt_len:
+            raise ValueError(f"prompt lengths: min {self.min_prompt_len} > max {self.max_prompt_len}")
+        if self.min_output_len > self.max_output_len:
+            raise ValueError(f"output lengths: min {self.min_output_len} > max {self.max_output_len}")
+
+
+# Warm-up requests: short, and drawn from their own random stream so that no prompt block of the timed
+# workload is already in the engine's prefix cache.
+WARMUP_SPEC = WorkloadSpec(num_requests=2, min_prompt_len=8, max_prompt_len=24, min_output_len=4,
+                           max_output_len=8)
+
+
+@dataclass(slots=True, frozen=True)
+class BenchRequest:
+    prompt_token_ids: tuple[int, ...]
+    output_len: int
+
+
+@dataclass(slots=True, frozen=True)
+class OfflineConfig:
+    """``hf_one_at_a_time_requests``: run that baseline on the first N requests only (None: all)."""
+
+    model: str = "default"
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    skip_hf: bool = False
+    hf_one_at_a_time_requests: int | None = None
+    hf_batch_size: int = HF_BATCH_SIZE
+    roofline: RooflineConfig = field(default_factory=RooflineConfig)
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        n = self.hf_one_at_a_time_requests
+        if n is not None and not 1 <= n <= self.workload.num_requests:
+            raise ValueError(f"hf_one_at_a_time_requests: must be between 1 and num_requests "
+                             f"({self.workload.num_requests}), got {n}")
+        if self.hf_batch_size <= 0:
+            raise ValueError(f"hf_batch_size: must be a positive integer, got {self.hf_batch_size}")
+
+
+@dataclass(slots=True, frozen=True)
+class PathResult:
+    """One timed path. ``num_output_tokens`` counts useful tokens: each request's own requested output;
+    ``num_generated_tokens`` everything the path computed (more than that only for padded batches)."""
+
+    name: str
+    label: str
+    num_requests: int
+    num_output_tokens: int
+    num_generated_tokens: int
+    seconds: float
+    note: str = ""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_output_tokens / self.seconds
+
+
+@dataclass(slots=True, frozen=True)
+class Target:
+    baseline: str
+    baseline_label: str
+    required_ratio: float
+    ratio: float | None  # None when the baseline was skipped
+
+    @property
+    def passed(self) -> bool | None:
+        return None if self.ratio is None else self.ratio >= self.required_ratio
+
+    @property
+    def description(self) -> str:
+        return f"engine >= {self.required_ratio:g}x {self.baseline_label}"
+
+
+@dataclass(slots=True, frozen=True)
+class OfflineResult:
+    model_path: str
+    device: str
+    dtype: str
+    num_threads: int
+    workload: WorkloadSpec
+    num_prompt_tokens: int
+    output_lens: tuple[int, ...]  # each request's requested output length, in arrival order
+    max_num_seqs: int
+    kv_cache_dtype: str
+    num_preemptions: int
+    paths: tuple[PathResult, ...]
+    roofline: RooflineReport | None
+
+    @property
+    def num_requested_output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+    def path(self, name: str) -> PathResult | None:
+        return next((p for p in self.paths if p.name == name), None)
+
+    def ratio(self, name: str, baseline: str) -> float | None:
+        """``name``'s output tokens/s over ``baseline``'s; None when either path did not run."""
+        path, base = self.path(name), self.path(baseline)
+        if path is None or base is None:
+            return None
+        return path.tokens_per_s / base.tokens_per_s
+
+    @property
+    def baselines(self) -> tuple[PathResult, ...]:
+        return tuple(p for p in self.paths if p.name != ENGINE)
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        return tuple(Target(name, _label_of(self, name), required, self.ratio(ENGINE, name))
+                     for name, required in TARGETS)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["paths"] = [{**asdict(p), "tokens_per_s": p.tokens_per_s,
+                          "ratios": {b.name: self.ratio(p.name, b.name) for b in self.baselines}}
+                         for p in self.paths]
+        data["targets"] = [{"description": t.description, "baseline": t.baseline,
+                            "required_ratio": t.required_ratio, "ratio": t.ratio, "passed": t.passed}
+                           for t in self.targets]
+        if self.roofline is not None:
+            r = self.roofline
+            data["roofline"]["derived"] = {
+                "weights_seconds": r.weights_seconds, "kv_seconds": r.kv_seconds,
+                "memory_seconds": r.memory_seconds, "compute_seconds": r.compute_seconds,
+                "bound_seconds": r.bound_seconds, "percent_of_bound": r.percent_of_bound,
+                "bound_tokens_per_s": r.bound_tokens_per_s, "peak_gflops": r.rates.peak_gflops}
+        return data
+
+
+def _label_of(result: OfflineResult, name: str) -> str:
+    path = result.path(name)
+    return path.label if path is not None else LABELS[name]
+
+
+# ---- the workload ------------------------------------------------------------------------------
+def make_workload(spec: WorkloadSpec, *, vocab_size: int, special_ids: Iterable[int],
+                  rng: random.Random | None = None) -> list[BenchRequest]:
+    """``spec.num_requests`` requests from ``random.Random(spec.seed)`` (or ``rng``)."""
+    rng = rng or random.Random(spec.seed)
+    special = frozenset(special_ids)
+    allowed = [t for t in range(vocab_size) if t not in special]
+    if not allowed:
+        raise BenchmarkError(f"every token id below {vocab_size} is special; no prompt can be drawn")
+    requests = []
+    for _ in range(spec.num_requests):
+        prompt_len = rng.randint(spec.min_prompt_len, spec.max_prompt_len)
+        output_len = rng.randint(spec.min_output_len, spec.max_output_len)
+        requests.append(BenchRequest(tuple(rng.choices(allowed, k=prompt_len)), output_len))
+    return requests
+
+
+def special_token_ids(folder: Path, known: Iterable[int | None] = ()) -> frozenset[int]:
+    """Ids marked special in ``tokenizer.json``'s added tokens, plus ``known`` (bos, eos)."""
+    ids = {t for t in known if t is not None}
+    path = folder / TOKENIZER_FILE
+    if path.is_file():
+        added = json.loads(path.read_text(encoding="utf-8")).get("added_tokens") or []
+        ids.update(int(t["id"]) for t in added if t.get("special"))
+    return frozenset(ids)
+
+
+def engine_special_ids(engine: LLMEngine) -> frozenset[int]:
+    tok, mc = engine.tokenizer, engine.model_config
+    return special_token_ids(engine.model_path,
+                             [*tok.eos_token_ids, tok.bos_token_id, *mc.eos_token_ids, mc.bos_token_id])
+
+
+# ---- the paths ---------------------------------------------------------------------------------
+@contextmanager
+def _progress(total: int, desc: str, *, enabled: bool) -> Iterator[tqdm]:
+    bar = tqdm(total=total, desc=desc, unit="req", file=sys.stderr, disable=not enabled, dynamic_ncols=True)
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+def _engine_params(requests: Sequence[BenchRequest]) -> list[SamplingParams]:
+    return [SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=True) for r in requests]
+
+
+def _prompts(requests: Sequence[BenchRequest]) -> list[list[int]]:
+    return [list(r.prompt_token_ids) for r in requests]
+
+
+def run_engine(llm: LLM, requests: Sequence[BenchRequest], *, warmup: Sequence[BenchRequest],
+               show_progress: bool) -> PathResult:
+    """Warm up, clear the step statistics, then time every request submitted at once."""
+    llm.generate(_prompts(warmup), _engine_params(warmup))
+    llm.engine.step_stats.clear()
+    prompts, params = _prompts(requests), _engine_params(requests)
+    with _progress(len(requests), "engine", enabled=show_progress) as bar:
+        def advance(done: int, _total: int) -> None:
+            bar.update(done - bar.n)
+
+        started = time.perf_counter()
+        outputs = llm.generate(prompts, params, progress=advance)
+        seconds = time.perf_counter() - started
+    tokens = sum(len(o.output_token_ids) for o in outputs)
+    return PathResult(ENGINE, LABELS[ENGINE], len(requests), tokens, tokens, seconds)
+
+
+HfGenerate = Callable[[torch.Tensor, torch.Tensor, int], int]
+
+
+def load_hf_generate(folder: Path, *, device: torch.device, dtype: torch.dtype) -> HfGenerate:
+    """transformers' model for ``folder``; returns ``generate(ids, mask, n) -> new tokens per row``."""
+    try:
+        import transformers
+    except ImportError as exc:
+        raise BenchmarkError("the Hugging Face baselines need transformers (pip install transformers), "
+                             "or pass --skip-hf") from exc
+    transformers.utils.logging.disable_progress_bar()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).to(device=device, dtype=dtype).eval()
+    pad_id = model.generation_config.pad_token_id
+    pad_id = 0 if pad_id is None else int(pad_id)
+
+    def generate(input_ids: torch.Tensor, attention_mask: torch.Tensor, num_tokens: int) -> int:
+        # min_new_tokens == max_new_tokens: EOS can never end a row early, as ignore_eos in the engine.
+        out = model.generate(input_ids.to(device), attention_mask=attention_mask.to(device), do_sample=False,
+                             max_new_tokens=num_tokens, min_new_tokens=num_tokens, use_cache=True,
+                             pad_token_id=pad_id)
+        return int(out.shape[1] - input_ids.shape[1])
+
+    return generate
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and attention mask [batch, longest], each prompt flush right."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt):] = 1
+    return ids, mask
+
+
+def run_hf_one_at_a_time(generate: HfGenerate, requests: Sequence[BenchRequest], *,
+                         warmup: Sequence[BenchRequest], num_workload_requests: int,
+                         show_progress: bool) -> PathResult:
+    def one(r: BenchRequest) -> int:
+        ids = torch.tensor([r.prompt_token_ids], dtype=torch.long)
+        return generate(ids, torch.ones_like(ids), r.output_len)
+
+    one(warmup[0])
+    with _progress(len(requests), "HF one at a time", enabled=show_progress) as bar:
+        tokens = 0
+        started = time.perf_counter()
+        for r in requests:
+            tokens += one(r)
+            bar.update(1)
+        seconds = time.perf_counter() - started
+    note = ""
+    if len(requests) < num_workload_requests:
+        note = (f"measured on the first {len(requests)} of {num_workload_requests} requests; "
+                "tokens/s is that subset's rate, not extrapolated")
+    return PathResult(HF_ONE, LABELS[HF_ONE], len(requests), tokens, tokens, seconds, note)
+
+
+def run_hf_static_batches(generate: HfGenerate, requests: Sequence[BenchRequest], *,
+                          warmup: Sequence[BenchRequest], batch_size: int, show_progress: bool) -> PathResult:
+    """Batches of ``batch_size`` in arrival order, each run to its longest request's output length."""
+    def batch(rs: Sequence[BenchRequest]) -> tuple[int, int]:
+        ids, mask = left_pad([r.prompt_token_ids for r in rs])
+        new = generate(ids, mask, max(r.output_len for r in rs))
+        return sum(min(r.output_len, new) for r in rs), new * len(rs)
+
+    batch(warmup)
+    useful = generated = 0
+    with _progress(len(requests), "HF static batches", enabled=show_progress) as bar:
+        started = time.perf_counter()
+        for start in range(0, len(requests), batch_size):
+            rs = requests[start:start + batch_size]
+            u, g = batch(rs)
+            useful, generated = useful + u, generated + g
+            bar.update(len(rs))
+        seconds = time.perf_counter() - started
+    note = (f"generated {generated} tokens; only each request's own {useful} count "
+            "(the rest: rows decoding past their own request's length)")
+    return PathResult(HF_STATIC, f"{LABELS[HF_STATIC]} of {batch_size}", len(requests), useful, generated,
+                      seconds, note)
+
+
+def run_hf(folder: Path, requests: Sequence[BenchRequest], *, warmup: Sequence[BenchRequest],
+           device: torch.device, dtype: torch.dtype, config: OfflineConfig) -> list[PathResult]:
+    generate = load_hf_generate(folder, device=device, dtype=dtype)
+    subset = requests[:config.hf_one_at_a_time_requests or len(requests)]
+    one = run_hf_one_at_a_time(generate, subset, warmup=warmup, num_workload_requests=len(requests),
+                               show_progress=config.show_progress)
+    static = run_hf_static_batches(generate, requests, warmup=warmup, batch_size=config.hf_batch_size,
+                                   show_progress=config.show_progress)
+    return [one, static]
+
+
+def measure_roofline(engine: LLMEngine, requests: Sequence[BenchRequest],
+                     config: RooflineConfig) -> RooflineReport | None:
+    """The machine limit for the engine's pure-decode steps; None when the run had none."""
+    observed = observe_decode(engine.step_stats)
+    if observed is None:
+        return None
+    mc, layout = engine.model_config, engine.runner.layout
+    cost = model_cost(engine.model, num_attention_heads=mc.num_attention_heads, head_dim=mc.head_dim,
+                      num_layers=mc.num_hidden_layers,
+                      kv_bytes_per_token=layout.bytes_per_block // layout.block_size)
+    rates = measure_machine(device=engine.device.torch_device, dtype=engine.dtype,
+                            decode_batch=round(observed.mean_batch), hidden_size=mc.hidden_size,
+                            config=config, synchronize=engine.device.synchronize)
+    context = mean_decode_context((len(r.prompt_token_ids), r.output_len) for r in requests)
+    return estimate(rates, cost, observed, context)
+
+
+# ---- the run -----------------------------------------------------------------------------------
+def run_offline(config: OfflineConfig) -> OfflineResult:
+    """Build the workload, time the engine and the baselines, measure the machine; nothing is printed."""
+    if not config.skip_hf and importlib.util.find_spec("transformers") is None:
+        raise BenchmarkError("the Hugging Face baselines need transformers (pip install transformers), "
+                             "or pass --skip-hf")
+    llm = LLM(config.model, config.engine)
+    engine = llm.engine
+    vocab = min(engine.model_config.vocab_size, engine.tokenizer.vocab_size)
+    special = engine_special_ids(engine)
+    requests = make_workload(config.workload, vocab_size=vocab, special_ids=special)
+    warmup = make_workload(WARMUP_SPEC, vocab_size=vocab, special_ids=special,
+                           rng=random.Random(f"warmup-{config.workload.seed}"))
+    preemptions = engine.scheduler.num_preemptions
+    paths = [run_engine(llm, requests, warmup=warmup, show_progress=config.show_progress)]
+    preemptions = engine.scheduler.num_preemptions - preemptions
+    roofline = measure_roofline(engine, requests, config.roofline)
+    if not config.skip_hf:
+        paths += run_hf(engine.model_path, requests, warmup=warmup, device=engine.device.torch_device,
+                        dtype=engine.dtype, config=config)
+    return OfflineResult(
+        model_path=str(engine.model_path), device=str(engine.device.torch_device),
+        dtype=str(engine.dtype).removeprefix("torch."), num_threads=torch.get_num_threads(),
+        workload=config.workload, num_prompt_tokens=sum(len(r.prompt_token_ids) for r in requests),
+        output_lens=tuple(r.output_len for r in requests),
+        max_num_seqs=config.engine.max_num_seqs, kv_cache_dtype=config.engine.kv_cache_dtype,
+        num_preemptions=preemptions, paths=tuple(paths), roofline=roofline)
+
+
+# ---- printing ----------------------------------------------------------------------------------
+def format_result(result: OfflineResult) -> str:
+    w = result.workload
+    lines = [
+        f"Offline throughput: {w.num_requests} requests (seed {w.seed}), prompts {w.min_prompt_len}-"
+        f"{w.max_prompt_len} tokens ({result.num_prompt_tokens} in all), outputs {w.min_output_len}-"
+        f"{w.max_output_len} tokens ({result.num_requested_output_tokens} in all); greedy, ignore_eos",
+        f"model {result.model_path} on {result.device}, {result.dtype}, torch threads {result.num_threads}; "
+        f"engine max_num_seqs {result.max_num_seqs}, kv cache {result.kv_cache_dtype}, "
+        f"{result.num_preemptions} preemptions",
+        "",
+        format_table(result),
+        "",
+        format_targets(result),
+    ]
+    if result.roofline is not None:
+        lines += ["", format_report(result.roofline)]
+    else:
+        lines += ["", "Machine limit: the engine ran no pure-decode step; nothing to compare."]
+    return "\n".join(lines)
+
+
+def format_table(result: OfflineResult) -> str:
+    baselines = result.baselines
+    header = ["path", "requests", "output tokens", "seconds", "output tok/s",
+              *(f"vs {b.label}" for b in baselines)]
+    rows = [header]
+    notes: list[str] = []
+    for p in result.paths:
+        label = p.label
+        if p.note:
+            notes.append(f"{'*' * (len(notes) + 1)} {p.label}: {p.note}")
+            label += " " + "*" * len(notes)
+        ratios = [result.ratio(p.name, b.name) for b in baselines]
+        rows.append([label, str(p.num_requests), str(p.num_output_tokens), f"{p.seconds:.2f}",
+                     f"{p.tokens_per_s:.1f}", *(f"{r:.2f}x" for r in ratios if r is not None)])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    text = ["  ".join(cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i])
+                      for i, cell in enumerate(row)) for row in rows]
+    return "\n".join(text + notes)
+
+
+def format_targets(result: OfflineResult) -> str:
+    lines = ["Targets"]
+    for t in result.targets:
+        verdict = "SKIPPED (baseline not run)" if t.passed is None else (
+            f"{'PASS' if t.passed else 'FAIL'} ({t.ratio:.2f}x)")
+        lines.append(f"  {t.description}: {verdict}")
+    return "\n".join(lines)
+
+
+# ---- the command line --------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    defaults, engine = WorkloadSpec(), EngineConfig()
+    p.add_argument("--model", default="default",
+                   help="'default' (built on first use) or a Hugging Face folder")
+    p.add_argument("--num-requests", type=int, default=defaults.num_requests)
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--max-num-seqs", type=int, default=engine.max_num_seqs)
+    p.add_argument("--kv-cache-dtype", default=engine.kv_cache_dtype, choices=KV_CACHE_DTYPES)
+    p.add_argument("--device", default=engine.device, help="auto, cpu, cuda[:N] or npu[:N]")
+    p.add_argument("--num-threads", type=int, default=engine.num_threads,
+                   help="torch threads for every path (0: torch's default)")
+    p.add_argument("--skip-hf", action="store_true", help="time only the engine")
+    p.add_argument("--hf-one-at-a-time-requests", type=int, default=None, metavar="N",
+                   help="run the one-at-a-time baseline on the first N requests only (default: all)")
+    p.add_argument("--hf-batch-size", type=int, default=HF_BATCH_SIZE,
+                   help="rows per padded static batch of the transformers baseline")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+
+
+def config_from_args(args: argparse.Namespace) -> OfflineConfig:
+    return OfflineConfig(
+        model=args.model,
+        workload=WorkloadSpec(num_requests=args.num_requests, seed=args.seed),
+        engine=EngineConfig(max_num_seqs=args.max_num_seqs, kv_cache_dtype=args.kv_cache_dtype,
+                            device=args.device, num_threads=args.num_threads),
+        skip_hf=args.skip_hf, hf_one_at_a_time_requests=args.hf_one_at_a_time_requests,
+        hf_batch_size=args.hf_batch_size, show_progress=not args.no_progress)
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+        result = run_offline(config)
+    except (BenchmarkError, ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_result(result))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+        print(f"\nresults written to {args.json}")
+    return 0

@@ -1,0 +1,84 @@
+"""Start one replica as a child process and wait until it is ready (used by benchmarks and tests).
+
+The control plane's process backend manages fleets; this is the small single-replica version: spawn
+``python -m inference serve``, poll ``/ready`` with a deadline, and always stop what was started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ReplicaProcess:
+    port: int
+    replica_id: str = "replica-0"
+    zone: str = "local"
+    extra_args: Sequence[str] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ReplicaProcess:
+        cmd = [sys.executable, "-m", "inference", "serve", "--port", str(self.port),
+               "--replica-id", self.replica_id, "--zone", self.zone, *self.extra_args]
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **self.env})
+        return self
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"replica {self.replica_id} exited with {self.process.returncode} "
+                                   f"before it was ready{self._log_tail()}")
+            try:
+                if httpx.get(f"{self.base_url}/ready", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"replica {self.replica_id} not ready after {timeout:g}s{self._log_tail()}")
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM (drain), then SIGKILL after ``timeout``; returns the exit status."""
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+    def _log_tail(self) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n" + "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
+
+    def __enter__(self) -> ReplicaProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
