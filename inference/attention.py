@@ -33,13 +33,25 @@ class PrefillChunk:
 
 
 @dataclass(slots=True)
+class DecodeGroup:
+    """Decoding sequences of similar context length, attended together over padded block tables.
+
+    The runner sorts decodes by context length and cuts them into groups so that padding to the
+    longest context in a group wastes little gathering.
+    """
+
+    start: int  # first row in the flat batch
+    end: int
+    block_tables: torch.Tensor  # int64 [n, max_blocks], padded with block 0
+    context_lens: torch.Tensor  # int64 [n]
+    mask: torch.Tensor  # bool [n, 1, 1, max_blocks * block_size]: True = attend
+
+
+@dataclass(slots=True)
 class AttentionContext:
     slot_mapping: torch.Tensor  # int64 [num_tokens]: where each token's K/V goes in the flat cache
     prefills: list[PrefillChunk]
-    num_prefill_tokens: int
-    decode_block_tables: torch.Tensor | None  # int64 [num_decodes, max_blocks], padded with 0
-    decode_context_lens: torch.Tensor | None  # int64 [num_decodes]
-    decode_mask: torch.Tensor | None  # bool [num_decodes, 1, 1, max_blocks * block_size]: True = attend
+    decodes: list[DecodeGroup]
 
 
 _context: AttentionContext | None = None
@@ -92,8 +104,8 @@ class Attention(nn.Module):
                 out[rows] = self._dense_causal(q[rows], k[rows], v[rows])
             else:
                 out[rows] = self._prefill(q[rows], chunk)
-        if ctx.decode_block_tables is not None:
-            out[ctx.num_prefill_tokens:] = self._decode(q[ctx.num_prefill_tokens:], ctx)
+        for group in ctx.decodes:
+            out[group.start:group.end] = self._decode(q[group.start:group.end], group)
         return out
 
     def _dense_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -114,14 +126,11 @@ class Attention(nn.Module):
                                            enable_gqa=self.num_heads != self.num_kv_heads)
         return o.squeeze(0).transpose(0, 1)
 
-    def _decode(self, q: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        assert self.cache is not None and ctx.decode_block_tables is not None
-        assert ctx.decode_context_lens is not None and ctx.decode_mask is not None
+    def _decode(self, q: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
+        assert self.cache is not None
         if self.decode_kernel is not None:
-            return self.decode_kernel(q, self.cache, ctx.decode_block_tables, ctx.decode_context_lens,
-                                      self.scale)
-        k, v = self.cache.gather(ctx.decode_block_tables, None)  # [B, KV, Lmax, D]
-        o = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=ctx.decode_mask,
-                                           scale=self.scale,
+            return self.decode_kernel(q, self.cache, group.block_tables, group.context_lens, self.scale)
+        k, v = self.cache.gather(group.block_tables, None)  # [n, KV, max_blocks * block_size, D]
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=group.mask, scale=self.scale,
                                            enable_gqa=self.num_heads != self.num_kv_heads)
         return o.squeeze(2)

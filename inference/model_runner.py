@@ -14,10 +14,18 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from inference.attention import Attention, AttentionContext, DecodeKernel, PrefillChunk, attention_context
-from inference.kv_quant import Int8KVCacheStore, KVCacheStore
+from inference.attention import (
+    Attention,
+    AttentionContext,
+    DecodeGroup,
+    DecodeKernel,
+    PrefillChunk,
+    attention_context,
+)
+from inference.kv_quant import GatherWorkspace, Int8KVCacheStore, KVCacheStore
 from inference.sampler import Sampler, SamplingRow
 from inference.scheduler import ScheduledSeq, SchedulerOutput
+from inference.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +60,26 @@ def plan_cache(*, memory_bytes: int, num_blocks: int, block_size: int, num_kv_he
     return CacheLayout(n, block_size, num_kv_heads, head_dim, num_layers, per_block)
 
 
+# Starting another decode group costs a few small kernels per layer; padding a group costs gathering
+# one block per sequence per layer. Cut a new group once it would pad more than this many blocks.
+GROUP_PADDING_BLOCKS = 48
+
+
+def decode_group_bounds(context_lens: list[int], block_size: int) -> list[tuple[int, int]]:
+    """Cut ascending context lengths into [lo, hi) groups that keep block padding small."""
+    bounds: list[tuple[int, int]] = []
+    lo, widest = 0, 0
+    for i, length in enumerate(context_lens):
+        blocks = -(-length // block_size)
+        if i > lo and (blocks - widest) * (i - lo) > GROUP_PADDING_BLOCKS:
+            bounds.append((lo, i))
+            lo = i
+        widest = blocks
+    if context_lens:
+        bounds.append((lo, len(context_lens)))
+    return bounds
+
+
 LogitsHook = Callable[[list[ScheduledSeq], torch.Tensor], None]
 
 
@@ -66,9 +94,11 @@ class ModelRunner:
             raise ValueError(f"model has {len(self.attention_layers)} attention layers, "
                              f"cache planned for {layout.num_layers}")
         store = Int8KVCacheStore if int8_kv else KVCacheStore
+        workspace = GatherWorkspace()
         for layer in self.attention_layers:
             layer.cache = store(layout.num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim,
                                 dtype=dtype, device=device)
+            layer.cache.workspace = workspace
             layer.decode_kernel = decode_kernel
         self.sampler = Sampler(device, seed)
         self.logits_hook: LogitsHook | None = None  # tests compare logits with a reference model
@@ -90,46 +120,46 @@ class ModelRunner:
         return tokens
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> PreparedBatch:
+        """Lay out prefill chunks first, then decodes sorted by context length (see DecodeGroup)."""
         bs = self.layout.block_size
+        prefill_items = [i for i, item in enumerate(scheduled) if item.num_new_tokens > 1]
+        decode_items = sorted((i for i, item in enumerate(scheduled) if item.num_new_tokens == 1),
+                              key=lambda i: scheduled[i].seq.num_computed_tokens)
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         prefills: list[PrefillChunk] = []
-        decode_tables: list[list[int]] = []
-        decode_lens: list[int] = []
         sample_rows: list[int] = []
         sample_items: list[int] = []
-        for index, item in enumerate(scheduled):
-            seq, n = item.seq, item.num_new_tokens
-            start = seq.num_computed_tokens
+        for index in prefill_items + decode_items:
+            item = scheduled[index]
+            seq, n, start = item.seq, item.num_new_tokens, item.seq.num_computed_tokens
             table = seq.block_table
             if n > 1:
                 blocks = self._tensor(table[:-(-(start + n) // bs)])
                 prefills.append(PrefillChunk(len(ids), n, start + n, blocks))
-            else:
-                decode_tables.append(table)
-                decode_lens.append(start + 1)
             ids.extend(seq.token_ids[start:start + n])
             positions.extend(range(start, start + n))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             if item.samples:
                 sample_rows.append(len(ids) - 1)
                 sample_items.append(index)
-        context = AttentionContext(
-            slot_mapping=self._tensor(slots), prefills=prefills,
-            num_prefill_tokens=sum(c.query_len for c in prefills),
-            decode_block_tables=None, decode_context_lens=None, decode_mask=None)
-        if decode_tables:
-            self._add_decodes(context, decode_tables, decode_lens)
+        first_decode = len(ids) - len(decode_items)
+        decodes = [scheduled[i].seq for i in decode_items]
+        groups = [self._decode_group(first_decode + lo, decodes[lo:hi])
+                  for lo, hi in decode_group_bounds([s.num_computed_tokens + 1 for s in decodes], bs)]
+        context = AttentionContext(slot_mapping=self._tensor(slots), prefills=prefills, decodes=groups)
         return PreparedBatch(self._tensor(ids), self._tensor(positions), context, sample_rows, sample_items)
 
-    def _add_decodes(self, context: AttentionContext, tables: list[list[int]], lens: list[int]) -> None:
-        width = max(len(t) for t in tables)
-        context.decode_block_tables = self._tensor([t + [0] * (width - len(t)) for t in tables])
-        context.decode_context_lens = self._tensor(lens)
-        span = torch.arange(width * self.layout.block_size, device=self.device)
-        mask = span.unsqueeze(0) < context.decode_context_lens.unsqueeze(1)
-        context.decode_mask = mask.view(len(tables), 1, 1, -1)
+    def _decode_group(self, start: int, seqs: list[Sequence]) -> DecodeGroup:
+        bs = self.layout.block_size
+        lens = [s.num_computed_tokens + 1 for s in seqs]
+        width = -(-max(lens) // bs)
+        tables = self._tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs])
+        context_lens = self._tensor(lens)
+        span = torch.arange(width * bs, device=self.device)
+        mask = (span.unsqueeze(0) < context_lens.unsqueeze(1)).view(len(seqs), 1, 1, -1)
+        return DecodeGroup(start, start + len(seqs), tables, context_lens, mask)
 
     def _tensor(self, values: list[int] | list[list[int]]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from inference import device as device_mod
-from inference.attention import Attention, AttentionContext, attention_context
+from inference.attention import Attention, AttentionContext, DecodeGroup, attention_context
 from inference.device import (
     BackendProbe,
     CpuDevice,
@@ -437,11 +437,10 @@ def test_reference_decode_matches_the_engine_decode_path() -> None:
     layer.cache = cache
     width = block_tables.shape[1] * cache.block_size
     mask = (torch.arange(width).unsqueeze(0) < context_lens.unsqueeze(1))[:, None, None, :]
-    ctx = AttentionContext(slot_mapping=torch.empty(0, dtype=torch.int64), prefills=[], num_prefill_tokens=0,
-                           decode_block_tables=block_tables, decode_context_lens=context_lens,
-                           decode_mask=mask)
+    group = DecodeGroup(0, 2, block_tables, context_lens, mask)
+    ctx = AttentionContext(slot_mapping=torch.empty(0, dtype=torch.int64), prefills=[], decodes=[group])
     with attention_context(ctx):
-        engine = layer._decode(query, ctx)
+        engine = layer._decode(query, group)
     got = reference_decode(query, cache, block_tables, context_lens, scale)
     torch.testing.assert_close(got, engine)
     oracle = _naive_paged_attention(query, cache.k, cache.v, block_tables, context_lens.tolist(), scale)
