@@ -29,7 +29,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL_NAME = "default-v1"
+DEFAULT_MODEL_NAME = "default-v2"
 STATE_DIR_ENV = "LLMSRE_STATE_DIR"
 COMPLETE_MARKER = ".complete"
 
@@ -38,7 +38,7 @@ HIDDEN_SIZE = 256
 INTERMEDIATE_SIZE = 768
 NUM_HIDDEN_LAYERS = 6
 NUM_ATTENTION_HEADS = 4
-NUM_KEY_VALUE_HEADS = 2
+NUM_KEY_VALUE_HEADS = 1  # multi-query attention: half the KV traffic per decode step of 2 heads
 HEAD_DIM = HIDDEN_SIZE // NUM_ATTENTION_HEADS
 VOCAB_SIZE = 512
 MAX_POSITION_EMBEDDINGS = 2048

@@ -48,7 +48,7 @@ def test_default_model_loads_with_the_documented_shape(default_model_dir: Path) 
     model, config = load_model(default_model_dir, device=torch.device("cpu"), dtype=torch.float32)
     assert config == ModelConfig.from_folder(default_model_dir)
     assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers) == (256, 768, 6)
-    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 64)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 1, 64)
     assert (config.vocab_size, config.max_position_embeddings) == (512, 2048)
     assert config.tie_word_embeddings
     tokenizer = Tokenizer.from_folder(default_model_dir)
