@@ -35,7 +35,7 @@ HF_SUBSET = 2
 
 @pytest.fixture(scope="module")
 def result() -> OfflineResult:
-    config = OfflineConfig(workload=TINY, engine=EngineConfig(device="cpu"),
+    config = OfflineConfig(workload=TINY, engine=EngineConfig(device="cpu"), repeats=2,
                            hf_one_at_a_time_requests=HF_SUBSET,
                            roofline=RooflineConfig(copy_mib=32, gemm_size=256, repeats=2),
                            show_progress=False)
