@@ -166,6 +166,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         start = self.clock()
         out = self.scheduler.schedule()
+        for seq in out.preempted:  # counted even when the preemption leaves nothing to run this step
+            self._request_of(seq).metrics.num_preemptions += 1
         if out.is_empty:
             return []
         rows = self._begin(out, start)
@@ -187,15 +189,16 @@ class LLMEngine:
                 req.metrics.num_cached_tokens = item.seq.num_cached_tokens
             if item.samples:
                 rows.append(self._sampling_row(item.seq))
-        for seq in out.preempted:
-            self._by_seq[seq.seq_id].metrics.num_preemptions += 1
         return rows
+
+    def _request_of(self, seq: Sequence) -> _Request:
+        return next(r for r in self.requests.values() if r.seq is seq)
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:
         p = seq.params
         early = seq.num_output_tokens < p.min_tokens and not p.ignore_eos
         banned = self.eos_token_ids if early else frozenset()
-        return SamplingRow(p, seq.num_output_tokens, banned)
+        return SamplingRow(p, seq.num_output_tokens + p.output_offset, banned)
 
     def _postprocess(self, req: _Request, token: int, now: float) -> RequestOutput:
         m = req.metrics

@@ -21,6 +21,7 @@ from inference.output import RequestOutput
 disable_created_metrics()
 
 LABELS = ("model_name", "replica", "zone")
+FINISH_REASONS = ("stop", "length", "abort")
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -157,6 +158,17 @@ class ReplicaMetrics:
                                      [*LABELS, "path", "status_code"], registry=r)
         self.rejected_requests = counter("rejected_requests", "Requests refused before they started, by "
                                          "reason.", ("reason",))
+        self._create_series()
+
+    def _create_series(self) -> None:
+        """Export every vLLM series at 0 from start-up, as vLLM does, so a quiet replica shows zeros."""
+        lv = self.label_values
+        for metric in (self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e, self.queue,
+                       self.prefill, self.decode, self.request_prompt_tokens, self.request_generation_tokens,
+                       self.iteration_tokens):
+            metric.labels(*lv)
+        for reason in FINISH_REASONS:
+            self.request_success.labels(*lv, reason)
 
     def observe_token(self, first: bool, seconds_since_previous: float) -> None:
         (self.ttft if first else self.itl).labels(*self.label_values).observe(seconds_since_previous)

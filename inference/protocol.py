@@ -30,6 +30,7 @@ class ParsedRequest:
     include_usage: bool
     priority: int
     max_tokens_given: bool
+    return_token_ids: bool = False  # extension: token ids in every chunk, prompt ids in the first
 
 
 def parse_completion(body: Any) -> ParsedRequest:
@@ -62,8 +63,8 @@ def _object(body: Any) -> dict[str, Any]:
 
 def _parse(body: dict[str, Any], kind: str, prompt: str | list[int], *,
            default_max_tokens: int | None) -> ParsedRequest:
-    n = body.get("n", 1)
-    if n != 1:
+    n = body.get("n")
+    if n is not None and n != 1:  # null means the default, 1, as in the OpenAI API
         raise InvalidParameterError("n", f"only n=1 is supported, got {n!r}")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
@@ -78,11 +79,12 @@ def _parse(body: dict[str, Any], kind: str, prompt: str | list[int], *,
         raise InvalidParameterError("priority", f"must be an integer, got {priority!r}")
     params = _sampling(body, max_tokens if max_tokens is not None else default_max_tokens)
     return ParsedRequest(kind, model, prompt, params, stream, _bool(options, "include_usage", False),
-                         priority, max_tokens is not None or default_max_tokens is not None)
+                         priority, max_tokens is not None or default_max_tokens is not None,
+                         _bool(body, "return_token_ids", False))
 
 
 def _sampling(body: dict[str, Any], max_tokens: Any) -> SamplingParams:
-    top_k = body.get("top_k", 0)
+    top_k = body.get("top_k")
     stop = body.get("stop")
     if stop is None:
         stop = ()
@@ -96,13 +98,14 @@ def _sampling(body: dict[str, Any], max_tokens: Any) -> SamplingParams:
         "max_tokens": 1 << 30 if max_tokens is None else max_tokens,  # clamped to the context later
         "temperature": _number(body, "temperature", 1.0),
         "top_p": _number(body, "top_p", 1.0),
-        "top_k": 0 if top_k == -1 else top_k,  # vLLM spells "disabled" -1
+        "top_k": 0 if top_k is None or top_k == -1 else top_k,  # vLLM spells "disabled" -1 or null
         "seed": body.get("seed"),
         "stop": stop,
         "ignore_eos": _bool(body, "ignore_eos", False),
         "min_tokens": body.get("min_tokens", 0),
+        "output_offset": body.get("output_offset", 0),
     }
-    for name in ("max_tokens", "top_k", "min_tokens", "seed"):
+    for name in ("max_tokens", "top_k", "min_tokens", "seed", "output_offset"):
         value = values[name]
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise InvalidParameterError(name, f"must be an integer, got {value!r}")

@@ -23,6 +23,9 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     min_tokens: int = 0
+    # Tokens this request already produced elsewhere (a resumed stream): seeded sampling continues
+    # from that position, so the resumed output equals an undisturbed run.
+    output_offset: int = 0
 
     def __post_init__(self) -> None:
         _require(_is_int(self.max_tokens) and self.max_tokens >= 1,
@@ -41,6 +44,8 @@ class SamplingParams:
                  "stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         _require(_is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
                  "min_tokens", f"must be between 0 and max_tokens, got {self.min_tokens!r}")
+        _require(_is_int(self.output_offset) and self.output_offset >= 0,
+                 "output_offset", f"must be an integer >= 0, got {self.output_offset!r}")
 
     @property
     def is_greedy(self) -> bool:

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inference.async_engine import AsyncEngine, EngineDeadError
+from inference.engine import PromptTooLongError
 from inference.faults import FaultSpec, ReplicaFaults
 from inference.metrics import EngineGauges, ReplicaMetrics
 from inference.output import RequestOutput
@@ -307,9 +308,10 @@ def _tokens(replica: Replica, parsed: ParsedRequest) -> list[int]:
     try:
         engine.validate_prompt(tokens)
     except InvalidParameterError as exc:
-        replica.metrics.observe_rejected("prompt_too_long" if len(tokens) else "invalid")
+        too_long = isinstance(exc, PromptTooLongError)  # not an empty prompt or an unknown token id
+        replica.metrics.observe_rejected("prompt_too_long" if too_long else "invalid")
         raise HTTPError(400, str(exc), type_="invalid_request_error", param=exc.param,
-                        code="context_length_exceeded" if tokens else None) from exc
+                        code="context_length_exceeded" if too_long else None) from exc
     return tokens
 
 
@@ -407,6 +409,13 @@ class _Run:
                 "detokenize": m.detokenize_seconds, "serialize": self.serialize_seconds, "ttft": m.ttft,
                 "e2e": m.e2e_time, "cached_tokens": m.num_cached_tokens, "preemptions": m.num_preemptions}
 
+    @staticmethod
+    def add_token_ids(chunk: dict[str, Any], out: RequestOutput, *, first: bool) -> None:
+        """The ``return_token_ids`` extension: what a gateway needs to resume this stream elsewhere."""
+        chunk["choices"][0]["token_ids"] = out.new_token_ids
+        if first:
+            chunk["prompt_token_ids"] = out.prompt_token_ids
+
     def encode(self, payload: dict[str, Any]) -> str:
         started = time.perf_counter()
         text = f"data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n"
@@ -426,6 +435,9 @@ class _Run:
             raise HTTPError(500, final.error, type_="server_error", code="device_failure")
         started = time.perf_counter()
         body = full_response(self.ctx, final)
+        if self.parsed.return_token_ids:
+            body["choices"][0]["token_ids"] = final.output_token_ids
+            body["prompt_token_ids"] = final.prompt_token_ids
         self.serialize_seconds += time.perf_counter() - started
         body["timings"] = self.timings(final)
         return JSONResponse(body)
@@ -438,9 +450,11 @@ class _Run:
                 if out.error:
                     yield self.encode(error_body(out.error, type_="server_error", code="device_failure"))
                     return
-                if out.delta_text or out.finished or first:
+                if out.delta_text or out.finished or first or self.parsed.return_token_ids:
                     reason = out.finish_reason if out.finished else None
                     chunk = stream_chunk(self.ctx, out.delta_text, reason, first=first)
+                    if self.parsed.return_token_ids:
+                        self.add_token_ids(chunk, out, first=first)
                     first = False
                     if out.finished and not self.parsed.include_usage:
                         chunk["usage"] = None

@@ -1,0 +1,1 @@
+"""Behaviour tests of one inference replica process (``python -m inference serve``), over real HTTP."""
