@@ -14,6 +14,7 @@ from dataclasses import dataclass
 class ReplicaState(enum.Enum):
     STARTING = "starting"  # spawned, not yet ready
     READY = "ready"  # passing /ready, receives traffic
+    UNREADY = "unready"  # running but failing /ready (hung, overloaded, device failure)
     DRAINING = "draining"  # finishing in-flight work before removal
     EJECTED = "ejected"  # failing: the gateway stopped routing to it until a probe passes
     CRASHED = "crashed"  # exited; the fleet restarts it with backoff

@@ -1,0 +1,287 @@
+"""Who may do what: bearer tokens with roles, console passwords, and the audit trail of every mutation.
+
+Where it sits: the REST API guards each route with ``Depends(require(Role.X))`` after ``install(app,
+authority, auditor)``; a route that changes something records it through :class:`Auditor`. Tokens and
+passwords live in the store only as hashes: a token's secret exists once, in the answer to ``issue``, and
+is never logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import hashlib
+import hmac
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+
+from controlplane.store import AuditRecord, Outcome, Store, StoreConflictError, redact
+
+log = logging.getLogger(__name__)
+
+TOKEN_BYTES = 32  # secrets.token_urlsafe(32): 256 random bits
+MAX_TOKEN_CHARS = 512  # longer bearer values are refused before hashing
+BOOTSTRAP_ADMIN_NAME = "bootstrap-admin"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+# scrypt cost: n=2**14, r=8 takes ~16 MiB and tens of milliseconds (the parameters OWASP lists).
+SCRYPT_N = 2**14
+SCRYPT_R = 8
+SCRYPT_P = 1
+SCRYPT_SALT_BYTES = 16
+SCRYPT_KEY_BYTES = 32
+SCRYPT_MAX_MEMORY = 256 * 1024 * 1024  # encoded hashes asking for more are refused, not computed
+
+
+class Role(enum.Enum):
+    """Roles in increasing power: a viewer reads, an operator acts on the fleet, an admin manages access."""
+
+    VIEWER = "viewer"
+    OPERATOR = "operator"
+    ADMIN = "admin"
+
+    @property
+    def rank(self) -> int:
+        return list(Role).index(self)
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Role):
+            return NotImplemented
+        return self.rank < other.rank
+
+    def __le__(self, other: object) -> bool:
+        if not isinstance(other, Role):
+            return NotImplemented
+        return self.rank <= other.rank
+
+    def __gt__(self, other: object) -> bool:
+        if not isinstance(other, Role):
+            return NotImplemented
+        return self.rank > other.rank
+
+    def __ge__(self, other: object) -> bool:
+        if not isinstance(other, Role):
+            return NotImplemented
+        return self.rank >= other.rank
+
+
+@dataclass(slots=True, frozen=True)
+class Principal:
+    """Who is calling: a token's (or user's) name and role."""
+
+    name: str
+    role: Role
+
+    def may(self, needed: Role) -> bool:
+        return self.role >= needed
+
+
+def hash_token(secret: str) -> str:
+    """Hex SHA-256 of a token secret: what the store keeps. Tokens are 256 random bits, so a fast hash
+    suffices (no dictionary to attack, unlike passwords)."""
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+# ---- tokens ----------------------------------------------------------------------------------
+class TokenAuthority:
+    """Issues, verifies and revokes bearer tokens; the clock is injectable for expiry tests."""
+
+    def __init__(self, store: Store, *, clock: Callable[[], float] = time.time) -> None:
+        self._store = store
+        self._clock = clock
+
+    def issue(self, name: str, role: Role, ttl_s: float | None = None) -> str:
+        """A new token's secret, returned this once; only its hash is stored."""
+        if ttl_s is not None and ttl_s <= 0:
+            raise ValueError(f"ttl_s must be > 0 or None, got {ttl_s}")
+        secret = secrets.token_urlsafe(TOKEN_BYTES)
+        expires_at = None if ttl_s is None else self._clock() + ttl_s
+        self._store.add_token(name, role.value, hash_token(secret), expires_at)
+        log.info("token issued name=%s role=%s expires_at=%s", name, role.value, expires_at)
+        return secret
+
+    def verify(self, secret: str | None) -> Principal | None:
+        """The token's principal; None when the secret is unknown, revoked or expired."""
+        if not secret or len(secret) > MAX_TOKEN_CHARS:
+            return None
+        digest = hash_token(secret)
+        row = self._store.token_by_hash(digest)
+        # The lookup is by hash, so its timing tells an attacker nothing about any stored secret; the
+        # constant-time compare keeps it that way should the lookup ever become a prefix or scan.
+        if row is None or not hmac.compare_digest(row.token_hash, digest):
+            return None
+        if not row.is_active(self._clock()):
+            return None
+        try:
+            role = Role(row.role)
+        except ValueError:
+            log.warning("token name=%s has an unknown role %r; refused", row.name, row.role)
+            return None
+        return Principal(name=row.name, role=role)
+
+    def revoke(self, name: str) -> bool:
+        """Revoke the live token called ``name``; False when there is none."""
+        revoked = self._store.revoke_token(name)
+        log.info("token revoked name=%s found=%s", name, revoked)
+        return revoked
+
+    def ensure_admin(self, secret: str | None) -> tuple[str, bool]:
+        """Create the first admin token when no live admin token exists.
+
+        Uses ``secret`` (from the config or the environment) or generates one; returns (secret, created).
+        When an admin already exists nothing changes and the secret returned is the one given, or ""
+        (a stored token cannot be recovered). A given secret that the store already knows (revoked,
+        expired or issued with another role) is refused: a stale environment variable must not undo a
+        revocation.
+        """
+        now = self._clock()
+        if any(row.role == Role.ADMIN.value and row.is_active(now) for row in self._store.tokens()):
+            return secret or "", False
+        secret = secret or secrets.token_urlsafe(TOKEN_BYTES)
+        digest = hash_token(secret)
+        if self._store.token_by_hash(digest) is not None:
+            raise ValueError("the configured admin token was revoked, has expired or belongs to another "
+                             "role; configure a new one")
+        self._store.revoke_token(BOOTSTRAP_ADMIN_NAME)  # an expired bootstrap token would block the name
+        try:
+            self._store.add_token(BOOTSTRAP_ADMIN_NAME, Role.ADMIN.value, digest, None)
+        except StoreConflictError:  # another control plane created it at the same moment
+            return secret if self.verify(secret) else "", False
+        log.info("token issued name=%s role=admin (first admin)", BOOTSTRAP_ADMIN_NAME)
+        return secret, True
+
+
+# ---- passwords -------------------------------------------------------------------------------
+def hash_password(password: str) -> str:
+    """``scrypt$n$r$p$salt$key`` (salt and key in unpadded urlsafe base64), with a random salt."""
+    if not password:
+        raise ValueError("password must not be empty")
+    salt = secrets.token_bytes(SCRYPT_SALT_BYTES)
+    key = _scrypt(password, salt, n=SCRYPT_N, r=SCRYPT_R, p=SCRYPT_P, length=SCRYPT_KEY_BYTES)
+    return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${_b64encode(salt)}${_b64encode(key)}"
+
+
+def check_password(password: str, encoded: str) -> bool:
+    """True when ``password`` matches ``encoded``; False for a wrong password or a malformed hash."""
+    try:
+        scheme, n_text, r_text, p_text, salt_text, key_text = encoded.split("$")
+        n, r, p = int(n_text), int(r_text), int(p_text)
+        salt, expected = _b64decode(salt_text), _b64decode(key_text)
+    except (ValueError, binascii.Error):
+        return False
+    if scheme != "scrypt" or not _is_sane_cost(n, r, p) or not expected:
+        return False
+    key = _scrypt(password, salt, n=n, r=r, p=p, length=len(expected))
+    return hmac.compare_digest(key, expected)
+
+
+def _is_sane_cost(n: int, r: int, p: int) -> bool:
+    is_power_of_two = n > 1 and n & (n - 1) == 0
+    return is_power_of_two and 1 <= r <= 64 and 1 <= p <= 16 and 128 * r * (n + p) <= SCRYPT_MAX_MEMORY
+
+
+def _scrypt(password: str, salt: bytes, *, n: int, r: int, p: int, length: int) -> bytes:
+    memory = 128 * r * (n + p) + 1024 * 1024
+    return hashlib.scrypt(password.encode("utf-8"), salt=salt, n=n, r=r, p=p, maxmem=memory, dklen=length)
+
+
+def _b64encode(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def _b64decode(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+# ---- audit -----------------------------------------------------------------------------------
+class Auditor:
+    """Writes one audit record per mutation, with secrets redacted from its parameters."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def record(self, principal: Principal, action: str, target: str, params: Mapping[str, Any],
+               outcome: Outcome, detail: str = "") -> AuditRecord:
+        stored = self._store.add_audit(AuditRecord(actor=principal.name, role=principal.role.value,
+                                                   action=action, target=target, params=redact(params),
+                                                   outcome=outcome, detail=detail))
+        log.info("audit id=%s actor=%s action=%s target=%s outcome=%s", stored.id, principal.name, action,
+                 target, outcome)
+        return stored
+
+
+# ---- FastAPI ---------------------------------------------------------------------------------
+class AuthError(HTTPException):
+    """401 or 403 with an OpenAI-shaped body; ``install`` registers the handler that renders it."""
+
+    def __init__(self, status_code: int, message: str, *, type_: str, code: str,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(status_code, detail=openai_error(message, type_=type_, code=code), headers=headers)
+
+
+def openai_error(message: str, *, type_: str, param: str | None = None, code: str | None = None
+                 ) -> dict[str, Any]:
+    """The OpenAI error body, as the replicas and the gateway also answer."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def install(app: FastAPI, authority: TokenAuthority, auditor: Auditor | None = None) -> None:
+    """Make ``require`` work on ``app``: the authority that checks tokens, the auditor that records
+    refused mutations, and the handler that renders :class:`AuthError` in the OpenAI error shape."""
+    app.state.token_authority = authority
+    app.state.auditor = auditor
+    app.add_exception_handler(AuthError, _render_auth_error)
+
+
+def bearer_token(request: Request) -> str | None:
+    value = request.headers.get("authorization", "")
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+def require(role: Role) -> Callable[[Request], Principal]:
+    """A FastAPI dependency: the caller's :class:`Principal`, or 401 (no valid token) / 403 (role too
+    small). A refused mutation (any method but GET, HEAD, OPTIONS) is audited as "denied"."""
+
+    def dependency(request: Request) -> Principal:
+        authority: TokenAuthority | None = getattr(request.app.state, "token_authority", None)
+        if authority is None:
+            raise RuntimeError("controlplane.auth.install(app, authority) was not called for this app")
+        principal = authority.verify(bearer_token(request))
+        if principal is None:
+            raise AuthError(401, "missing, unknown, revoked or expired bearer token",
+                            type_="invalid_request_error", code="invalid_token",
+                            headers={"WWW-Authenticate": "Bearer"})
+        if not principal.may(role):
+            _audit_denied(request, principal, role)
+            raise AuthError(403, f"role {principal.role.value} may not do this: it needs {role.value}",
+                            type_="permission_error", code="insufficient_role")
+        return principal
+
+    dependency.__name__ = f"require_{role.value}"
+    return dependency
+
+
+def _audit_denied(request: Request, principal: Principal, needed: Role) -> None:
+    auditor: Auditor | None = getattr(request.app.state, "auditor", None)
+    if auditor is None or request.method in SAFE_METHODS:
+        return
+    route = request.scope.get("route")
+    template = getattr(route, "path", request.url.path)
+    auditor.record(principal, f"{request.method} {template}", request.url.path, {}, "denied",
+                   detail=f"needs role {needed.value}")
+
+
+def _render_auth_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, AuthError)
+    return JSONResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
