@@ -169,6 +169,9 @@ class ReplicaMetrics:
             metric.labels(*lv)
         for reason in FINISH_REASONS:
             self.request_success.labels(*lv, reason)
+        for path in ("/v1/completions", "/v1/chat/completions"):  # so a rate sees the first requests
+            for status in ("200", "500", "503"):
+                self.http_requests.labels(*lv, path, status)
 
     def observe_token(self, first: bool, seconds_since_previous: float) -> None:
         (self.ttft if first else self.itl).labels(*self.label_values).observe(seconds_since_previous)
