@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from inference.attention import (
     Attention,
@@ -23,6 +22,7 @@ from inference.attention import (
     attention_context,
 )
 from inference.kv_quant import GatherWorkspace, Int8KVCacheStore, KVCacheStore
+from inference.models.llama import LlamaForCausalLM
 from inference.sampler import Sampler, SamplingRow
 from inference.scheduler import ScheduledSeq, SchedulerOutput
 from inference.sequence import Sequence
@@ -84,8 +84,9 @@ LogitsHook = Callable[[list[ScheduledSeq], torch.Tensor], None]
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, layout: CacheLayout, *, device: torch.device, dtype: torch.dtype,
-                 int8_kv: bool = False, seed: int = 0, decode_kernel: DecodeKernel | None = None) -> None:
+    def __init__(self, model: LlamaForCausalLM, layout: CacheLayout, *, device: torch.device,
+                 dtype: torch.dtype, int8_kv: bool = False, seed: int = 0,
+                 decode_kernel: DecodeKernel | None = None) -> None:
         self.model = model
         self.layout = layout
         self.device = device

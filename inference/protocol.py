@@ -109,7 +109,7 @@ def _sampling(body: dict[str, Any], max_tokens: Any) -> SamplingParams:
         value = values[name]
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise InvalidParameterError(name, f"must be an integer, got {value!r}")
-    return SamplingParams(**values)  # type: ignore[arg-type]
+    return SamplingParams(**values)
 
 
 def _number(body: dict[str, Any], name: str, default: float) -> float:

@@ -50,7 +50,7 @@ def test_non_streaming_response_carries_stage_timings_of_this_replica(replica: R
     _assert_timings(response.json()["timings"], replica)
 
 
-@pytest.mark.parametrize(("kind", "include_usage"), itertools.product(ENDPOINTS, [False, True]))
+@pytest.mark.parametrize(("kind", "include_usage"), list(itertools.product(ENDPOINTS, [False, True])))
 def test_final_stream_chunk_carries_stage_timings_of_this_replica(replica: ReplicaProcess, kind: str,
                                                                   include_usage: bool) -> None:
     path, body = ENDPOINTS[kind]
