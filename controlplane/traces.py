@@ -6,6 +6,8 @@ end-to-end latency and a sample of the rest, so the console can attribute tail l
 
 from __future__ import annotations
 
+import random
+from collections import deque
 from dataclasses import dataclass
 
 
@@ -33,3 +35,28 @@ class TraceRecord:
     resumes: int = 0  # mid-stream continuations on another replica
     error: str | None = None
     api_key_id: str | None = None  # a hash prefix of the client key, never the key
+
+
+class TraceSampler:
+    """Which traces to keep: every request above the running P95 end-to-end latency, and a sample of
+    the rest. The P95 comes from a sliding window of recent requests."""
+
+    def __init__(self, sample_rate: float, *, window: int = 1000, rng: random.Random | None = None) -> None:
+        if not 0.0 <= sample_rate <= 1.0:
+            raise ValueError(f"sample_rate: must be in [0, 1], got {sample_rate}")
+        self.sample_rate = sample_rate
+        self.recent: deque[float] = deque(maxlen=window)
+        self.rng = rng or random.Random()
+
+    def keep(self, record: TraceRecord) -> bool:
+        threshold = self.p95()
+        self.recent.append(record.e2e_s)
+        if record.error is not None or threshold is None or record.e2e_s >= threshold:
+            return True
+        return self.rng.random() < self.sample_rate
+
+    def p95(self) -> float | None:
+        if len(self.recent) < 20:
+            return None  # too few to know the tail: keep everything
+        ordered = sorted(self.recent)
+        return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]

@@ -116,7 +116,11 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[batch.sample_rows]).float()
         if self.logits_hook is not None:
             self.logits_hook([out.scheduled[i] for i in batch.sample_items], logits)
-        for item, token in zip(batch.sample_items, self.sampler(logits, rows), strict=True):
+        # ``rows`` follow the scheduled order; the logits follow the batch layout (prefills first, then
+        # decodes by context length).
+        row_of = dict(zip((i for i, s in enumerate(out.scheduled) if s.samples), rows, strict=True))
+        laid_out = [row_of[i] for i in batch.sample_items]
+        for item, token in zip(batch.sample_items, self.sampler(logits, laid_out), strict=True):
             tokens[item] = token
         return tokens
 

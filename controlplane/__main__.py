@@ -1,0 +1,7 @@
+"""``python -m controlplane`` is the ``controlplane`` command."""
+
+import sys
+
+from controlplane.cli import main
+
+sys.exit(main())

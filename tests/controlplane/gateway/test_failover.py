@@ -1,0 +1,223 @@
+"""A replica killed or frozen mid-stream costs the client nothing: every stream ends as if undisturbed.
+
+Fifty greedy streams (completions and chats, ``ignore_eos``) run through the gateway at once; once they
+flow, one replica is ``kill -9``-ed, or SIGSTOPped and later continued. The reference is the same fifty
+requests sent straight to the replicas beforehand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from controlplane.gateway import PATHS, RequestParams, StreamAssembly
+
+from .conftest import (
+    Fleet,
+    GatewayServer,
+    ServeGateway,
+    StreamResult,
+    chat,
+    completion,
+    run_streams,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+NUM_STREAMS = 50
+MAX_TOKENS = 48
+STALL_TIMEOUT_S = 1.0
+RESUME_SLACK_S = 2.0  # the continuation's prefill elsewhere, on a loaded 2-core machine (measured ~0.1 s)
+READMIT_DEADLINE_S = 15.0
+TOPICS = ("rivers", "engines", "maps", "clocks", "bridges", "gardens", "stars", "ships", "songs", "stones")
+
+
+def requests() -> list[StreamResult]:
+    """The same fifty requests every time: half completions, half chats, all greedy."""
+    out = []
+    for i in range(NUM_STREAMS):
+        fields: dict[str, Any] = {"max_tokens": MAX_TOKENS, "ignore_eos": True, "return_token_ids": True,
+                                  "stream_options": {"include_usage": True}}
+        text = f"Request {i} is about {TOPICS[i % len(TOPICS)]} and {TOPICS[(3 * i) % len(TOPICS)]}"
+        if i % 2:
+            out.append(StreamResult("/v1/chat/completions", chat(text, **fields)))
+        else:
+            out.append(StreamResult("/v1/completions", completion(text, **fields)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(fleet: Fleet) -> list[StreamResult]:
+    """The undisturbed outputs, straight from the replicas (spread over the three)."""
+    results = requests()
+    urls = [r.base_url for r in fleet.replicas.values()]
+
+    async def main() -> None:
+        await asyncio.gather(*(run_streams(url, results[i::len(urls)]) for i, url in enumerate(urls)))
+
+    asyncio.run(main())
+    assert all(r.status == 200 and r.is_done for r in results), [r.error for r in results]
+    return results
+
+
+def flowing_on(results: list[StreamResult], replica_id: str, *, min_streams: int = 5) -> bool:
+    """Several streams that started on ``replica_id`` have tokens and are not done yet."""
+    mid_way = [r for r in results if r.replica == replica_id and len(r.chunks) >= 3 and not r.is_done]
+    return len(mid_way) >= min_streams
+
+
+def mismatches(results: list[StreamResult], reference: list[StreamResult]) -> list[str]:
+    """What differs from the undisturbed run, per stream (empty: nothing lost, nothing duplicated)."""
+    problems = []
+    for i, (got, want) in enumerate(zip(results, reference)):
+        usage = [p["usage"] for p in got.payloads if isinstance(p, dict) and p.get("usage")]
+        if got.status != 200 or got.error or not got.is_done:
+            problems.append(f"#{i} on {got.replica}: status {got.status}, error {got.error}, "
+                            f"last {got.payloads[-1:]}")
+        elif got.token_ids() != want.token_ids() or got.text() != want.text():
+            problems.append(f"#{i} on {got.replica}: {len(got.token_ids())} tokens, differs from reference")
+        elif usage[-1]["completion_tokens"] != MAX_TOKENS:
+            problems.append(f"#{i}: usage {usage[-1]}")
+    return problems
+
+
+def report(gw: GatewayServer, what: str) -> tuple[int, int]:
+    resumed = [t for t in gw.traces if t.resumes]
+    total = sum(t.resumes for t in gw.traces)
+    print(f"\n{what}: {len(gw.traces)} requests, {len(resumed)} resumed ({total} resumes), "
+          f"{sum(t.retries for t in gw.traces)} retries, ejected now: {sorted(gw.gateway.ejected())}")
+    return len(resumed), total
+
+
+def test_killed_replica_loses_no_stream(fleet: Fleet, serve_gateway: ServeGateway,
+                                        reference: list[StreamResult]) -> None:
+    gw = serve_gateway(stall_timeout_s=STALL_TIMEOUT_S, first_byte_timeout_s=5.0)
+    victim = "r0"
+    results = requests()
+
+    async def kill_when_flowing(results: list[StreamResult]) -> None:
+        await asyncio.to_thread(wait_until, lambda: flowing_on(results, victim), timeout=60,
+                                what=f"streams flowing on {victim}", interval=0.005)
+        fleet.kill(victim)
+
+    try:
+        asyncio.run(run_streams(gw.url, results, during=kill_when_flowing))
+    finally:
+        fleet.restart(victim)
+
+    num_resumed, _ = report(gw, "kill -9")
+    assert mismatches(results, reference) == []
+    assert num_resumed >= 5
+    assert all(t.status == 200 and t.error is None for t in gw.traces)
+    assert all(t.replica_id != victim for t in gw.traces if t.resumes)
+
+
+def test_stopped_replica_is_resumed_around_ejected_and_readmitted(fleet: Fleet, serve_gateway: ServeGateway,
+                                                                  reference: list[StreamResult]) -> None:
+    gw = serve_gateway(stall_timeout_s=STALL_TIMEOUT_S, first_byte_timeout_s=3.0, probe_interval_s=0.5,
+                       eject_after_failures=3)
+    victim = "r1"
+    results = requests()
+    stopped_at: list[float] = []
+
+    async def stop_when_flowing(results: list[StreamResult]) -> None:
+        await asyncio.to_thread(wait_until, lambda: flowing_on(results, victim), timeout=60,
+                                what=f"streams flowing on {victim}", interval=0.005)
+        fleet.signal(victim, signal.SIGSTOP)
+        stopped_at.append(time.monotonic())
+
+    try:
+        asyncio.run(run_streams(gw.url, results, during=stop_when_flowing))
+        ejected_while_stopped = gw.gateway.ejected()
+    finally:
+        fleet.signal(victim, signal.SIGCONT)
+    continued_at = time.monotonic()
+
+    wait_until(lambda: victim not in gw.gateway.ejected(), timeout=READMIT_DEADLINE_S,
+               what=f"{victim} re-admitted after SIGCONT")
+    num_resumed, _ = report(gw, "SIGSTOP")
+    [(ejected_at, *_)] = gw.events_of("ejected", victim)
+    [(readmitted_at, *_)] = gw.events_of("readmitted", victim)
+    stalled = [r for r in results if r.replica == victim]
+    gaps = sorted(r.max_gap() for r in stalled)
+    print(f"ejected {ejected_at - stopped_at[0]:.2f}s after SIGSTOP, re-admitted "
+          f"{readmitted_at - continued_at:.2f}s after SIGCONT; largest client gaps: {gaps[-3:]}")
+    assert mismatches(results, reference) == []
+    assert ejected_while_stopped == {victim}
+    assert num_resumed >= 5
+    assert ejected_at - stopped_at[0] < STALL_TIMEOUT_S + RESUME_SLACK_S
+    assert gaps and gaps[-1] < STALL_TIMEOUT_S + RESUME_SLACK_S
+    assert readmitted_at > continued_at
+
+
+# ---- the resume arithmetic against a real replica's detokenizer and stop-string hold-back -------
+RESUME_MAX_TOKENS = 16
+
+
+async def _events(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    async with client.stream("POST", path, json=body) as response:
+        assert response.status_code == 200, await response.aread()
+        return [json.loads(line[6:]) for line in [x async for x in response.aiter_lines()]
+                if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def _assembled(params: RequestParams, events: list[dict[str, Any]]) -> StreamAssembly:
+    assembly = StreamAssembly(params)
+    for event in events:
+        assembly.accept(event)
+    return assembly
+
+
+def _variant(kind: str, sampling: str, fleet: Fleet) -> dict[str, Any]:
+    make = chat if kind == "chat" else completion
+    body = make("The river bends near the old mill", max_tokens=RESUME_MAX_TOKENS, ignore_eos=True)
+    if sampling == "greedy":
+        return body
+    body = {**body, "temperature": 1.0, "seed": 11, "stop": ["@never@matches@"]}  # held back: 14 chars
+    if sampling == "seeded-stop":  # a stop string that ends the undisturbed text part of the way
+        answer = httpx.post(f"{fleet.replicas['r2'].base_url}{PATHS[kind]}", json=body, timeout=30).json()
+        choice = answer["choices"][0]
+        full = choice.get("text") or choice["message"]["content"]
+        at = next(i for i in range(len(full) // 3, len(full) - 3) if full.find(full[i:i + 3]) == i)
+        body["stop"] = [full[at:at + 3]]
+    return body
+
+
+@pytest.mark.parametrize("sampling", ["greedy", "seeded", "seeded-stop"])
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_resuming_a_real_stream_after_any_chunk_reproduces_it(fleet: Fleet, kind: str, sampling: str) -> None:
+    """What the gateway does after a break, from every possible break point, checked exactly."""
+    body = _variant(kind, sampling, fleet)
+    params = RequestParams.parse(kind, body)
+
+    async def main() -> tuple[StreamAssembly, list[StreamAssembly]]:
+        async with httpx.AsyncClient(base_url=fleet.replicas["r2"].base_url, timeout=60) as client:
+            events = await _events(client, params.path, params.upstream_body(1))
+            whole = _assembled(params, events)
+            token_events = [i for i, e in enumerate(events) if e.get("choices")]
+            cuts = [_assembled(params, events[:i]) for i in token_events[1:]]
+            plans = [cut.continuation(priority=1) for cut in cuts]
+            # All continuations at once: seeded ones share batches with prefills and decodes.
+            continued = await asyncio.gather(*(_events(client, path, b) for path, b in plans))
+            for cut, more in zip(cuts, continued):
+                for event in more:
+                    cut.accept(event)
+            return whole, cuts
+
+    whole, cuts = asyncio.run(main())
+
+    text = "".join(whole.text)
+    assert whole.is_finished and len(cuts) >= 2 and text
+    assert whole.finish_reason == ("stop" if sampling == "seeded-stop" else "length")
+    for i, cut in enumerate(cuts):
+        assert ("".join(cut.text), cut.token_ids, cut.finish_reason) == (text, whole.token_ids,
+                                                                         whole.finish_reason), f"cut {i}"
+        assert cut.usage()["completion_tokens"] == len(whole.token_ids)
+        assert cut.usage()["prompt_tokens"] == len(whole.prompt_ids or [])
