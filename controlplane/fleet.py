@@ -31,6 +31,7 @@ from controlplane.store import ReplicaRow
 logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
+DESIRED_KEY = "fleet.desired"  # what the operator asked for survives a crash of the control plane
 UNREADY_AFTER_FAILURES = 3  # consecutive failed readiness probes before a ready replica counts as unready
 
 
@@ -44,6 +45,10 @@ class FleetStore(Protocol):
     def replicas(self) -> list[Any]: ...
 
     def delete_replica(self, replica_id: str) -> object: ...
+
+    def kv_put(self, key: str, value: Any) -> None: ...
+
+    def kv_get(self, key: str, default: Any = None) -> Any: ...
 
 
 class FleetError(Exception):
@@ -143,6 +148,7 @@ class Fleet:
             raise FleetError(f"replicas: must be >= 0, got {replicas}")
         self._event("fleet.scaled", "fleet", {"from": self.desired_total, "to": replicas})
         self.desired_total = replicas
+        self._persist_desired()
 
     def restart(self, replica_id: str) -> None:
         replica = self.replicas.get(replica_id)
@@ -160,6 +166,7 @@ class Fleet:
             raise FleetError(f"the fleet already runs {model}")
         self.rollout = Rollout(model, self.generation + 1, self.model, self.generation, self.clock())
         self._event("rollout.started", "fleet", {"model": model, "generation": self.generation + 1})
+        self._persist_desired()
         return self.rollout
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -305,6 +312,7 @@ class Fleet:
         if not old:
             self.model, self.generation, self.rollout = ro.model, ro.generation, None
             self._event("rollout.completed", "fleet", {"model": ro.model, "generation": ro.generation})
+            self._persist_desired()
             return
         spec = self._new_spec(old[0].spec.zone, ro.model, ro.generation)
         self._spawn(spec)
@@ -331,9 +339,29 @@ class Fleet:
                 self._start_drain(replica, "rollback")
         self.rollout = None
         self._event("rollout.rolled_back", "fleet", {"model": ro.model, "reason": reason})
+        self._persist_desired()
 
     # ---- adoption after a restart of the control plane -----------------------------------------
+    def restore_desired(self) -> None:
+        """Take back the desired state an earlier control plane acknowledged (scale, model, rollout)."""
+        saved = self.store.kv_get(DESIRED_KEY)
+        if not saved:
+            return
+        self.desired_total, self.model = saved["replicas"], saved["model"]
+        self.generation = saved["generation"]
+        ro = saved.get("rollout")
+        if ro:
+            self.rollout = Rollout(ro["model"], ro["generation"], self.model, self.generation, self.clock())
+        self._event("fleet.restored", "fleet", saved)
+
+    def _persist_desired(self) -> None:
+        ro = self.rollout
+        self.store.kv_put(DESIRED_KEY, {
+            "replicas": self.desired_total, "model": self.model, "generation": self.generation,
+            "rollout": None if ro is None else {"model": ro.model, "generation": ro.generation}})
+
     def adopt_or_clean(self) -> None:
+        self.restore_desired()
         for row in self.store.replicas():
             spec = self._new_spec(row.zone, row.model, row.generation, replica_id=row.replica_id,
                                   port=row.port)
@@ -349,7 +377,6 @@ class Fleet:
                 continue
             replica = ManagedReplica(spec, handle, ReplicaState.STARTING, self.clock(), row.restarts)
             self.replicas[spec.replica_id] = replica
-            self.model, self.generation = row.model, max(self.generation, row.generation)
             self._event("replica.adopted", spec.replica_id, {"pid": row.pid, "port": row.port})
             self._save(replica)
 

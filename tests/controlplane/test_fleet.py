@@ -215,3 +215,15 @@ def test_replica_row_round_trips_through_the_store(tmp_path: Path) -> None:
     store.upsert_replica(ReplicaRow("az-a-1", "az-a", "127.0.0.1", 8101, 42, ReplicaState.READY, "default"))
     [row] = store.replicas()
     assert (row.replica_id, row.pid, row.state) == ("az-a-1", 42, ReplicaState.READY)
+
+
+def test_acknowledged_scale_and_rollout_survive_a_restart_of_the_control_plane(tmp_path: Path) -> None:
+    first = make(tmp_path)
+    first.tick()
+    first.fleet.scale(5)
+    first.fleet.start_rollout("/models/v2")
+    second = make(tmp_path)  # same store file, config still says 3 replicas of "default"
+    second.fleet.adopt_or_clean()
+    assert second.fleet.desired_total == 5
+    assert second.fleet.rollout is not None and second.fleet.rollout.model == "/models/v2"
+    assert second.events("fleet.restored")
