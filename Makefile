@@ -9,12 +9,11 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 APT_PACKAGES := prometheus
-PROMPT ?= Hello! Tell me about paged attention.
 
 .PHONY: up test lint typecheck apt bench clean
 
-up: $(STAMP)
-	$(PY) -m inference generate "$(PROMPT)"
+up: $(STAMP) apt
+	$(PY) -m controlplane up $(if $(CONFIG),--config $(CONFIG),)
 
 test: $(STAMP) apt lint typecheck
 	$(PY) -m pytest -q

@@ -1,8 +1,4 @@
-"""``controlplane up`` as a user runs it: a real process with real replicas, gateway, API and Prometheus.
-
-Ports are picked free on loopback and passed through a TOML config, so the test never collides with a
-control plane already running on the default ports.
-"""
+"""``controlplane up`` as a user runs it: start, serve, CLI, crash and restart, Ctrl-C."""
 
 from __future__ import annotations
 
@@ -10,120 +6,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
-from controlplane.client import ControlPlaneClient
-from inference.launcher import free_port
-from inference.models.default import ensure_default_model
+from .conftest import Running, prometheus_pids, replica_pids, start, wait_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-START_TIMEOUT_S = 150.0
-
-
-@dataclass
-class Running:
-    process: subprocess.Popen[str]
-    api: str
-    gateway: str
-    token: str
-    state_dir: Path
-    log: Path
-
-    def client(self) -> ControlPlaneClient:
-        return ControlPlaneClient(self.api, self.token)
-
-
-def write_config(tmp: Path, *, replicas: int = 3) -> Path:
-    config = tmp / "controlplane.toml"
-    config.write_text(f"""
-state_dir = "{tmp / 'state'}"
-[api]
-port = {free_port()}
-[gateway]
-port = {free_port()}
-[fleet]
-replicas = {replicas}
-base_port = {free_port() + 100}
-[prometheus]
-port = {free_port()}
-scrape_interval_s = 1.0
-""")
-    return config
-
-
-def start(config: Path, tmp: Path, token: str) -> Running:
-    import tomllib
-
-    raw = tomllib.loads(config.read_text())
-    log = tmp / f"up-{time.monotonic_ns()}.log"
-    env = {**os.environ, "CONTROLPLANE_ADMIN_TOKEN": token, "PYTHONUNBUFFERED": "1"}
-    with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "controlplane", "up", "--config", str(config)],
-                                   stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
-    return Running(process, f"http://127.0.0.1:{raw['api']['port']}",
-                   f"http://127.0.0.1:{raw['gateway']['port']}", token, Path(raw["state_dir"]), log)
-
-
-def wait_ready(running: Running, want: int) -> float:
-    started = time.monotonic()
-    deadline = started + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        assert running.process.poll() is None, running.log.read_text()[-3000:]
-        try:
-            with running.client() as client:
-                if client.fleet().ready_replicas >= want:
-                    return time.monotonic() - started
-        except Exception:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"fleet not ready in time:\n{running.log.read_text()[-3000:]}")
-
-
-def replica_pids(state_dir: Path) -> set[int]:
-    """Processes serving a replica for this state dir (children of any control plane)."""
-    pids = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-            env = (proc / "environ").read_bytes()
-        except OSError:
-            continue
-        if b"serve" in cmd and b"inference" in cmd and str(state_dir).encode() in env:
-            pids.add(int(proc.name))
-    return pids
-
-
-@pytest.fixture(scope="module")
-def model_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("up")
-    ensure_default_model(tmp / "state")  # built once, before three replicas race for it
-    return tmp
-
-
-@pytest.fixture
-def running(model_state: Path) -> Iterator[Running]:
-    config = write_config(model_state)
-    proc = start(config, model_state, "admin-token-for-tests")
-    try:
-        yield proc
-    finally:
-        if proc.process.poll() is None:
-            proc.process.send_signal(signal.SIGTERM)
-            try:
-                proc.process.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.process.kill()
-        for pid in replica_pids(proc.state_dir):
-            os.kill(pid, signal.SIGKILL)
 
 
 def test_up_serves_three_ready_replicas_in_three_zones_and_sigterm_leaves_no_child(running: Running) -> None:
@@ -137,10 +27,12 @@ def test_up_serves_three_ready_replicas_in_three_zones_and_sigterm_leaves_no_chi
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4
     children = replica_pids(running.state_dir)
     assert len(children) == 3
+    assert len(prometheus_pids(running.state_dir)) == 1
 
     running.process.send_signal(signal.SIGTERM)
     assert running.process.wait(90) == 0
     assert replica_pids(running.state_dir) == set()
+    assert prometheus_pids(running.state_dir) == set()
     assert "stopped" in running.log.read_text()
 
 
