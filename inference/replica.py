@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from types import FrameType
 
 import uvicorn
@@ -59,7 +60,14 @@ class DrainingServer(uvicorn.Server):
         return aborted
 
 
+# The engine thread and the event loop share the GIL. With CPython's default 5 ms switch interval, a
+# request that arrives while the engine thread runs Python code waits up to 5 ms for the loop to parse
+# it; 0.5 ms keeps that hand-off small against a ~50 ms TTFT.
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
 def run(model: str, engine_config: EngineConfig, server_config: ServerConfig) -> int:
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     replica = build_replica(model, engine_config, server_config)
     replica.engine.start()
     app = create_app(replica)
