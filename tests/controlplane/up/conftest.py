@@ -10,9 +10,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -21,6 +22,7 @@ from inference.launcher import free_port
 from inference.models.default import ensure_default_model
 
 START_TIMEOUT_S = 150.0
+T = TypeVar("T")
 
 
 @dataclass
@@ -138,3 +140,13 @@ def prometheus_pids(state_dir: Path) -> set[int]:
         if is_prometheus and str(state_dir).encode() in cmd:
             pids.add(int(proc.name))
     return pids
+
+
+def poll(fetch: Callable[[], T], done: Callable[[T], object], *, timeout: float = 30.0) -> T:
+    """``fetch()`` until ``done(value)`` holds, within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fetch()
+        if done(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(0.5)

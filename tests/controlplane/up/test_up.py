@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import Running, prometheus_pids, replica_pids, start, wait_ready
+from .conftest import Running, poll, prometheus_pids, replica_pids, start, wait_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -22,9 +22,19 @@ def test_up_serves_three_ready_replicas_in_three_zones_and_sigterm_leaves_no_chi
     with running.client() as client:
         fleet = client.fleet()
     assert sorted(r.zone for r in fleet.replicas) == ["az-a", "az-b", "az-c"]
-    response = httpx.post(f"{running.gateway}/v1/completions", json={"prompt": "hi", "max_tokens": 4},
-                          timeout=30)
-    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4
+    for i in range(25):
+        response = httpx.post(f"{running.gateway}/v1/completions",
+                              json={"prompt": f"hi {i}", "max_tokens": 4}, timeout=30)
+        assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4
+    with running.client() as client:
+        traces = client.slow_traces(limit=100)
+        summary = poll(lambda: client.summary("fleet"), lambda s: s["qps"] and s["ttft"]["p99"])
+        zone = client.summary("zone:az-a")
+    assert traces and traces[0]["e2e_s"] >= traces[-1]["e2e_s"]  # slowest first
+    assert {t["replica_id"] for t in traces} <= {r.replica_id for r in fleet.replicas}
+    assert all(t["prefill_s"] is not None and t["gateway_s"] >= 0 for t in traces)
+    assert summary["ttft"]["p50"] <= summary["ttft"]["p99"] and len(summary["replicas"]) == 3
+    assert zone["replicas"] == ["az-a-1"]
     children = replica_pids(running.state_dir)
     assert len(children) == 3
     assert len(prometheus_pids(running.state_dir)) == 1
@@ -34,6 +44,15 @@ def test_up_serves_three_ready_replicas_in_three_zones_and_sigterm_leaves_no_chi
     assert replica_pids(running.state_dir) == set()
     assert prometheus_pids(running.state_dir) == set()
     assert "stopped" in running.log.read_text()
+
+
+def test_bad_config_fails_at_start_with_file_key_and_reason(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[fleet]\nreplicas = \"three\"\n")
+    result = subprocess.run([sys.executable, "-m", "controlplane", "up", "--config", str(bad)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"controlplane: {bad}: fleet.replicas: must be int, got str 'three'"
 
 
 def test_cli_talks_to_the_api_and_refuses_a_bad_token(running: Running) -> None:
@@ -53,6 +72,9 @@ def test_cli_talks_to_the_api_and_refuses_a_bad_token(running: Running) -> None:
 def test_kill_9_of_the_control_plane_then_restart_adopts_every_replica(model_state: Path,
                                                                         running: Running) -> None:
     wait_ready(running, 3)
+    with running.client() as client:
+        client.scale(4)  # acknowledged: must survive the crash below
+    wait_ready(running, 4)
     before = replica_pids(running.state_dir)
     running.process.send_signal(signal.SIGKILL)
     running.process.wait(10)
@@ -61,11 +83,12 @@ def test_kill_9_of_the_control_plane_then_restart_adopts_every_replica(model_sta
     config = next(model_state.glob("controlplane.toml"))
     again = start(config, model_state, running.token)
     try:
-        wait_ready(again, 3)
+        wait_ready(again, 4)
         with again.client() as client:
-            pids = {r.pid for r in client.fleet().replicas}
+            fleet = client.fleet()
             adopted = client.events(kind="replica.adopted")
-        assert pids == before and len(adopted) == 3
+        assert {r.pid for r in fleet.replicas} == before and len(adopted) == 4
+        assert fleet.desired_replicas == 4
     finally:
         again.process.send_signal(signal.SIGTERM)
         assert again.process.wait(90) == 0

@@ -1,0 +1,604 @@
+"""``python -m controlplane.bench gateway``: the latency the gateway adds to a stream, against the replica.
+
+Beside the request path, not in it: one real replica (``python -m inference serve``) and one
+:class:`~controlplane.gateway.Gateway` over it (a static endpoint list), both on loopback. A closed loop
+of C workers sends streaming ``/v1/completions`` requests, in rounds that alternate between the replica
+itself and the gateway (ABBA order, so drift and machine noise fall on both routes alike). Per request
+it records the client's TTFT (send -> first chunk with a choice, i.e. the first token) and E2E
+(send -> ``[DONE]``) with the replica's own queue and prefill times from the ``timings`` of its last chunk.
+
+The gateway's added latency is estimated two ways: the difference of the routes' TTFT percentiles, and
+per request as client TTFT - replica (queue + prefill), gateway minus direct, which takes out the
+engine's share of each TTFT. By default the gateway runs in its own process: served from a thread of
+the client's process it would share one GIL with the load client, whose timestamps would then wait on the
+gateway's relaying (the switch interval alone is 5 ms), inflating what is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import multiprocessing
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import numpy as np
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+
+from controlplane.config import STATE_DIR_ENV, GatewayConfig
+from controlplane.gateway import Gateway, create_gateway_app
+from controlplane.replicas import ReplicaEndpoint, ReplicaState
+from inference.launcher import ReplicaProcess, free_port
+
+logger = logging.getLogger(__name__)
+
+Route = Literal["direct", "gateway"]
+GatewayMode = Literal["process", "thread"]
+ROUTES: tuple[Route, Route] = ("direct", "gateway")
+
+TARGET_ADDED_P50_S = 0.002
+TARGET_ADDED_P99_S = 0.010
+DEFAULT_LEVELS = (1, 16, 64)
+DEFAULT_REQUESTS = (200, 400, 400)  # per level, both routes together
+DEFAULT_ROUND_SIZE = 50  # requests per round on one route (at least C, so every worker sends in a round)
+DEFAULT_MAX_TOKENS = 16
+PROMPT = "The gateway relays this short prompt to the replica and streams the answer back"
+MODEL = "default"
+REPLICA_ID = "bench-gw-0"
+REPLICA_THREADS = 2
+REPLICA_MAX_NUM_SEQS = 128
+REPLICA_MAX_WAITING = 100_000
+REPLICA_READY_TIMEOUT_S = 120.0
+GATEWAY_READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+REQUEST_TIMEOUT_S = 60.0  # one request: connect, and each gap between chunks
+LEVEL_TIMEOUT_S = 600.0  # one concurrency level, warm-up included
+ERROR_CHARS = 200
+# The gateway must not shed, retry or resume during the benchmark: each would measure something else.
+GATEWAY_MAX_INFLIGHT = 4096
+GATEWAY_STALL_TIMEOUT_S = 60.0
+GATEWAY_FIRST_BYTE_TIMEOUT_S = 60.0
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not run to the end (a process did not start, a level ran out of time)."""
+
+
+# ---- records ---------------------------------------------------------------------------------
+@dataclass(slots=True, frozen=True)
+class RequestSample:
+    """One request as the client saw it, with the replica's account of its queue and prefill."""
+
+    route: Route
+    round_index: int
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    replica_queue_s: float | None = None
+    replica_prefill_s: float | None = None
+    error: str | None = None
+
+    @property
+    def is_success(self) -> bool:
+        return self.error is None and None not in (self.ttft_s, self.e2e_s, self.replica_queue_s,
+                                                   self.replica_prefill_s)
+
+    @property
+    def overhead_s(self) -> float:
+        """Client TTFT not spent in the engine: HTTP, (de)serialization, and the gateway on that route."""
+        if not self.is_success:
+            raise ValueError(f"request failed or lacks timings: {self.error or 'no timings'}")
+        assert self.ttft_s is not None and self.replica_queue_s is not None
+        assert self.replica_prefill_s is not None
+        return self.ttft_s - self.replica_queue_s - self.replica_prefill_s
+
+
+@dataclass(slots=True, frozen=True)
+class Percentiles:
+    """p50 and p99 in seconds (NaN for no values); differences of two are still Percentiles."""
+
+    p50: float
+    p99: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Percentiles:
+        if not values:
+            return cls(math.nan, math.nan)
+        p50, p99 = np.percentile(np.asarray(values, dtype=float), [50, 99])
+        return cls(float(p50), float(p99))
+
+    def minus(self, other: Percentiles) -> Percentiles:
+        return Percentiles(self.p50 - other.p50, self.p99 - other.p99)
+
+
+@dataclass(slots=True, frozen=True)
+class RouteStats:
+    """One route at one level: successful requests only."""
+
+    num_requests: int
+    num_succeeded: int
+    ttft: Percentiles
+    e2e: Percentiles
+    overhead: Percentiles  # per request: client TTFT - replica queue - replica prefill
+
+    @classmethod
+    def of(cls, samples: Sequence[RequestSample]) -> RouteStats:
+        ok = [s for s in samples if s.is_success]
+        return cls(num_requests=len(samples), num_succeeded=len(ok),
+                   ttft=Percentiles.of([s.ttft_s for s in ok if s.ttft_s is not None]),
+                   e2e=Percentiles.of([s.e2e_s for s in ok if s.e2e_s is not None]),
+                   overhead=Percentiles.of([s.overhead_s for s in ok]))
+
+
+@dataclass(slots=True, frozen=True)
+class LevelResult:
+    concurrency: int
+    samples: tuple[RequestSample, ...]
+    wall_s: float
+    direct: RouteStats = field(init=False)
+    gateway: RouteStats = field(init=False)
+
+    def __post_init__(self) -> None:
+        for route in ROUTES:
+            object.__setattr__(self, route, RouteStats.of([s for s in self.samples if s.route == route]))
+
+    @property
+    def added_ttft(self) -> Percentiles:
+        """The estimate judged against the targets: gateway TTFT percentile - direct TTFT percentile."""
+        return self.gateway.ttft.minus(self.direct.ttft)
+
+    @property
+    def added_overhead(self) -> Percentiles:
+        return self.gateway.overhead.minus(self.direct.overhead)
+
+    @property
+    def added_e2e(self) -> Percentiles:
+        return self.gateway.e2e.minus(self.direct.e2e)
+
+    @property
+    def failures(self) -> list[RequestSample]:
+        return [s for s in self.samples if not s.is_success]
+
+    @property
+    def is_pass(self) -> bool:
+        added = self.added_ttft
+        return not self.failures and added.p50 <= TARGET_ADDED_P50_S and added.p99 <= TARGET_ADDED_P99_S
+
+
+@dataclass(slots=True, frozen=True)
+class MachineNote:
+    num_cpus: int
+    num_usable_cpus: int  # this process's affinity
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float]
+
+    def line(self) -> str:
+        def load(values: tuple[float, float, float]) -> str:
+            return " ".join(f"{v:.2f}" for v in values)
+
+        return (f"machine: {self.num_cpus} CPUs ({self.num_usable_cpus} usable); load average 1/5/15 min "
+                f"before {load(self.load_before)}, after {load(self.load_after)}")
+
+
+@dataclass(slots=True, frozen=True)
+class GatewayBenchResult:
+    levels: tuple[LevelResult, ...]
+    machine: MachineNote
+    gateway_mode: GatewayMode
+    round_size: int
+    max_tokens: int
+    replica_threads: int
+    gateway_counters: dict[str, float]  # retries, resumes, rejected: all should be 0
+
+    @property
+    def is_pass(self) -> bool:
+        return all(level.is_pass for level in self.levels) and not any(self.gateway_counters.values())
+
+
+# ---- the round plan (pure) -------------------------------------------------------------------
+def round_plan(num_requests: int, *, round_size: int, concurrency: int) -> list[tuple[Route, int]]:
+    """(route, requests) per round: half the requests each way (direct gets the odd one), rounds of
+    max(round_size, concurrency) in ABBA order (direct, gateway, gateway, direct, ...)."""
+    if num_requests < 2 or round_size < 1 or concurrency < 1:
+        raise ValueError(f"need >= 2 requests, round size >= 1 and concurrency >= 1; got {num_requests}, "
+                         f"{round_size}, {concurrency}")
+    size = max(round_size, concurrency)
+    left: dict[Route, int] = {"direct": num_requests - num_requests // 2, "gateway": num_requests // 2}
+    plan: list[tuple[Route, int]] = []
+    index = 0
+    while any(left.values()):
+        route: Route = "direct" if index % 4 in (0, 3) else "gateway"
+        index += 1
+        if left[route]:
+            count = min(size, left[route])
+            left[route] -= count
+            plan.append((route, count))
+    return plan
+
+
+# ---- the load client -------------------------------------------------------------------------
+def request_body(max_tokens: int) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "stream": True}
+
+
+async def stream_once(client: httpx.AsyncClient, route: Route, round_index: int,
+                      body: dict[str, Any]) -> RequestSample:
+    """One streaming request; failures come back as a sample with ``error``, never as an exception."""
+    sent = time.perf_counter()
+    first: float | None = None
+    timings: dict[str, Any] = {}
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")[:ERROR_CHARS]
+                return RequestSample(route, round_index, error=f"HTTP {response.status_code}: {text}")
+            async for line in response.aiter_lines():
+                now = time.perf_counter()  # before parsing: JSON decoding is the client's cost
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:"):].strip()
+                if data == "[DONE]":
+                    return _finished(route, round_index, sent=sent, first=first, done=now, timings=timings)
+                event = json.loads(data)
+                if "error" in event:
+                    return RequestSample(route, round_index, error=f"error frame: {data[:ERROR_CHARS]}")
+                if first is None and event.get("choices"):
+                    first = now
+                timings = event.get("timings") or timings
+    except (httpx.HTTPError, ValueError) as exc:
+        return RequestSample(route, round_index, error=f"{type(exc).__name__}: {exc}")
+    return RequestSample(route, round_index, error="the stream ended before [DONE]")
+
+
+def _finished(route: Route, round_index: int, *, sent: float, first: float | None, done: float,
+              timings: dict[str, Any]) -> RequestSample:
+    queue, prefill = _number(timings.get("queue")), _number(timings.get("prefill"))
+    error = None
+    if first is None:
+        error = "[DONE] before any chunk with a token"
+    elif queue is None or prefill is None:
+        error = f"no queue/prefill timings in the stream (got {sorted(timings)})"
+    ttft = None if first is None else first - sent
+    return RequestSample(route, round_index, ttft_s=ttft, e2e_s=done - sent, replica_queue_s=queue,
+                         replica_prefill_s=prefill, error=error)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+async def run_round(client: httpx.AsyncClient, route: Route, *, round_index: int, num_requests: int,
+                    concurrency: int, body: dict[str, Any]) -> list[RequestSample]:
+    """A closed loop: ``concurrency`` workers, each sending its next request when its last one ends."""
+    tickets = iter(range(num_requests))  # shared: each worker takes the next until none are left
+    samples: list[RequestSample] = []
+
+    async def worker() -> None:
+        for _ in tickets:
+            samples.append(await stream_once(client, route, round_index, body))
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, num_requests))))
+    return samples
+
+
+async def run_level(urls: dict[Route, str], *, concurrency: int, num_requests: int, round_size: int,
+                    max_tokens: int) -> LevelResult:
+    """One concurrency level: a discarded warm-up round per route, then the alternating rounds."""
+    body = request_body(max_tokens)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {route: await stack.enter_async_context(httpx.AsyncClient(
+            base_url=urls[route], timeout=REQUEST_TIMEOUT_S, limits=limits, trust_env=False))
+            for route in ROUTES}
+        for route in ROUTES:  # open the connections and warm both paths
+            await run_round(clients[route], route, round_index=-1, num_requests=concurrency,
+                            concurrency=concurrency, body=body)
+        started = time.perf_counter()
+        samples: list[RequestSample] = []
+        plan = round_plan(num_requests, round_size=round_size, concurrency=concurrency)
+        for index, (route, count) in enumerate(plan):
+            samples += await run_round(clients[route], route, round_index=index, num_requests=count,
+                                       concurrency=concurrency, body=body)
+    return LevelResult(concurrency, tuple(samples), time.perf_counter() - started)
+
+
+# ---- the processes -------------------------------------------------------------------------
+def bench_gateway_config(port: int) -> GatewayConfig:
+    return GatewayConfig(port=port, max_inflight_per_replica=GATEWAY_MAX_INFLIGHT,
+                         stall_timeout_s=GATEWAY_STALL_TIMEOUT_S,
+                         first_byte_timeout_s=GATEWAY_FIRST_BYTE_TIMEOUT_S)
+
+
+def _gateway_app(port: int, endpoint: ReplicaEndpoint) -> Any:
+    gateway = Gateway(bench_gateway_config(port), endpoints=lambda: [endpoint])
+    return create_gateway_app(gateway)
+
+
+def _uvicorn_config(port: int, endpoint: ReplicaEndpoint) -> uvicorn.Config:
+    return uvicorn.Config(_gateway_app(port, endpoint), host="127.0.0.1", port=port, log_level="warning",
+                          access_log=False, lifespan="on")
+
+
+def _serve_gateway(port: int, endpoint: ReplicaEndpoint) -> None:
+    """The gateway process's body (a module-level function, so that ``spawn`` can import it)."""
+    uvicorn.Server(_uvicorn_config(port, endpoint)).run()
+
+
+class GatewayProcess:
+    """The gateway served by uvicorn in a child process (spawned: no state inherited from this one)."""
+
+    def __init__(self, port: int, endpoint: ReplicaEndpoint) -> None:
+        self.port, self.endpoint = port, endpoint
+        self._process: BaseProcess | None = None
+
+    def start(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._process = context.Process(target=_serve_gateway, args=(self.port, self.endpoint),
+                                        name="bench-gateway", daemon=True)
+        self._process.start()
+
+    def is_alive(self) -> bool:
+        return self._process is not None and self._process.is_alive()
+
+    def stop(self) -> None:
+        process = self._process
+        if process is None or not process.is_alive():
+            return
+        process.terminate()  # SIGTERM: uvicorn shuts down and the lifespan stops the gateway
+        process.join(STOP_TIMEOUT_S)
+        if process.is_alive():
+            process.kill()
+            process.join(STOP_TIMEOUT_S)
+
+
+class GatewayThread:
+    """The gateway served by uvicorn on a thread of this process (shares the load client's GIL)."""
+
+    def __init__(self, port: int, endpoint: ReplicaEndpoint) -> None:
+        self.port, self.endpoint = port, endpoint
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._server = uvicorn.Server(_uvicorn_config(self.port, self.endpoint))
+        self._thread = threading.Thread(target=self._server.run, name="bench-gateway", daemon=True)
+        self._thread.start()
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(STOP_TIMEOUT_S)
+
+
+def wait_gateway_ready(server: GatewayProcess | GatewayThread, url: str) -> None:
+    deadline = time.monotonic() + GATEWAY_READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if not server.is_alive():
+            raise BenchError(f"the gateway on {url} exited before it answered /health")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=2, trust_env=False).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise BenchError(f"the gateway on {url} did not answer /health within {GATEWAY_READY_TIMEOUT_S:g}s")
+
+
+def start_replica(state_dir: Path, log_path: Path, threads: int) -> ReplicaProcess:
+    from inference.models.default import ensure_default_model  # torch: only when a replica is wanted
+
+    ensure_default_model(state_dir)  # built once here, not raced inside the replica's start
+    replica = ReplicaProcess(free_port(), replica_id=REPLICA_ID, log_path=log_path,
+                             env={STATE_DIR_ENV: str(state_dir)},
+                             extra_args=("--num-threads", str(threads), "--max-num-seqs",
+                                         str(REPLICA_MAX_NUM_SEQS), "--max-waiting-requests",
+                                         str(REPLICA_MAX_WAITING)))
+    replica.start()
+    return replica
+
+
+def gateway_counters(url: str) -> dict[str, float]:
+    """Retries, resumes and refusals the gateway counted: any of them would spoil the comparison."""
+    page = httpx.get(f"{url}/metrics", timeout=5, trust_env=False).text
+    totals = {"retries": 0.0, "resumes": 0.0, "rejected": 0.0}
+    for family in text_string_to_metric_families(page):
+        name = family.name.removeprefix("gateway_")
+        if name in totals:
+            totals[name] += sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return totals
+
+
+@contextlib.contextmanager
+def bench_stack(*, state_dir: Path, log_dir: Path, replica_threads: int,
+                gateway_mode: GatewayMode) -> Iterator[dict[Route, str]]:
+    """One ready replica and one ready gateway over it; both stopped on the way out, whatever happens."""
+    replica = start_replica(state_dir, log_dir / "replica.log", replica_threads)
+    gateway: GatewayProcess | GatewayThread | None = None
+    try:
+        replica.wait_ready(REPLICA_READY_TIMEOUT_S)
+        endpoint = ReplicaEndpoint(REPLICA_ID, replica.zone, "127.0.0.1", replica.port, ReplicaState.READY,
+                                   MODEL, pid=replica.process.pid if replica.process else None)
+        port = free_port()
+        gateway = (GatewayProcess if gateway_mode == "process" else GatewayThread)(port, endpoint)
+        gateway.start()
+        url = f"http://127.0.0.1:{port}"
+        wait_gateway_ready(gateway, url)
+        logger.info("[%s] replica on %s, gateway (%s) on %s", REPLICA_ID, replica.base_url, gateway_mode, url)
+        yield {"direct": replica.base_url, "gateway": url}
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        replica.stop(STOP_TIMEOUT_S)
+
+
+# ---- the run ---------------------------------------------------------------------------------
+def run_gateway_bench(levels: Sequence[int] = DEFAULT_LEVELS,
+                      requests_per_level: int | Sequence[int] = DEFAULT_REQUESTS, *,
+                      round_size: int = DEFAULT_ROUND_SIZE, max_tokens: int = DEFAULT_MAX_TOKENS,
+                      replica_threads: int = REPLICA_THREADS, gateway_mode: GatewayMode = "process",
+                      state_dir: Path | None = None, level_timeout_s: float = LEVEL_TIMEOUT_S
+                      ) -> GatewayBenchResult:
+    """Start a replica and a gateway, run every level, stop both. ``state_dir`` holds the default
+    model (a fresh temporary folder when None); ``requests_per_level``: one count, or one per level."""
+    counts = _counts(levels, requests_per_level)
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
+        state = Path(tmp) if state_dir is None else state_dir
+        with bench_stack(state_dir=state, log_dir=Path(tmp), replica_threads=replica_threads,
+                         gateway_mode=gateway_mode) as urls:
+            results = tuple(_run_level_bounded(urls, concurrency, count, round_size=round_size,
+                                               max_tokens=max_tokens, timeout_s=level_timeout_s)
+                            for concurrency, count in zip(levels, counts))
+            counters = gateway_counters(urls["gateway"])
+            load_after = os.getloadavg()
+    cpus = os.cpu_count() or 0
+    machine = MachineNote(cpus, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cpus,
+                          load_before, load_after)
+    return GatewayBenchResult(results, machine, gateway_mode, round_size, max_tokens, replica_threads,
+                              counters)
+
+
+def _counts(levels: Sequence[int], requests_per_level: int | Sequence[int]) -> list[int]:
+    if not levels or any(c < 1 for c in levels):
+        raise ValueError(f"levels must be concurrencies >= 1, got {list(levels)}")
+    counts = [requests_per_level] * len(levels) if isinstance(requests_per_level, int) \
+        else list(requests_per_level)
+    if len(counts) != len(levels):
+        raise ValueError(f"{len(counts)} request counts for {len(levels)} levels")
+    return counts
+
+
+def _run_level_bounded(urls: dict[Route, str], concurrency: int, num_requests: int, *, round_size: int,
+                       max_tokens: int, timeout_s: float) -> LevelResult:
+    async def bounded() -> LevelResult:
+        async with asyncio.timeout(timeout_s):
+            return await run_level(urls, concurrency=concurrency, num_requests=num_requests,
+                                   round_size=round_size, max_tokens=max_tokens)
+
+    try:
+        result = asyncio.run(bounded())
+    except TimeoutError as exc:
+        raise BenchError(f"level C={concurrency} did not finish within {timeout_s:g}s") from exc
+    logger.info("C=%d: %d requests in %.1f s, %d failed", concurrency, num_requests, result.wall_s,
+                len(result.failures))
+    return result
+
+
+# ---- the report ------------------------------------------------------------------------------
+def format_report(result: GatewayBenchResult) -> str:
+    where = ("in its own process" if result.gateway_mode == "process"
+             else "on a thread of the load client's process")
+    lines = [f"gateway bench: 1 replica ({result.replica_threads} torch threads, max {REPLICA_MAX_NUM_SEQS} "
+             f"seqs), gateway {where}; streaming /v1/completions, max_tokens {result.max_tokens}, greedy, "
+             f"ignore_eos; closed loop, rounds of max({result.round_size}, C) requests alternating direct "
+             "and gateway (ABBA)", "", *_table(result.levels), "",
+             "TTFT: send -> first chunk with a token; E2E: send -> [DONE]. added = gateway - direct, "
+             "percentile by percentile;",
+             "per-request = client TTFT - replica (queue + prefill), gateway median/p99 - direct median/p99.",
+             ""]
+    lines += [_verdict(level) for level in result.levels]
+    counters = ", ".join(f"{name} {value:g}" for name, value in result.gateway_counters.items())
+    lines += [f"gateway counters (should all be 0): {counters}", result.machine.line(),
+              f"overall: {'PASS' if result.is_pass else 'FAIL'}"]
+    return "\n".join(lines)
+
+
+def _table(levels: Sequence[LevelResult]) -> list[str]:
+    groups = ("direct TTFT", "gateway TTFT", "added TTFT", "added per-req", "added E2E")
+    head1 = f"{'':>4} {'':>5} {'':>6}  " + "  ".join(f"{g:^15}" for g in groups)
+    names = (("p50", "p99"),) * 3 + (("median", "p99"), ("p50", "p99"))
+    head2 = f"{'C':>4} {'n':>5} {'failed':>6}  " + "  ".join(f"{a:>7} {b:>7}" for a, b in names)
+    rows = [head1, head2 + "   (ms)"]
+    for level in levels:
+        pairs = (level.direct.ttft, level.gateway.ttft, level.added_ttft, level.added_overhead,
+                 level.added_e2e)
+        cells = "  ".join(f"{_ms(p.p50):>7} {_ms(p.p99):>7}" for p in pairs)
+        rows.append(f"{level.concurrency:>4} {len(level.samples):>5} {len(level.failures):>6}  {cells}")
+    return rows
+
+
+def _verdict(level: LevelResult) -> str:
+    added = level.added_ttft
+    failed = f"; {len(level.failures)} failed requests" if level.failures else ""
+    return (f"C={level.concurrency}: added TTFT p50 {_ms(added.p50)} ms (target <= "
+            f"{TARGET_ADDED_P50_S * 1000:g}), p99 {_ms(added.p99)} ms (target <= "
+            f"{TARGET_ADDED_P99_S * 1000:g}){failed}: {'PASS' if level.is_pass else 'FAIL'}")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f}"
+
+
+# ---- the CLI ---------------------------------------------------------------------------------
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+
+
+def _joined(values: Sequence[int]) -> str:
+    return ",".join(map(str, values))
+
+
+def add_gateway_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--levels", type=_int_list, default=_joined(DEFAULT_LEVELS),
+                   help="concurrent streams, comma-separated (default: %(default)s)")
+    p.add_argument("--requests", type=_int_list, default=_joined(DEFAULT_REQUESTS),
+                   help="requests per level, both routes together: one count for all levels or one per "
+                   "level (default: %(default)s)")
+    p.add_argument("--round-size", type=int, default=DEFAULT_ROUND_SIZE,
+                   help="requests per round on one route before switching (at least C; default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    p.add_argument("--replica-threads", type=int, default=REPLICA_THREADS)
+    p.add_argument("--gateway-in-thread", action="store_true",
+                   help="serve the gateway on a thread of the load client's process instead of its own "
+                   "process (shares the GIL: inflates the added latency)")
+    p.add_argument("--level-timeout", type=float, default=LEVEL_TIMEOUT_S,
+                   help="seconds one level may take (default: %(default)s)")
+
+
+def gateway_main(args: argparse.Namespace) -> int:
+    requests = args.requests[0] if len(args.requests) == 1 else args.requests
+    result = run_gateway_bench(args.levels, requests, round_size=args.round_size, max_tokens=args.max_tokens,
+                               replica_threads=args.replica_threads,
+                               gateway_mode="thread" if args.gateway_in_thread else "process",
+                               level_timeout_s=args.level_timeout)
+    print(format_report(result))
+    return 0 if result.is_pass else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m controlplane.bench")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gateway = sub.add_parser("gateway", help="the gateway's added latency (TTFT, E2E) against calling one "
+                             "real replica directly, at several concurrencies")
+    add_gateway_arguments(gateway)
+    gateway.set_defaults(func=gateway_main)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request would load the client
+    try:
+        return int(args.func(args))
+    except (BenchError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
