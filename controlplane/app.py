@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -27,7 +27,7 @@ from controlplane.gateway import Gateway, create_gateway_app
 from controlplane.prometheus import PrometheusServer
 from controlplane.replicas import ReplicaLoad
 from controlplane.store import Store
-from controlplane.telemetry import Telemetry, select_source
+from controlplane.telemetry import Regex, Telemetry, TelemetryError, select_source
 from controlplane.traces import TraceSampler
 
 logger = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ def build(config: Config) -> ControlPlane:
     fleet = Fleet(config.fleet, backend, store, secret=load_or_create_secret(state / "replica-admin.key"))
     prometheus = _prometheus(config)
     telemetry = select_source(config.telemetry, prometheus.url if prometheus else None, fleet.endpoints)
+    fleet.error_rate = replica_error_rate(telemetry)
     sampler = TraceSampler(config.gateway.trace_sample_rate)
     loads = LoadCache(telemetry)
     gateway = Gateway(config.gateway, endpoints=fleet.endpoints, load=loads.get,
@@ -93,6 +94,22 @@ def _prometheus(config: Config) -> PrometheusServer | None:
         logger.warning("prometheus binary not found: using the in-process scraper for telemetry")
         return None
     return server
+
+
+def replica_error_rate(telemetry: Telemetry) -> Callable[[str], float | None]:
+    """A replica's share of 5xx answers to inference requests over the telemetry window."""
+    def rate(replica_id: str) -> float | None:
+        try:
+            per_status = telemetry.rate("http_requests_total", by=("status_code",), match={
+                "replica": replica_id, "path": Regex("/v1/(chat/)?completions")})
+        except TelemetryError:
+            return None
+        total = sum(per_status.values())
+        if not total:
+            return None
+        return sum(v for (code, *_), v in per_status.items() if code.startswith("5")) / total
+
+    return rate
 
 
 class LoadCache:

@@ -70,6 +70,8 @@ class FleetConfig:
     reconcile_interval_s: float = 0.5
     health_interval_s: float = 1.0
     on_restart: str = "adopt"  # what a restarted control plane does with replicas it finds: adopt | stop
+    rollout_observe_s: float = 10.0  # a new replica serves this long before the next step
+    rollout_max_error_increase: float = 0.05  # new replica's 5xx share above the old ones': roll back
 
 
 @dataclass(slots=True)

@@ -83,6 +83,7 @@ class Rollout:
     started_at: float
     surge: str | None = None  # the new replica being waited on
     surge_started: float | None = None
+    surge_ready_at: float | None = None  # when it became ready: it is watched for errors from then on
 
 
 def replica_admin_token(secret: bytes, replica_id: str) -> str:
@@ -111,7 +112,8 @@ def zone_targets(total: int, zones: list[str]) -> dict[str, int]:
 class Fleet:
     def __init__(self, config: FleetConfig, backend: ReplicaBackend, store: FleetStore, *, secret: bytes,
                  clock: Callable[[], float] = time.monotonic,
-                 ready_probe: Callable[[ReplicaEndpoint], Any] | None = None) -> None:
+                 ready_probe: Callable[[ReplicaEndpoint], Any] | None = None,
+                 error_rate: Callable[[str], float | None] = lambda _: None) -> None:
         self.config = config
         self.backend = backend
         self.store = store
@@ -125,6 +127,7 @@ class Fleet:
         self.stopping = False
         self._client = httpx.AsyncClient(timeout=2.0, trust_env=False)
         self._probe = ready_probe or self._probe_ready
+        self.error_rate = error_rate  # a replica's recent 5xx share, from telemetry (None: unknown)
         self._task: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[list[ReplicaEndpoint]], None]] = []
 
@@ -322,16 +325,38 @@ class Fleet:
     def _watch_surge(self, ro: Rollout) -> None:
         assert ro.surge is not None and ro.surge_started is not None
         surge = self.replicas.get(ro.surge)
+        now = self.clock()
         if surge is not None and surge.state is ReplicaState.READY:
-            zone_old = [r for r in self.replicas.values() if r.spec.zone == surge.spec.zone
-                        and r.spec.generation != ro.generation and r.state is not ReplicaState.DRAINING]
-            if zone_old:
-                self._start_drain(zone_old[0], f"replaced by {surge.spec.replica_id}")
-            ro.surge = None
+            if ro.surge_ready_at is None:
+                ro.surge_ready_at = now
+            worse = self._errs_more_than_old(ro, surge)
+            if worse is not None:
+                self._roll_back(ro, worse)
+            elif now - ro.surge_ready_at >= self.config.rollout_observe_s:
+                self._replace_old(ro, surge)
             return
         failed = surge is None or surge.state is ReplicaState.CRASHED
-        if failed or self.clock() - ro.surge_started > self.config.ready_timeout_s:
+        if failed or now - ro.surge_started > self.config.ready_timeout_s:
             self._roll_back(ro, "new replica crashed" if failed else "new replica not ready in time")
+
+    def _errs_more_than_old(self, ro: Rollout, surge: ManagedReplica) -> str | None:
+        new_rate = self.error_rate(surge.spec.replica_id)
+        old_rates = [r for r in (self.error_rate(o.spec.replica_id) for o in self.replicas.values()
+                                 if o.spec.generation != ro.generation and o.state is ReplicaState.READY)
+                     if r is not None]
+        if new_rate is None:
+            return None
+        baseline = max(old_rates, default=0.0)
+        if new_rate > baseline + self.config.rollout_max_error_increase:
+            return f"new replica errors on {new_rate:.1%} of requests, the old ones on {baseline:.1%}"
+        return None
+
+    def _replace_old(self, ro: Rollout, surge: ManagedReplica) -> None:
+        zone_old = [r for r in self.replicas.values() if r.spec.zone == surge.spec.zone
+                    and r.spec.generation != ro.generation and r.state is not ReplicaState.DRAINING]
+        if zone_old:
+            self._start_drain(zone_old[0], f"replaced by {surge.spec.replica_id}")
+        ro.surge, ro.surge_ready_at = None, None
 
     def _roll_back(self, ro: Rollout, reason: str) -> None:
         for replica in list(self.replicas.values()):

@@ -68,6 +68,7 @@ class Harness:
     clock: Clock
     store: Store
     unready: set[str] = field(default_factory=set)  # replica ids whose /ready fails
+    errors: dict[str, float] = field(default_factory=dict)  # replica id -> 5xx share telemetry reports
 
     def tick(self, seconds: float = 0.5) -> None:
         self.clock.now += seconds
@@ -89,7 +90,8 @@ def make(tmp_path: Path, **overrides: object) -> Harness:
     async def probe(endpoint: ReplicaEndpoint) -> bool:
         return endpoint.replica_id not in harness.unready
 
-    fleet = Fleet(config, backend, store, secret=b"s" * 32, clock=clock, ready_probe=probe)  # type: ignore[arg-type]
+    fleet = Fleet(config, backend, store, secret=b"s" * 32, clock=clock, ready_probe=probe,  # type: ignore[arg-type]
+                  error_rate=lambda rid: harness.errors.get(rid))
     harness = Harness(fleet, backend, clock, store)
     return harness
 
@@ -154,7 +156,7 @@ def test_scale_up_spreads_over_zones_and_scale_down_drains_before_removal(tmp_pa
 
 
 def test_rolling_update_replaces_each_replica_after_its_successor_is_ready(tmp_path: Path) -> None:
-    h = make(tmp_path)
+    h = make(tmp_path, rollout_observe_s=1.0)
     h.tick()
     h.tick()
     h.fleet.start_rollout("/models/v2")
@@ -170,7 +172,7 @@ def test_rolling_update_replaces_each_replica_after_its_successor_is_ready(tmp_p
 
 
 def test_rollout_rolls_back_when_the_new_replica_never_becomes_ready(tmp_path: Path) -> None:
-    h = make(tmp_path, ready_timeout_s=5.0)
+    h = make(tmp_path, ready_timeout_s=5.0, rollout_observe_s=1.0)
     h.tick()
     h.tick()
     h.unready.update({"az-a-2", "az-b-2", "az-c-2"})  # any new replica fails readiness
@@ -227,3 +229,18 @@ def test_acknowledged_scale_and_rollout_survive_a_restart_of_the_control_plane(t
     assert second.fleet.desired_total == 5
     assert second.fleet.rollout is not None and second.fleet.rollout.model == "/models/v2"
     assert second.events("fleet.restored")
+
+
+def test_rollout_rolls_back_when_the_new_replica_errors_more_than_the_old_ones(tmp_path: Path) -> None:
+    h = make(tmp_path, rollout_observe_s=5.0)
+    h.tick()
+    h.tick()
+    h.errors.update({"az-a-1": 0.01, "az-b-1": 0.0, "az-c-1": 0.02, "az-a-2": 0.30})
+    h.fleet.start_rollout("/models/v2-bad")
+    for _ in range(10):
+        h.tick()
+        h.backend.finish_drains()
+    assert h.fleet.rollout is None and h.fleet.model == "default"
+    [event] = h.store.events(kind_prefix="rollout.rolled_back")
+    assert "30.0%" in event.detail["reason"] and "2.0%" in event.detail["reason"]
+    assert {e.model for e in h.fleet.endpoints()} == {"default"} and h.fleet.num_ready() == 3
