@@ -36,6 +36,7 @@ from typing import Any
 
 import anyio
 import httpx
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import (
@@ -569,7 +570,7 @@ class _Upstream:
                  on_close: Callable[[str], None]) -> None:
         self.endpoint = endpoint
         self.response = response
-        self._lines = response.aiter_lines()
+        self._lines = _sse_payloads(response)
         self._on_close = on_close
         self._primed: list[dict[str, Any] | None] = []
         self._closed = False
@@ -586,16 +587,12 @@ class _Upstream:
         """The next ``data:`` payload; None for ``[DONE]``."""
         if self._primed:
             return self._primed.pop()
-        while True:
-            line = await self._line(timeout)
-            if not line.startswith("data:"):
-                continue
-            data = line[len("data:"):].strip()
-            if data == "[DONE]":
-                return None
-            return self._event(data)
+        data = await self._line(timeout)
+        if data == b"[DONE]":
+            return None
+        return self._event(data)
 
-    async def _line(self, timeout: float) -> str:
+    async def _line(self, timeout: float) -> bytes:
         rid = self.replica_id
         try:
             async with asyncio.timeout(timeout):
@@ -607,10 +604,10 @@ class _Upstream:
         except httpx.HTTPError as exc:
             raise UpstreamError(rid, "broken", f"{type(exc).__name__}: {exc}") from exc
 
-    def _event(self, data: str) -> dict[str, Any]:
+    def _event(self, data: bytes) -> dict[str, Any]:
         try:
-            event = json.loads(data)
-        except ValueError as exc:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
             raise UpstreamError(self.replica_id, "broken", f"not JSON: {data[:80]!r}") from exc
         if not isinstance(event, dict):
             raise UpstreamError(self.replica_id, "broken", f"not a JSON object: {data[:80]!r}")
@@ -632,7 +629,7 @@ class _Upstream:
 class _ClosingStreamingResponse(StreamingResponse):
     """A streaming response that always runs ``on_close``, even if the client left before the body."""
 
-    def __init__(self, content: AsyncIterator[str], *, on_close: Callable[[], Awaitable[None]],
+    def __init__(self, content: AsyncIterator[bytes], *, on_close: Callable[[], Awaitable[None]],
                  headers: Mapping[str, str]) -> None:
         super().__init__(content, media_type="text/event-stream", headers=dict(headers))
         self._on_close = on_close
@@ -696,8 +693,19 @@ def _error_message(body: Any) -> str:
     return str(error.get("message", "")) if isinstance(error, dict) else ""
 
 
-def _sse(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n"
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+async def _sse_payloads(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The ``data:`` payloads of a server-sent event stream, as bytes (no per-line decoding)."""
+    buffer = b""
+    async for piece in response.aiter_bytes():
+        buffer += piece
+        while (end := buffer.find(b"\n")) >= 0:
+            line, buffer = buffer[:end], buffer[end + 1:]
+            if line.startswith(b"data:"):
+                yield line[5:].strip()
 
 
 def _stage_seconds(timings: Mapping[str, Any] | None) -> dict[str, float | None]:
@@ -995,13 +1003,13 @@ class Gateway:
                    REPLICA_HEADER: job.upstream.replica_id}
         return _ClosingStreamingResponse(stream, on_close=close, headers=headers)
 
-    async def _sse(self, job: _Job) -> AsyncGenerator[str, None]:
+    async def _sse(self, job: _Job) -> AsyncGenerator[bytes, None]:
         error: str | None = None
         try:
             async with contextlib.aclosing(self._chunks(job)) as chunks:
                 async for chunk in chunks:
                     yield _sse(chunk)
-            yield "data: [DONE]\n\n"
+            yield b"data: [DONE]\n\n"
         except GatewayError as exc:
             error = str(exc)
             logger.error("request %s failed mid-stream: %s", job.request_id, exc)
