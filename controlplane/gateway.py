@@ -15,7 +15,7 @@ hold-back keep a few characters back), and the gateway drops what it regenerates
 delivered. Non-streaming requests run as streams too and are assembled at the end.
 
 HTTP and httpx failures become an :class:`UpstreamError` in one place (:meth:`Gateway._send` and
-:class:`_Upstream`); what a client is refused with is a :class:`GatewayError` in the OpenAI error shape.
+:class:`Upstream`); what a client is refused with is a :class:`GatewayError` in the OpenAI error shape.
 """
 
 from __future__ import annotations
@@ -29,31 +29,29 @@ import logging
 import math
 import time
 import uuid
-from collections import defaultdict, deque
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections import defaultdict
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 import httpx
-import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
 )
 
-from inference.protocol import COMPLETION_DEFAULT_MAX_TOKENS, error_body
+from inference.protocol import error_body
 
+from .admission import OutlierDetector, RateLimiter, RetryBudget, shed_limit
+from .assembly import RequestParams, StreamAssembly
 from .config import GatewayConfig
+from .gateway_errors import GatewayError, UpstreamError, bad_request
+from .gateway_metrics import GatewayMetrics
 from .replicas import ReplicaEndpoint, ReplicaLoad
-from .routing import Candidate, Router, prompt_block_hashes, routable
+from .routing import Candidate, Router, routable
 from .traces import TraceRecord
+from .upstream import ClosingStreamingResponse, Upstream, sse_event
 
 logger = logging.getLogger(__name__)
 
@@ -61,585 +59,18 @@ PRIORITY_HEADER = "x-priority"
 REPLICA_HEADER = "x-replica-id"
 PRIORITIES = {"interactive": 0, "standard": 1, "batch": 2}  # header class -> the replica's priority field
 DEFAULT_PRIORITY = "standard"
-# Share of max_inflight_per_replica at which a class is shed: batch first, interactive last.
-SHED_FRACTIONS = {"interactive": 1.0, "standard": 0.9, "batch": 0.5}
 PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
-# Fields a continuation carries over from the original request (besides prompt, limits and offsets).
-CARRIED_FIELDS = ("model", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
 STAGES = ("queue", "prefill", "decode", "detokenize", "serialize")  # the replica's timings, in order
 
-RETRY_BUDGET_WINDOW_S = 10.0  # "recent requests" for the retry budget
-RETRY_BUDGET_MIN_RETRIES = 3  # retries always allowed per window, so a quiet gateway can still retry
 MAX_RESUMES = 3  # mid-stream continuations per request
 PROBE_TIMEOUT_S = 5.0  # an ejected replica's /ready must answer within this (it runs a forward pass)
 MODELS_TIMEOUT_S = 5.0
-CHARS_PER_TOKEN = 4  # prompt-size estimate for token rate limits (the gateway has no tokenizer)
-CHAT_MAX_TOKENS_ESTIMATE = 256  # a chat request without max_tokens, for the token rate limit
 MAX_CONNECTIONS = 1024  # one per upstream stream; the replicas' queues are the real limit
 MAX_KEEPALIVE_CONNECTIONS = 256
 KEY_ID_CHARS = 12  # sha256 hex prefix that stands for an API key in traces
-RATE_LIMIT_BURST_S = 1.0  # a bucket holds this many seconds of its rate
 
 Clock = Callable[[], float]
 EventSink = Callable[[str, str, str], None]  # (kind, replica_id, detail)
-
-
-# ---- errors ----------------------------------------------------------------------------------
-class GatewayError(Exception):
-    """A refusal the client gets as an OpenAI-shaped error (or as an error frame mid-stream)."""
-
-    def __init__(self, status: int, message: str, *, type_: str, code: str | None = None,
-                 param: str | None = None, headers: Mapping[str, str] | None = None,
-                 body: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.headers = dict(headers or {})
-        self.body = body or error_body(message, type_=type_, param=param, code=code)
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body, status_code=self.status, headers=self.headers)
-
-
-class UpstreamError(Exception):
-    """One attempt on one replica failed: connect error, timeout, HTTP error, stall, broken stream."""
-
-    def __init__(self, replica_id: str, reason: str, message: str, *, status: int | None = None,
-                 body: Any = None, retry_after: str | None = None) -> None:
-        super().__init__(f"replica {replica_id}: {message}")
-        self.replica_id, self.reason, self.status = replica_id, reason, status
-        self.body, self.retry_after = body, retry_after
-
-    @property
-    def is_retryable(self) -> bool:
-        """Another replica may succeed: transport failures, 5xx and 429 (a 4xx is the request's fault)."""
-        return self.status is None or self.status >= 500 or self.status == 429
-
-    @property
-    def is_failure(self) -> bool:
-        """Counts toward ejection: the replica is broken, not merely busy (429) or refusing (4xx)."""
-        return self.status is None or self.status >= 500
-
-    def to_client(self, retry_after_s: int) -> GatewayError:
-        """What the client gets when no other replica is left to try."""
-        if self.status is not None and isinstance(self.body, dict) and "error" in self.body:
-            headers = {"Retry-After": self.retry_after} if self.retry_after else {}
-            return GatewayError(self.status, str(self), type_="server_error", headers=headers, body=self.body)
-        return GatewayError(503, f"no replica could serve the request; last failure: {self}",
-                            type_="service_unavailable", code="upstream_unavailable",
-                            headers={"Retry-After": str(retry_after_s)})
-
-
-def _bad_request(param: str, message: str) -> GatewayError:
-    return GatewayError(400, f"{param}: {message}", type_="invalid_request_error", param=param)
-
-
-# ---- admission -------------------------------------------------------------------------------
-@dataclass(slots=True)
-class TokenBucket:
-    """``rate`` per second, holding at most ``capacity``; a request costlier than the capacity waits
-    for a full bucket and leaves it in debt, so big requests are slowed, never refused forever."""
-
-    rate: float
-    capacity: float
-    level: float
-    updated: float
-
-    @classmethod
-    def full(cls, rate: float, now: float) -> TokenBucket:
-        capacity = max(rate * RATE_LIMIT_BURST_S, 1.0)
-        return cls(rate, capacity, capacity, now)
-
-    def seconds_until(self, cost: float, now: float) -> float:
-        """0 when ``cost`` can be taken now, else how long until it can."""
-        self.level = min(self.capacity, self.level + (now - self.updated) * self.rate)
-        self.updated = now
-        need = min(cost, self.capacity)
-        return 0.0 if self.level >= need else (need - self.level) / self.rate
-
-    def take(self, cost: float) -> None:
-        self.level -= cost
-
-
-class RateLimiter:
-    """Per-API-key request and token buckets; a rate of 0 turns its bucket off."""
-
-    def __init__(self, *, requests_per_s: float, tokens_per_s: float, clock: Clock) -> None:
-        self.requests_per_s, self.tokens_per_s, self.clock = requests_per_s, tokens_per_s, clock
-        self._buckets: dict[tuple[str, str], TokenBucket] = {}
-
-    def admit(self, key: str, num_tokens: int) -> float:
-        """0.0 when admitted (and charged), else the seconds to wait before asking again."""
-        now = self.clock()
-        costs = list(self._buckets_of(key, num_tokens, now))
-        wait = max((bucket.seconds_until(cost, now) for bucket, cost in costs), default=0.0)
-        if wait > 0:
-            return wait
-        for bucket, cost in costs:
-            bucket.take(cost)
-        return 0.0
-
-    def _buckets_of(self, key: str, num_tokens: int, now: float) -> Iterable[tuple[TokenBucket, float]]:
-        for kind, rate, cost in (("requests", self.requests_per_s, 1.0),
-                                 ("tokens", self.tokens_per_s, float(num_tokens))):
-            if rate > 0:
-                yield self._buckets.setdefault((kind, key), TokenBucket.full(rate, now)), cost
-
-
-class RetryBudget:
-    """Retries allowed as a share of the requests of the last window (with a small floor)."""
-
-    def __init__(self, ratio: float, *, clock: Clock, window_s: float = RETRY_BUDGET_WINDOW_S,
-                 min_retries: int = RETRY_BUDGET_MIN_RETRIES) -> None:
-        self.ratio, self.clock, self.window_s, self.min_retries = ratio, clock, window_s, min_retries
-        self._requests: deque[float] = deque()
-        self._retries: deque[float] = deque()
-
-    def record_request(self) -> None:
-        self._requests.append(self.clock())
-
-    def try_spend(self) -> bool:
-        """Take one retry from the budget; False when it is spent."""
-        now = self.clock()
-        for times in (self._requests, self._retries):
-            while times and times[0] < now - self.window_s:
-                times.popleft()
-        if len(self._retries) >= max(self.min_retries, self.ratio * len(self._requests)):
-            return False
-        self._retries.append(now)
-        return True
-
-
-def shed_limit(priority: str, max_inflight: int) -> int:
-    """In-flight requests per replica at which requests of ``priority`` are refused."""
-    return max(1, math.ceil(SHED_FRACTIONS[priority] * max_inflight))
-
-
-# ---- outlier ejection ------------------------------------------------------------------------
-class OutlierDetector:
-    """Consecutive failures per replica; ``eject_after`` of them eject it until a probe re-admits it."""
-
-    def __init__(self, eject_after: int) -> None:
-        self.eject_after = eject_after
-        self._failures: dict[str, int] = defaultdict(int)
-        self.ejected: set[str] = set()
-
-    def record_success(self, replica_id: str) -> None:
-        self._failures[replica_id] = 0
-
-    def record_failure(self, replica_id: str) -> bool:
-        """True when this failure ejected the replica."""
-        self._failures[replica_id] += 1
-        if replica_id in self.ejected or self._failures[replica_id] < self.eject_after:
-            return False
-        self.ejected.add(replica_id)
-        return True
-
-    def readmit(self, replica_id: str) -> None:
-        self.ejected.discard(replica_id)
-        self._failures[replica_id] = 0
-
-
-# ---- metrics ---------------------------------------------------------------------------------
-LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                   20.0, 40.0, 80.0)
-OVERHEAD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-
-
-class GatewayMetrics:
-    """The gateway's own Prometheus series (plain names; the replicas export the vllm: ones)."""
-
-    def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
-        self.requests = Counter("gateway_requests", "Requests answered, by endpoint, status and the "
-                                "replica that produced the final token", ["endpoint", "status", "replica"],
-                                registry=r)
-        self.retries = Counter("gateway_retries", "Requests retried on another replica before the first "
-                               "byte, by the replica that failed and why", ["replica", "reason"], registry=r)
-        self.resumes = Counter("gateway_resumes", "Streams resumed on another replica mid-way, by the "
-                               "replica that broke and why", ["replica", "reason"], registry=r)
-        self.ejections = Counter("gateway_ejections", "Replicas ejected by outlier detection",
-                                 ["replica"], registry=r)
-        self.readmissions = Counter("gateway_readmissions", "Ejected replicas re-admitted by the probe",
-                                    ["replica"], registry=r)
-        self.rejected = Counter("gateway_rejected", "Requests refused before routing, by reason",
-                                ["reason"], registry=r)
-        self.inflight = Gauge("gateway_inflight_requests", "Upstream requests in flight, by replica",
-                              ["replica"], registry=r)
-        self.ejected = Gauge("gateway_ejected_replicas", "Replicas ejected now", registry=r)
-        self.overhead = Histogram("gateway_overhead_seconds", "End-to-end time not spent in the replica's "
-                                  "stages (routing, retries, proxying)", buckets=OVERHEAD_BUCKETS, registry=r)
-        self.ttft = Histogram("gateway_time_to_first_token_seconds", "Time to the first token as the "
-                              "client sees it", buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("gateway_e2e_request_latency_seconds", "End-to-end request latency as the "
-                             "client sees it", buckets=LATENCY_BUCKETS, registry=r)
-
-    def page(self) -> bytes:
-        return generate_latest(self.registry)
-
-
-# ---- one request's parameters ----------------------------------------------------------------
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _stop_strings(stop: Any) -> tuple[str, ...]:
-    if isinstance(stop, str):
-        return (stop,)
-    return tuple(s for s in stop if isinstance(s, str)) if isinstance(stop, list) else ()
-
-
-def _prompt_units(kind: str, body: dict[str, Any]) -> tuple[list[int], bool]:
-    """What prefix affinity hashes, and whether it is token ids: a token-id prompt as it is; else the
-    prompt's UTF-8 bytes (the gateway has no tokenizer; equal leading text still means equal leading
-    blocks on the replica, up to block boundaries)."""
-    if kind == "chat":
-        messages = body.get("messages")
-        text = json.dumps(messages, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-        return list(text.encode()), False
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, list) and all(_is_int(t) for t in prompt):
-        return list(prompt), True
-    return list(str(prompt).encode()), False
-
-
-def _is_deterministic(body: dict[str, Any]) -> bool:
-    """Greedy or seeded: a continuation regenerates exactly what an undisturbed run would."""
-    temperature = body.get("temperature")
-    greedy = (isinstance(temperature, (int, float)) and temperature == 0) or body.get("top_k") == 1
-    return greedy or _is_int(body.get("seed"))
-
-
-@dataclass(slots=True, frozen=True)
-class RequestParams:
-    """What the gateway needs from a client's request body; the replica validates the rest."""
-
-    kind: str  # completion | chat
-    body: dict[str, Any]
-    stream: bool
-    include_usage: bool
-    wants_token_ids: bool
-    max_tokens: int | None  # None: up to the context length
-    min_tokens: int
-    output_offset: int
-    hold: int  # characters a replica holds back for stop strings (max stop length - 1)
-    is_deterministic: bool
-    block_hashes: tuple[int, ...]
-    num_tokens_estimate: int  # prompt + max_tokens, for the token rate limit
-
-    @property
-    def path(self) -> str:
-        return PATHS[self.kind]
-
-    @property
-    def model(self) -> str:
-        model = self.body.get("model")
-        return model if isinstance(model, str) else ""
-
-    @classmethod
-    def parse(cls, kind: str, body: Any) -> RequestParams:
-        if not isinstance(body, dict):
-            raise _bad_request("body", "must be a JSON object")
-        stream, options = body.get("stream"), body.get("stream_options") or {}
-        if stream is not None and not isinstance(stream, bool):
-            raise _bad_request("stream", f"must be true or false, got {stream!r}")
-        if not isinstance(options, dict):
-            raise _bad_request("stream_options", "must be an object")
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        if max_tokens is None and kind == "completion":
-            max_tokens = COMPLETION_DEFAULT_MAX_TOKENS
-        units, are_tokens = _prompt_units(kind, body)
-        prompt_estimate = len(units) if are_tokens else math.ceil(len(units) / CHARS_PER_TOKEN)
-        max_tokens = max_tokens if _is_int(max_tokens) else None  # a bad value: the replica answers 400
-        return cls(kind=kind, body=body, stream=bool(stream),
-                   include_usage=options.get("include_usage") is True,
-                   wants_token_ids=body.get("return_token_ids") is True, max_tokens=max_tokens,
-                   min_tokens=_int_or_zero(body.get("min_tokens")),
-                   output_offset=_int_or_zero(body.get("output_offset")),
-                   hold=max((len(s) for s in _stop_strings(body.get("stop"))), default=1) - 1,
-                   is_deterministic=_is_deterministic(body),
-                   block_hashes=tuple(prompt_block_hashes(units)),
-                   num_tokens_estimate=prompt_estimate + (max_tokens or CHAT_MAX_TOKENS_ESTIMATE))
-
-    def upstream_body(self, priority: int) -> dict[str, Any]:
-        """The client's request as a replica gets it: always a stream with token ids and usage."""
-        options = {**(self.body.get("stream_options") or {}), "include_usage": True}
-        return {**self.body, "stream": True, "stream_options": options, "return_token_ids": True,
-                "priority": priority}
-
-    def continuation_body(self, prompt_ids: list[int], num_done: int, priority: int) -> dict[str, Any]:
-        """A /v1/completions request that goes on after ``num_done`` tokens (the last of ``prompt_ids``)."""
-        body = {name: self.body[name] for name in CARRIED_FIELDS if name in self.body}
-        body.update(prompt=prompt_ids, stream=True, stream_options={"include_usage": True},
-                    return_token_ids=True, priority=priority, output_offset=self.output_offset + num_done)
-        if self.max_tokens is not None:
-            body["max_tokens"] = self.max_tokens - num_done
-        if self.min_tokens:
-            body["min_tokens"] = max(self.min_tokens - num_done, 0)
-        return body
-
-
-def _int_or_zero(value: Any) -> int:
-    return value if _is_int(value) and value > 0 else 0
-
-
-# ---- one request's stream, assembled from one or more upstream streams --------------------------
-def _choice_text(choice: dict[str, Any]) -> str:
-    if "text" in choice:
-        return str(choice.get("text") or "")
-    return str((choice.get("delta") or {}).get("content") or "")
-
-
-class StreamAssembly:
-    """The client's view of one request, built from upstream chunks; plans continuations. No I/O.
-
-    Positions are (tokens, characters) from the start of the completion. A *checkpoint* is a position
-    where the replica had released the text of every token before it (a chunk with text), so a
-    continuation starting there produces exactly the text that follows.
-    """
-
-    def __init__(self, params: RequestParams) -> None:
-        self.params = params
-        self.prompt_ids: list[int] | None = None
-        self.token_ids: list[int] = []
-        self.text: list[str] = []
-        self.num_chars = 0
-        self.checkpoints: list[tuple[int, int]] = [(0, 0)]
-        self.meta: dict[str, Any] | None = None  # id, created, model of the first upstream stream
-        self.finish_reason: str | None = None
-        self.final_chunk: dict[str, Any] | None = None  # held until the usage chunk
-        self.upstream_usage: dict[str, Any] | None = None
-        self.timings: dict[str, Any] | None = None
-        self.num_resumes = 0
-        self.num_mismatches = 0  # regenerated tokens that differed from those sent (nondeterminism)
-        self._base = (0, 0)  # where the current upstream stream started
-        self._produced = (0, 0)  # what the current upstream stream produced
-        self._skip = (0, 0)  # regenerated tokens and characters still to drop
-        self._sent_first = False
-
-    @property
-    def is_finished(self) -> bool:
-        return self.finish_reason is not None
-
-    def accept(self, event: dict[str, Any]) -> list[dict[str, Any]]:
-        """One upstream chunk in; the client chunks it releases out."""
-        if self.meta is None:
-            self.meta = {k: event.get(k) for k in ("id", "created", "model")}
-        if event.get("timings"):
-            self.timings = event["timings"]
-        choices = event.get("choices")
-        if not choices:
-            self.upstream_usage = event.get("usage") or self.upstream_usage
-            return []
-        if self.prompt_ids is None and isinstance(event.get("prompt_token_ids"), list):
-            self.prompt_ids = list(event["prompt_token_ids"])
-        choice = choices[0]
-        ids, text = self._fresh(list(choice.get("token_ids") or []), _choice_text(choice))
-        self.token_ids.extend(ids)
-        self.text.append(text)
-        self.num_chars += len(text)
-        reason = choice.get("finish_reason")
-        if reason:
-            self.finish_reason = reason
-        return self._client_chunks(ids, text, reason)
-
-    def _fresh(self, ids: list[int], text: str) -> tuple[list[int], str]:
-        """Records checkpoints; drops what a continuation regenerated up to the point already sent."""
-        tokens, chars = self._produced[0] + len(ids), self._produced[1] + len(text)
-        self._produced = (tokens, chars)
-        if text:
-            self.checkpoints.append((self._base[0] + tokens, self._base[1] + chars + self.params.hold))
-        drop_ids, drop_chars = min(self._skip[0], len(ids)), min(self._skip[1], len(text))
-        if drop_ids:
-            at = self._base[0] + tokens - len(ids)
-            if ids[:drop_ids] != self.token_ids[at:at + drop_ids]:
-                self.num_mismatches += 1
-        self._skip = (self._skip[0] - drop_ids, self._skip[1] - drop_chars)
-        return ids[drop_ids:], text[drop_chars:]
-
-    def _client_chunks(self, ids: list[int], text: str, reason: str | None) -> list[dict[str, Any]]:
-        first = not self._sent_first
-        if not (text or reason or first or (self.params.wants_token_ids and ids)):
-            return []
-        self._sent_first = True
-        chunk = self._chunk([self._choice(ids, text, reason, first=first)])
-        if first and self.params.wants_token_ids:
-            chunk["prompt_token_ids"] = self.prompt_ids
-        if reason:
-            self.final_chunk = chunk
-            return []
-        return [chunk]
-
-    def _choice(self, ids: list[int], text: str, reason: str | None, *, first: bool) -> dict[str, Any]:
-        if self.params.kind == "chat":
-            delta = {"role": "assistant", "content": text} if first else {"content": text}
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-        if self.params.wants_token_ids:
-            choice["token_ids"] = ids
-        return choice
-
-    def _chunk(self, choices: list[dict[str, Any]], *, obj: str | None = None) -> dict[str, Any]:
-        meta = self.meta or {}
-        default = "chat.completion.chunk" if self.params.kind == "chat" else "text_completion"
-        return {"id": meta.get("id"), "object": obj or default, "created": meta.get("created"),
-                "model": meta.get("model"), "choices": choices}
-
-    def closing_chunks(self) -> list[dict[str, Any]]:
-        """The finish chunk, with usage the way the client asked for it."""
-        final = self.final_chunk
-        if final is None:
-            return []
-        if not self.params.include_usage:
-            final["usage"] = None
-            if self.timings is not None:
-                final["timings"] = self.timings
-            return [final]
-        tail = self._chunk([])
-        tail["usage"] = self.usage()
-        if self.timings is not None:
-            tail["timings"] = self.timings
-        return [final, tail]
-
-    def finish_locally(self, reason: str) -> None:
-        """Every token was delivered but the finish chunk was lost: finish without a replica."""
-        self.finish_reason = reason
-        self._client_chunks([], "", reason)
-
-    def usage(self) -> dict[str, Any]:
-        """The whole request's usage: the original prompt, every completion token of every stream."""
-        upstream = self.upstream_usage or {}
-        if self.num_resumes == 0 and upstream:
-            return upstream
-        prompt = int(upstream.get("prompt_tokens", 0)) if self.prompt_ids is None else len(self.prompt_ids)
-        cached = (upstream.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        return {"prompt_tokens": prompt, "completion_tokens": len(self.token_ids),
-                "total_tokens": prompt + len(self.token_ids),
-                "prompt_tokens_details": {"cached_tokens": min(int(cached), prompt)}}
-
-    def resume_point(self) -> tuple[int, int]:
-        """Where a continuation starts: the last checkpoint within what was sent (deterministic
-        sampling regenerates the rest identically); else right after the last token sent."""
-        if not self.params.is_deterministic:
-            return len(self.token_ids), self.num_chars
-        sent = [c for c in self.checkpoints if c[0] <= len(self.token_ids) and c[1] <= self.num_chars]
-        return max(sent, default=(0, 0))
-
-    def continuation(self, priority: int) -> tuple[str, dict[str, Any]]:
-        """The (path, body) of the request that goes on from the resume point."""
-        num_done, chars = self.resume_point()
-        self._base, self._produced = (num_done, chars), (0, 0)
-        self._skip = (len(self.token_ids) - num_done, self.num_chars - chars)
-        self.num_resumes += 1
-        if num_done == 0 or self.prompt_ids is None:  # start over, dropping whatever was sent
-            return self.params.path, self.params.upstream_body(priority)
-        prompt = self.prompt_ids + self.token_ids[:num_done]
-        return PATHS["completion"], self.params.continuation_body(prompt, num_done, priority)
-
-    def is_exhausted(self) -> bool:
-        """All max_tokens were delivered: nothing is left to generate."""
-        return self.params.max_tokens is not None and len(self.token_ids) >= self.params.max_tokens
-
-    def full_response(self) -> dict[str, Any]:
-        """The non-streaming response body."""
-        text = "".join(self.text)
-        if self.params.kind == "chat":
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                      "logprobs": None, "finish_reason": self.finish_reason}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason}
-            obj = "text_completion"
-        body = self._chunk([choice], obj=obj)
-        body["usage"] = self.usage()
-        if self.params.wants_token_ids:
-            choice["token_ids"] = self.token_ids
-            body["prompt_token_ids"] = self.prompt_ids
-        if self.timings is not None:
-            body["timings"] = self.timings
-        return body
-
-
-# ---- one upstream stream ---------------------------------------------------------------------
-class _Upstream:
-    """A replica's SSE response; every way it can fail comes out as :class:`UpstreamError`."""
-
-    def __init__(self, endpoint: ReplicaEndpoint, response: httpx.Response,
-                 on_close: Callable[[str], None]) -> None:
-        self.endpoint = endpoint
-        self.response = response
-        self._lines = _sse_payloads(response)
-        self._on_close = on_close
-        self._primed: list[dict[str, Any] | None] = []
-        self._closed = False
-
-    @property
-    def replica_id(self) -> str:
-        return self.endpoint.replica_id
-
-    async def prime(self, timeout: float) -> None:
-        """Wait for the first event (the first token), so failures before it can still be retried."""
-        self._primed.append(await self.next_event(timeout))
-
-    async def next_event(self, timeout: float) -> dict[str, Any] | None:
-        """The next ``data:`` payload; None for ``[DONE]``."""
-        if self._primed:
-            return self._primed.pop()
-        data = await self._line(timeout)
-        if data == b"[DONE]":
-            return None
-        return self._event(data)
-
-    async def _line(self, timeout: float) -> bytes:
-        rid = self.replica_id
-        try:
-            async with asyncio.timeout(timeout):
-                return await anext(self._lines)
-        except TimeoutError as exc:
-            raise UpstreamError(rid, "stall", f"no data for {timeout:g}s") from exc
-        except StopAsyncIteration as exc:
-            raise UpstreamError(rid, "closed", "the stream ended before [DONE]") from exc
-        except httpx.HTTPError as exc:
-            raise UpstreamError(rid, "broken", f"{type(exc).__name__}: {exc}") from exc
-
-    def _event(self, data: bytes) -> dict[str, Any]:
-        try:
-            event = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise UpstreamError(self.replica_id, "broken", f"not JSON: {data[:80]!r}") from exc
-        if not isinstance(event, dict):
-            raise UpstreamError(self.replica_id, "broken", f"not a JSON object: {data[:80]!r}")
-        if "error" in event:
-            message = (event.get("error") or {}).get("message", "error frame")
-            raise UpstreamError(self.replica_id, "error_frame", str(message), body=event)
-        return event
-
-    async def aclose(self) -> None:
-        """Idempotent; the bookkeeping first, then the socket (shielded: this runs during cancellation)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._on_close(self.replica_id)
-        with anyio.CancelScope(shield=True):
-            await self.response.aclose()
-
-
-class _ClosingStreamingResponse(StreamingResponse):
-    """A streaming response that always runs ``on_close``, even if the client left before the body."""
-
-    def __init__(self, content: AsyncIterator[bytes], *, on_close: Callable[[], Awaitable[None]],
-                 headers: Mapping[str, str]) -> None:
-        super().__init__(content, media_type="text/event-stream", headers=dict(headers))
-        self._on_close = on_close
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._on_close()
 
 
 # ---- one request -----------------------------------------------------------------------------
@@ -653,7 +84,7 @@ class _Job:
     priority: str = DEFAULT_PRIORITY
     params: RequestParams | None = None
     assembly: StreamAssembly | None = None
-    upstream: _Upstream | None = None  # the stream being relayed now
+    upstream: Upstream | None = None  # the stream being relayed now
     replica: ReplicaEndpoint | None = None  # the replica that produced the latest token
     failed: set[str] = field(default_factory=set)  # replicas that failed this request
     retries: int = 0
@@ -677,7 +108,7 @@ def _bearer(request: Request) -> str | None:
 def _priority(request: Request) -> str:
     value = request.headers.get(PRIORITY_HEADER, DEFAULT_PRIORITY).strip().lower()
     if value not in PRIORITIES:
-        raise _bad_request(PRIORITY_HEADER, f"must be one of {', '.join(PRIORITIES)}, got {value!r}")
+        raise bad_request(PRIORITY_HEADER, f"must be one of {', '.join(PRIORITIES)}, got {value!r}")
     return value
 
 
@@ -685,27 +116,12 @@ async def _read_body(request: Request) -> Any:
     try:
         return json.loads(await request.body())
     except (ValueError, UnicodeDecodeError) as exc:
-        raise _bad_request("body", f"not valid JSON: {exc}") from exc
+        raise bad_request("body", f"not valid JSON: {exc}") from exc
 
 
 def _error_message(body: Any) -> str:
     error = body.get("error") if isinstance(body, dict) else None
     return str(error.get("message", "")) if isinstance(error, dict) else ""
-
-
-def _sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
-
-
-async def _sse_payloads(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The ``data:`` payloads of a server-sent event stream, as bytes (no per-line decoding)."""
-    buffer = b""
-    async for piece in response.aiter_bytes():
-        buffer += piece
-        while (end := buffer.find(b"\n")) >= 0:
-            line, buffer = buffer[:end], buffer[end + 1:]
-            if line.startswith(b"data:"):
-                yield line[5:].strip()
 
 
 def _stage_seconds(timings: Mapping[str, Any] | None) -> dict[str, float | None]:
@@ -743,7 +159,7 @@ class Gateway:
 
     def _new_client(self, transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
         t = self.config.first_byte_timeout_s
-        # Reads have no httpx timeout: the first byte and stalls are timed per event by _Upstream.
+        # Reads have no httpx timeout: the first byte and stalls are timed per event by Upstream.
         timeout = httpx.Timeout(connect=t, read=None, write=t, pool=t)
         limits = httpx.Limits(max_connections=MAX_CONNECTIONS,
                               max_keepalive_connections=MAX_KEEPALIVE_CONNECTIONS)
@@ -830,7 +246,7 @@ class Gateway:
                           e.replica_id in ejected) for e in self._endpoints()]
 
     # ---- upstream attempts ----
-    async def _open(self, job: _Job, path: str, body: dict[str, Any], *, budgeted: bool) -> _Upstream:
+    async def _open(self, job: _Job, path: str, body: dict[str, Any], *, budgeted: bool) -> Upstream:
         """A primed stream on some replica: up to ``max_retries`` other replicas after a failure."""
         assert job.params is not None
         last: UpstreamError | None = None
@@ -861,13 +277,13 @@ class Gateway:
                                code="no_replica", headers={"Retry-After": str(self.config.retry_after_s)})
         raise last.to_client(self.config.retry_after_s) from last
 
-    async def _attempt(self, endpoint: ReplicaEndpoint, path: str, body: dict[str, Any]) -> _Upstream:
+    async def _attempt(self, endpoint: ReplicaEndpoint, path: str, body: dict[str, Any]) -> Upstream:
         """Send to one replica and wait for its first event; counted in flight until closed."""
         self._acquire(endpoint.replica_id)
-        upstream: _Upstream | None = None
+        upstream: Upstream | None = None
         try:
             response = await self._send(endpoint, path, body)
-            upstream = _Upstream(endpoint, response, self._release)
+            upstream = Upstream(endpoint, response, self._release)
             await upstream.prime(self.config.first_byte_timeout_s)
             return upstream
         except BaseException:
@@ -951,7 +367,7 @@ class Gateway:
         for chunk in job.assembly.closing_chunks():
             yield chunk
 
-    async def _relay(self, job: _Job, upstream: _Upstream) -> AsyncGenerator[dict[str, Any], None]:
+    async def _relay(self, job: _Job, upstream: Upstream) -> AsyncGenerator[dict[str, Any], None]:
         """One upstream stream's chunks, translated for the client, until ``[DONE]``."""
         assembly = job.assembly
         assert assembly is not None
@@ -970,7 +386,7 @@ class Gateway:
         finally:
             await upstream.aclose()
 
-    async def _resume(self, job: _Job, exc: UpstreamError) -> _Upstream | None:
+    async def _resume(self, job: _Job, exc: UpstreamError) -> Upstream | None:
         """Go on elsewhere from what was delivered; None when nothing is left to generate."""
         assembly = job.assembly
         assert assembly is not None
@@ -991,7 +407,7 @@ class Gateway:
 
     def _streaming_response(self, job: _Job) -> Response:
         assert job.upstream is not None
-        stream = self._sse(job)
+        stream = self._event_stream(job)
 
         async def close() -> None:
             await stream.aclose()
@@ -1001,23 +417,23 @@ class Gateway:
 
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                    REPLICA_HEADER: job.upstream.replica_id}
-        return _ClosingStreamingResponse(stream, on_close=close, headers=headers)
+        return ClosingStreamingResponse(stream, on_close=close, headers=headers)
 
-    async def _sse(self, job: _Job) -> AsyncGenerator[bytes, None]:
+    async def _event_stream(self, job: _Job) -> AsyncGenerator[bytes, None]:
         error: str | None = None
         try:
             async with contextlib.aclosing(self._chunks(job)) as chunks:
                 async for chunk in chunks:
-                    yield _sse(chunk)
+                    yield sse_event(chunk)
             yield b"data: [DONE]\n\n"
         except GatewayError as exc:
             error = str(exc)
             logger.error("request %s failed mid-stream: %s", job.request_id, exc)
-            yield _sse(exc.body)
+            yield sse_event(exc.body)
         except Exception as exc:  # a bug must still end the stream the way an OpenAI client understands
             error = f"internal error: {type(exc).__name__}: {exc}"
             logger.exception("request %s: gateway error mid-stream", job.request_id)
-            yield _sse(error_body(error, type_="server_error", code="gateway_error"))
+            yield sse_event(error_body(error, type_="server_error", code="gateway_error"))
         finally:
             self._finish(job, 200, error)
 

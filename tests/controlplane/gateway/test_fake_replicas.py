@@ -15,16 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
+from controlplane.admission import RetryBudget, TokenBucket, shed_limit
+from controlplane.assembly import RequestParams, StreamAssembly
 from controlplane.config import GatewayConfig
-from controlplane.gateway import (
-    Gateway,
-    RequestParams,
-    RetryBudget,
-    StreamAssembly,
-    TokenBucket,
-    create_gateway_app,
-    shed_limit,
-)
+from controlplane.gateway import Gateway, create_gateway_app
 from controlplane.replicas import ReplicaState
 from controlplane.traces import TraceRecord
 

@@ -1,0 +1,118 @@
+"""One upstream replica stream as the gateway reads it, and the client response that always cleans up.
+
+Every way an upstream stream can fail (stall, reset, early end, error frame, bad JSON) comes out of
+:class:`Upstream` as an :class:`UpstreamError`, in this one place."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+from fastapi.responses import StreamingResponse
+
+from .gateway_errors import UpstreamError
+from .replicas import ReplicaEndpoint
+
+logger = logging.getLogger(__name__)
+
+# ---- one upstream stream ---------------------------------------------------------------------
+class Upstream:
+    """A replica's SSE response; every way it can fail comes out as :class:`UpstreamError`."""
+
+    def __init__(self, endpoint: ReplicaEndpoint, response: httpx.Response,
+                 on_close: Callable[[str], None]) -> None:
+        self.endpoint = endpoint
+        self.response = response
+        self._lines = sse_payloads(response)
+        self._on_close = on_close
+        self._primed: list[dict[str, Any] | None] = []
+        self._closed = False
+
+    @property
+    def replica_id(self) -> str:
+        return self.endpoint.replica_id
+
+    async def prime(self, timeout: float) -> None:
+        """Wait for the first event (the first token), so failures before it can still be retried."""
+        self._primed.append(await self.next_event(timeout))
+
+    async def next_event(self, timeout: float) -> dict[str, Any] | None:
+        """The next ``data:`` payload; None for ``[DONE]``."""
+        if self._primed:
+            return self._primed.pop()
+        data = await self._line(timeout)
+        if data == b"[DONE]":
+            return None
+        return self._event(data)
+
+    async def _line(self, timeout: float) -> bytes:
+        rid = self.replica_id
+        try:
+            async with asyncio.timeout(timeout):
+                return await anext(self._lines)
+        except TimeoutError as exc:
+            raise UpstreamError(rid, "stall", f"no data for {timeout:g}s") from exc
+        except StopAsyncIteration as exc:
+            raise UpstreamError(rid, "closed", "the stream ended before [DONE]") from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamError(rid, "broken", f"{type(exc).__name__}: {exc}") from exc
+
+    def _event(self, data: bytes) -> dict[str, Any]:
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise UpstreamError(self.replica_id, "broken", f"not JSON: {data[:80]!r}") from exc
+        if not isinstance(event, dict):
+            raise UpstreamError(self.replica_id, "broken", f"not a JSON object: {data[:80]!r}")
+        if "error" in event:
+            message = (event.get("error") or {}).get("message", "error frame")
+            raise UpstreamError(self.replica_id, "error_frame", str(message), body=event)
+        return event
+
+    async def aclose(self) -> None:
+        """Idempotent; the bookkeeping first, then the socket (shielded: this runs during cancellation)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._on_close(self.replica_id)
+        with anyio.CancelScope(shield=True):
+            await self.response.aclose()
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A streaming response that always runs ``on_close``, even if the client left before the body."""
+
+    def __init__(self, content: AsyncIterator[bytes], *, on_close: Callable[[], Awaitable[None]],
+                 headers: Mapping[str, str]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=dict(headers))
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._on_close()
+
+
+
+def sse_event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+async def sse_payloads(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The ``data:`` payloads of a server-sent event stream, as bytes (no per-line decoding)."""
+    buffer = b""
+    async for piece in response.aiter_bytes():
+        buffer += piece
+        while (end := buffer.find(b"\n")) >= 0:
+            line, buffer = buffer[:end], buffer[end + 1:]
+            if line.startswith(b"data:"):
+                yield line[5:].strip()
+
+
