@@ -49,6 +49,7 @@ from controlplane.telemetry import (
     TelemetryError,
     check_quantile,
     check_query,
+    check_range,
     histogram_base,
 )
 
@@ -433,9 +434,7 @@ class PrometheusSource(Telemetry):
     def range(self, kind: RangeKind, metric: str, *, start: float, end: float, step: float,
               q: float | None = None, window_s: float | None = None, by: tuple[str, ...] = ("replica",),
               match: Matchers | None = None, agg: Aggregation = "sum") -> list[Series]:
-        check_query(agg=agg, kind=kind)
-        if step <= 0 or end < start:
-            raise ValueError(f"need step > 0 and end >= start, got start={start} end={end} step={step}")
+        check_range(agg=agg, kind=kind, start=start, end=end, step=step)
         window = self._window(window_s)
         if kind == "gauge":
             promql = gauge_query(metric, by=by, match=match, agg=agg)

@@ -44,6 +44,7 @@ from controlplane.telemetry import (
     Telemetry,
     check_quantile,
     check_query,
+    check_range,
     histogram_base,
     label_matches,
 )
@@ -383,9 +384,7 @@ class ScraperSource(Telemetry):
     def range(self, kind: RangeKind, metric: str, *, start: float, end: float, step: float,
               q: float | None = None, window_s: float | None = None, by: tuple[str, ...] = ("replica",),
               match: Matchers | None = None, agg: Aggregation = "sum") -> list[Series]:
-        check_query(agg=agg, kind=kind)
-        if step <= 0 or end < start:
-            raise ValueError(f"need step > 0 and end >= start, got start={start} end={end} step={step}")
+        check_range(agg=agg, kind=kind, start=start, end=end, step=step)
         window = self._window(window_s)
         if kind == "quantile":
             if q is None:

@@ -262,6 +262,13 @@ def check_query(*, agg: str = "sum", kind: str = "gauge") -> None:
         raise ValueError(f"kind must be one of {', '.join(RANGE_KINDS)}, got {kind!r}")
 
 
+def check_range(*, agg: str, kind: str, start: float, end: float, step: float) -> None:
+    """The arguments every source's ``range`` validates the same way."""
+    check_query(agg=agg, kind=kind)
+    if step <= 0 or end < start:
+        raise ValueError(f"need step > 0 and end >= start, got start={start} end={end} step={step}")
+
+
 def histogram_base(name: str) -> str:
     """Accept a histogram by its family name or by its ``_bucket`` series name."""
     return name.removesuffix("_bucket")
