@@ -10,12 +10,12 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 APT_PACKAGES := prometheus
 
-.PHONY: up test lint typecheck apt bench clean
+.PHONY: up test lint typecheck apt ebpf bench clean
 
 up: $(STAMP) apt
 	$(PY) -m controlplane up $(if $(CONFIG),--config $(CONFIG),)
 
-test: $(STAMP) apt lint typecheck
+test: $(STAMP) apt ebpf lint typecheck
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
@@ -41,6 +41,10 @@ apt:
 		echo "note: not root or no apt-get; missing Debian packages: $$missing"; exit 0; fi; \
 	echo "installing Debian packages: $$missing"; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null
+
+# bcc, pyroute2 and kernel headers for the eBPF network faults (root only; a note otherwise).
+ebpf:
+	@scripts/install-ebpf.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

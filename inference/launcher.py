@@ -42,9 +42,12 @@ class ReplicaProcess:
     def start(self) -> ReplicaProcess:
         cmd = [sys.executable, "-m", "inference", "serve", "--port", str(self.port),
                "--replica-id", self.replica_id, "--zone", self.zone, *self.extra_args]
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, **self.env})
+        env = {**os.environ, **self.env}
+        if self.log_path is None:
+            self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
+        else:
+            with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+                self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         return self
 
     def wait_ready(self, timeout: float = 120.0) -> None:

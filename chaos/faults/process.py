@@ -1,0 +1,144 @@
+"""Process faults: kill (SIGKILL), terminate (SIGTERM) and pause (SIGSTOP, reverted with SIGCONT).
+
+Kill and terminate revert to nothing: the fleet restarts the replica. A pause token records the pid and
+the process's start time from ``/proc/<pid>/stat``, so revert never signals a recycled pid: a process
+that is gone, or a pid that now belongs to someone else, counts as already reverted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaos.faults.base import (
+    Fault,
+    FaultError,
+    FaultKindInfo,
+    FaultSpec,
+    RevertFailed,
+    RevertToken,
+    check_params,
+)
+from chaos.targets import Target
+
+logger = logging.getLogger(__name__)
+
+PROC = Path("/proc")
+
+
+def process_start_time(pid: int, proc: Path = PROC) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat`` (start time in clock ticks since boot); None when it is gone."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[19])  # fields[0] is field 3 (state), so field 22 is fields[19]
+
+
+def process_state(pid: int, proc: Path = PROC) -> str | None:
+    """Field 3 of ``/proc/<pid>/stat`` (R, S, T, Z, ...); None when the process is gone."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+        return None
+    return stat[stat.rindex(")") + 2:].split()[0]
+
+
+@dataclass(slots=True, frozen=True)
+class _Kind:
+    kind: str
+    sig: signal.Signals
+    revert_signal: signal.Signals | None
+    description: str
+
+
+_KINDS = {
+    "kill": _Kind("kill", signal.SIGKILL, None, "SIGKILL the replica process; the fleet restarts it"),
+    "terminate": _Kind("terminate", signal.SIGTERM, None,
+                       "SIGTERM the replica process (graceful drain); the fleet restarts it"),
+    "pause": _Kind("pause", signal.SIGSTOP, signal.SIGCONT,
+                   "SIGSTOP the replica process (it stops answering); revert sends SIGCONT"),
+}
+
+
+class ProcessFault(Fault):
+    def __init__(self, kind: str, *, proc: Path = PROC) -> None:
+        if kind not in _KINDS:
+            raise ValueError(f"kind: must be one of {', '.join(_KINDS)}, got {kind!r}")
+        self._kind = _KINDS[kind]
+        self._proc = proc
+
+    def describe(self) -> FaultKindInfo:
+        return FaultKindInfo(kind=self._kind.kind, family="process", description=self._kind.description,
+                             takes_down=True)
+
+    def validate(self, spec: FaultSpec) -> None:
+        if spec.kind != self._kind.kind:
+            raise ValueError(f"kind: expected {self._kind.kind!r}, got {spec.kind!r}")
+        check_params(spec, self.describe())
+
+    def prepare(self, spec: FaultSpec, target: Target) -> RevertToken:
+        pid = self._checked_pid(target)
+        started = process_start_time(pid, self._proc)
+        if started is None:
+            raise FaultError(f"{target.replica_id}: process {pid} is not running")
+        action = "signal" if self._kind.revert_signal is not None else "none"
+        data: dict[str, str | int | float | bool | None] = {"pid": pid, "start_time": started}
+        if self._kind.revert_signal is not None:
+            data["signal"] = self._kind.revert_signal.name
+        return RevertToken(kind=self._kind.kind, target=target.replica_id, action=action, data=data)
+
+    async def inject(self, spec: FaultSpec, target: Target) -> RevertToken:
+        self.validate(spec)
+        token = self.prepare(spec, target)
+        pid = int(token.data["pid"] or 0)
+        # prepare() just read the start time; read it again so a pid recycled in between is left alone.
+        if process_start_time(pid, self._proc) != token.data["start_time"]:
+            raise FaultError(f"{target.replica_id}: process {pid} went away before {self._kind.kind}")
+        try:
+            os.kill(pid, self._kind.sig)
+        except ProcessLookupError as exc:
+            msg = f"{target.replica_id}: process {pid} went away before {self._kind.kind}"
+            raise FaultError(msg) from exc
+        except PermissionError as exc:
+            raise FaultError(f"{target.replica_id}: not allowed to signal process {pid}") from exc
+        logger.warning("%s: sent %s to pid %d", target.replica_id, self._kind.sig.name, pid)
+        return token
+
+    async def revert(self, token: RevertToken) -> None:
+        if token.action == "none":
+            return
+        if token.action != "signal":
+            raise RevertFailed(f"{token.target}: unknown revert action {token.action!r}", retryable=False)
+        pid, started = token.data.get("pid"), token.data.get("start_time")
+        name = str(token.data.get("signal", "SIGCONT"))
+        if not isinstance(pid, int) or not isinstance(started, int) or name not in signal.Signals.__members__:
+            raise RevertFailed(f"{token.target}: malformed revert token {token.to_json()!r}", retryable=False)
+        if process_start_time(pid, self._proc) != started:
+            logger.info("%s: pid %d is gone or recycled; nothing to revert", token.target, pid)
+            return
+        try:
+            os.kill(pid, signal.Signals[name])
+        except ProcessLookupError:
+            return
+        except PermissionError as exc:
+            msg = f"{token.target}: not allowed to signal process {pid}"
+            raise RevertFailed(msg, retryable=False) from exc
+        logger.warning("%s: sent %s to pid %d", token.target, name, pid)
+
+    def _checked_pid(self, target: Target) -> int:
+        pid = target.pid
+        if pid is None or pid <= 1:
+            raise FaultError(f"{target.replica_id}: no local process to signal (pid {pid!r})")
+        if pid == os.getpid():
+            raise FaultError(f"{target.replica_id}: refusing to signal this process (pid {pid})")
+        return pid
+
+
+def process_faults() -> list[Fault]:
+    return [ProcessFault(kind) for kind in _KINDS]
