@@ -191,6 +191,14 @@ class FaultManager:
     def is_halted(self) -> bool:
         return self._halted
 
+    @property
+    def catalogue(self) -> Catalogue:
+        return self._catalogue
+
+    def now(self) -> float:
+        """The manager's clock, the one ``started_at`` and ``expires_at`` of active faults are read on."""
+        return self._clock.now()
+
     def active(self) -> list[ActiveFault]:
         """The faults this manager injected and has not reverted yet."""
         return [r.active for r in self._running.values()]

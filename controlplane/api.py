@@ -17,7 +17,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from chaos.safety import FaultManager
 from controlplane.auth import Auditor, Principal, Role, TokenAuthority, install, require
+from controlplane.chaos_api import ChaosRefused, chaos_router
 from controlplane.fleet import Fleet, FleetError
 from controlplane.store import Store
 from controlplane.telemetry import Scope, Telemetry
@@ -50,6 +52,7 @@ class Services:
     tokens: TokenAuthority
     auditor: Auditor
     telemetry: Telemetry | None = None
+    chaos: FaultManager | None = None
 
 
 def _error(status: int, message: str, *, type_: str, param: str | None = None) -> JSONResponse:
@@ -79,6 +82,14 @@ def create_api(services: Services) -> FastAPI:
             raise _Refused(409, str(exc)) from exc
         services.auditor.record(principal, action, target, params, "ok")
         return result
+
+    if services.chaos is not None:
+        app.include_router(chaos_router(services.chaos, services.fleet, services.auditor))
+
+    @app.exception_handler(ChaosRefused)
+    async def _chaos_refused(_: Request, exc: ChaosRefused) -> JSONResponse:
+        type_ = "conflict" if exc.status == 409 else "invalid_request_error"
+        return _error(exc.status, exc.message, type_=type_)
 
     @app.exception_handler(_Refused)
     async def _refused(_: Request, exc: _Refused) -> JSONResponse:

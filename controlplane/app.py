@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
+from chaos.catalogue import default_catalogue
+from chaos.safety import FaultManager
 from controlplane.api import Services, create_api
 from controlplane.auth import Auditor, TokenAuthority
 from controlplane.backends.local import LocalProcessBackend
@@ -137,7 +139,12 @@ async def serve(cp: ControlPlane) -> None:
     cp.telemetry.start()
     await cp.fleet.start()
     await cp.gateway.start()
-    services = Services(cp.fleet, cp.store, TokenAuthority(cp.store), Auditor(cp.store), cp.telemetry)
+    chaos = FaultManager(default_catalogue(admin_tokens=cp.fleet.admin_token), cp.store)
+    leftovers = await chaos.revert_leftovers()  # a crash mid-drill leaves nothing paused or partitioned
+    if leftovers:
+        logger.warning("reverted %d faults left active by an earlier control plane", len(leftovers))
+    services = Services(cp.fleet, cp.store, TokenAuthority(cp.store), Auditor(cp.store), cp.telemetry,
+                        chaos)
     api = create_api(services)
     gateway_app = create_gateway_app(cp.gateway)
     cp.servers = [
@@ -157,6 +164,8 @@ async def serve(cp: ControlPlane) -> None:
     logger.warning("stopping: draining replicas")
     for server in cp.servers:
         server.should_exit = True
+    await chaos.halt_all()  # nothing injected outlives the control plane
+    await chaos.aclose()
     await cp.gateway.stop()
     await cp.fleet.stop(drain=True)
     cp.telemetry.stop()

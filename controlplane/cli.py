@@ -71,6 +71,41 @@ def _token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chaos(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        if args.action == "catalogue":
+            for kind in client.chaos_catalogue():
+                state = "available" if kind["available"] else kind["unavailable_reason"]
+                print(f"{kind['kind']:<16} {kind['family']:<8} {state}")
+        elif args.action == "list":
+            for fault in client.chaos_faults():
+                print(f"{fault['id']:>5} {fault['kind']:<16} {fault['target']:<12} "
+                      f"{fault['remaining_s']:>7.1f}s left")
+        elif args.action == "inject":
+            params = dict(_param(p) for p in args.param or [])
+            result = client.chaos_inject(args.kind, duration_s=args.duration, selector=args.selector,
+                                         params=params, replicas=args.replica or [], zones=args.zone or [],
+                                         allow_all=args.allow_all, dry_run=args.dry_run)
+            print(json.dumps(result, indent=2))
+        elif args.action == "revert":
+            print(json.dumps(client.chaos_revert(args.id)))
+        elif args.action == "halt":
+            print(json.dumps(client.chaos_halt()))
+        else:
+            print(json.dumps(client.chaos_release()))
+    return 0
+
+
+def _param(text: str) -> tuple[str, float | str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise ApiError(f"--param: expected NAME=VALUE, got {text!r}")
+    try:
+        return name, float(value)
+    except ValueError:
+        return name, value
+
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
     "up": ("start replicas, gateway, API (and Prometheus when installed); Ctrl-C drains and stops", _up),
     "status": ("show the fleet", _status),
@@ -79,6 +114,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
     "rollout": ("rolling update to another model folder", _rollout),
     "events": ("print fleet events as JSON lines", _events),
     "token": ("issue an API token (admin)", _token),
+    "chaos": ("fault injection: catalogue, inject, list, revert, halt, release", _chaos),
 }
 
 
@@ -101,6 +137,23 @@ def parser() -> argparse.ArgumentParser:
         elif name == "events":
             cmd.add_argument("--kind", default=None, help="prefix such as replica. or rollout.")
             cmd.add_argument("--limit", type=int, default=200)
+        elif name == "chaos":
+            actions = cmd.add_subparsers(dest="action", required=True)
+            actions.add_parser("catalogue", help="fault kinds, with the reason when one is unavailable")
+            actions.add_parser("list", help="active faults")
+            inject = actions.add_parser("inject", help="inject a fault (reverts itself after --duration)")
+            inject.add_argument("kind")
+            inject.add_argument("--duration", type=float, default=30.0, help="seconds (default %(default)s)")
+            inject.add_argument("--selector", default="COUNT(1)", help="ALL, COUNT(n) or PERCENT(n)")
+            inject.add_argument("--replica", action="append", help="limit to this replica (repeatable)")
+            inject.add_argument("--zone", action="append", help="limit to this zone (repeatable)")
+            inject.add_argument("--param", action="append", help="NAME=VALUE (repeatable)")
+            inject.add_argument("--allow-all", action="store_true", help="allow taking down every replica")
+            inject.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+            revert = actions.add_parser("revert", help="revert one fault now")
+            revert.add_argument("id", type=int)
+            actions.add_parser("halt", help="revert every fault and refuse new ones until release")
+            actions.add_parser("release", help="accept new faults again after a halt")
         elif name == "token":
             cmd.add_argument("name")
             cmd.add_argument("--role", choices=["viewer", "operator", "admin"], default="viewer")

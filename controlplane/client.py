@@ -97,6 +97,31 @@ class ControlPlaneClient:
         raw = self._call("POST", "/api/v1/tokens", json={"name": name, "role": role, "ttl_s": ttl_s})
         return str(raw["token"])
 
+    # ---- chaos ---------------------------------------------------------------------------------
+    def chaos_catalogue(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/api/v1/chaos/catalogue"))
+
+    def chaos_faults(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/api/v1/chaos/faults"))
+
+    def chaos_inject(self, kind: str, *, duration_s: float, selector: str = "COUNT(1)",
+                     params: dict[str, Any] | None = None, replicas: list[str] | None = None,
+                     zones: list[str] | None = None, allow_all: bool = False,
+                     dry_run: bool = False) -> dict[str, Any]:
+        body = {"kind": kind, "duration_s": duration_s, "selector": selector, "params": params or {},
+                "replicas": replicas or [], "zones": zones or [], "allow_all": allow_all,
+                "dry_run": dry_run}
+        return dict(self._call("POST", "/api/v1/chaos/faults", json=body))
+
+    def chaos_revert(self, fault_id: int) -> dict[str, Any]:
+        return dict(self._call("DELETE", f"/api/v1/chaos/faults/{fault_id}"))
+
+    def chaos_halt(self) -> dict[str, Any]:
+        return dict(self._call("POST", "/api/v1/chaos/halt"))
+
+    def chaos_release(self) -> dict[str, Any]:
+        return dict(self._call("POST", "/api/v1/chaos/release"))
+
     # ---- transport -----------------------------------------------------------------------------
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:

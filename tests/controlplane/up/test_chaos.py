@@ -1,0 +1,71 @@
+"""Faults through the control plane's API: a pause is reverted by HALT ALL within 2 s, and one left active
+by a control plane killed with -9 is reverted by the next one at start."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from controlplane.client import ApiError
+
+from .conftest import Running, start, wait_ready
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_pause_through_the_api_then_halt_all_reverts_within_2s(running: Running) -> None:
+    wait_ready(running, 3)
+    with running.client() as client:
+        catalogue = {k["kind"]: k for k in client.chaos_catalogue()}
+        assert catalogue["pause"]["available"] and "partition" in catalogue
+        plan = client.chaos_inject("pause", duration_s=60, selector="ALL", dry_run=True)
+        assert plan["dry_run"] and not plan["plan"]["allowed"]  # every replica: refused by blast radius
+        assert client.chaos_faults() == []  # the dry run changed nothing
+        result = client.chaos_inject("pause", duration_s=60, replicas=["az-b-1"])
+        [fault] = result["faults"]
+        pid = next(r.pid for r in client.fleet().replicas if r.replica_id == "az-b-1")
+        assert pid is not None and process_state(pid) == "T"
+        assert [f["target"] for f in client.chaos_faults()] == ["az-b-1"]
+
+        started = time.monotonic()
+        report = client.chaos_halt()
+        elapsed = time.monotonic() - started
+        assert report["reverted"] == [fault["id"]] and report["halted"] and elapsed < 2.0
+        assert process_state(pid) != "T"
+        with pytest.raises(ApiError) as refused:
+            client.chaos_inject("pause", duration_s=5, replicas=["az-a-1"])
+        assert refused.value.status == 409 and "halt" in str(refused.value)
+        client.chaos_release()
+        actions = [a["action"] for a in client.audit(limit=50)]
+    assert {"chaos.inject", "chaos.halt", "chaos.release"} <= set(actions)
+    wait_ready(running, 3)
+
+
+def test_pause_left_by_a_crashed_control_plane_is_reverted_at_the_next_start(model_state: Path,
+                                                                             running: Running) -> None:
+    wait_ready(running, 3)
+    with running.client() as client:
+        client.chaos_inject("pause", duration_s=600, replicas=["az-c-1"])
+        pid = next(r.pid for r in client.fleet().replicas if r.replica_id == "az-c-1")
+    assert pid is not None and process_state(pid) == "T"
+    running.process.send_signal(signal.SIGKILL)
+    running.process.wait(10)
+    assert process_state(pid) == "T"  # nobody reverted it yet
+
+    config = next(model_state.glob("controlplane.toml"))
+    again = start(config, model_state, running.token)
+    try:
+        wait_ready(again, 3)
+        assert process_state(pid) != "T"
+        with again.client() as client:
+            assert client.chaos_faults() == []
+    finally:
+        again.process.send_signal(signal.SIGTERM)
+        assert again.process.wait(90) == 0
