@@ -109,6 +109,7 @@ class LLMEngine:
                                   int8_kv=config.kv_cache_dtype == "int8", decode_kernel=kernel)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.requests: dict[str, _Request] = {}
+        self._by_seq: dict[int, _Request] = {}  # the same requests, by sequence id
         self.step_stats: deque[StepStat] = deque(maxlen=4096)
         self._seq_ids = itertools.count()
         logger.info("engine ready: model=%s device=%s dtype=%s kv_blocks=%d block_size=%d max_model_len=%d",
@@ -133,8 +134,9 @@ class LLMEngine:
         arrival = self.clock() if arrival_time is None else arrival_time
         seq = Sequence(next(self._seq_ids), tokens, params, arrival, priority)
         detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids=tokens)
-        self.requests[request_id] = _Request(request_id, seq, RequestMetrics(arrival), detokenizer,
-                                             TextAssembler(params.stop))
+        request = _Request(request_id, seq, RequestMetrics(arrival), detokenizer, TextAssembler(params.stop))
+        self.requests[request_id] = request
+        self._by_seq[seq.seq_id] = request
         self.scheduler.add(seq)
 
     def validate_prompt(self, tokens: Seq[int]) -> None:
@@ -167,7 +169,7 @@ class LLMEngine:
         start = self.clock()
         out = self.scheduler.schedule()
         for seq in out.preempted:  # counted even when the preemption leaves nothing to run this step
-            self._request_of(seq).metrics.num_preemptions += 1
+            self._by_seq[seq.seq_id].metrics.num_preemptions += 1
         if out.is_empty:
             return []
         rows = self._begin(out, start)
@@ -180,7 +182,6 @@ class LLMEngine:
         return outputs
 
     def _begin(self, out: SchedulerOutput, now: float) -> list[SamplingRow]:
-        self._by_seq = {r.seq.seq_id: r for r in self.requests.values()}
         rows = []
         for item in out.scheduled:
             req = self._by_seq[item.seq.seq_id]
@@ -190,9 +191,6 @@ class LLMEngine:
             if item.samples:
                 rows.append(self._sampling_row(item.seq))
         return rows
-
-    def _request_of(self, seq: Sequence) -> _Request:
-        return next(r for r in self.requests.values() if r.seq is seq)
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:
         p = seq.params
@@ -227,6 +225,7 @@ class LLMEngine:
                 new_tokens: list[int] | None = None, error: str | None = None) -> RequestOutput:
         self.scheduler.finish(req.seq, reason)
         del self.requests[req.request_id]
+        del self._by_seq[req.seq.seq_id]
         req.metrics.finished_time = now
         if not req.text.stopped:
             delta += req.text.push(req.detokenizer.flush())[0] + req.text.flush()
