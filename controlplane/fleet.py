@@ -129,6 +129,7 @@ class Fleet:
         self._probe = ready_probe or self._probe_ready
         self.error_rate = error_rate  # a replica's recent 5xx share, from telemetry (None: unknown)
         self._task: asyncio.Task[None] | None = None
+        self._last_health_probe = float("-inf")
         self._listeners: list[Callable[[list[ReplicaEndpoint]], None]] = []
 
     # ---- views ---------------------------------------------------------------------------------
@@ -242,10 +243,16 @@ class Fleet:
                             {"crashes": len(replica.crash_times), "window_s": window})
 
     async def _observe_readiness(self) -> None:
-        probed = [r for r in self.replicas.values()
-                  if r.state in (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.UNREADY)]
-        results = await asyncio.gather(*(self._probe(r.endpoint) for r in probed), return_exceptions=True)
+        """Starting replicas every pass (to route to them as soon as they are ready); the others every
+        ``health_interval_s``, since each /ready runs a forward pass on the replica."""
         now = self.clock()
+        health_due = now - self._last_health_probe >= self.config.health_interval_s
+        if health_due:
+            self._last_health_probe = now
+        probed = [r for r in self.replicas.values() if r.state is ReplicaState.STARTING or (
+            health_due and r.state in (ReplicaState.READY, ReplicaState.UNREADY))]
+        results = await asyncio.gather(*(self._probe(r.endpoint) for r in probed), return_exceptions=True)
+        now = self.clock()  # after the probes, which take time
         for replica, ok in zip(probed, results):
             if ok is True:
                 replica.ready_failures = 0
