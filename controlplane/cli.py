@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.command == "up" else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpcore"):  # one line per health probe otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return COMMANDS[args.command][1](args)
     except (ApiError, ConfigError) as exc:
