@@ -24,24 +24,7 @@ from controlplane.auth import (
 )
 from controlplane.store import Store
 
-
-class FakeClock:
-    def __init__(self, now: float = 1_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def store(tmp_path: Path, clock: FakeClock) -> Iterator[Store]:
-    with Store(tmp_path / "state.db", clock=clock) as opened:
-        yield opened
+from .conftest import FakeClock
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,26 +26,11 @@ from controlplane.store import (
 )
 from controlplane.traces import TraceRecord
 
+from .conftest import FakeClock
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class FakeClock:
-    def __init__(self, now: float = 1_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def store(tmp_path: Path, clock: FakeClock) -> Iterator[Store]:
-    with Store(tmp_path / "state.db", clock=clock) as opened:
-        yield opened
 
 
 def trace(n: int, *, e2e_s: float = 1.0, replica_id: str | None = "r1", zone: str | None = "az-a"

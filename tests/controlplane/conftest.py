@@ -1,0 +1,29 @@
+"""Fixtures shared by the control plane's unit tests: a simulated clock and a store on it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controlplane.store import Store
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(tmp_path: Path, clock: FakeClock) -> Iterator[Store]:
+    with Store(tmp_path / "state.db", clock=clock) as opened:
+        yield opened
