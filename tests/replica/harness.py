@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,9 @@ from typing import Any, TypeVar
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
+
+from inference.launcher import free_port
+from tests.polling import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL = "default"
@@ -40,22 +42,6 @@ LONG_MAX_TOKENS = 1500
 T = TypeVar("T")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(check: Callable[[], T], *, timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll ``check`` until it returns something truthy; fail the test with ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {value!r})")
-        time.sleep(interval)
 
 
 def sse_events(response: httpx.Response) -> Iterator[Any]:

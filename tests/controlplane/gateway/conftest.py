@@ -32,6 +32,7 @@ from controlplane.replicas import ReplicaEndpoint, ReplicaState
 from controlplane.traces import TraceRecord
 from inference.launcher import ReplicaProcess, free_port
 from inference.models.default import ensure_default_model
+from tests.polling import wait_until
 
 ADMIN_TOKEN = "gateway-test-admin"
 MODEL = "default"
@@ -177,15 +178,6 @@ def serve_gateway(fleet: Fleet) -> Iterator[ServeGateway]:
 
 
 # ---- clients ---------------------------------------------------------------------------------
-def wait_until(check: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
 
 
 def sse_payloads(text: str) -> list[Any]:

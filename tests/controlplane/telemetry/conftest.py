@@ -30,6 +30,7 @@ from controlplane.scraper import ScraperSource
 from controlplane.telemetry import REQUEST_SUCCESS, Telemetry
 from inference.launcher import ReplicaProcess, free_port
 from inference.models.default import ensure_default_model
+from tests import polling
 
 ZONES = ("az-a", "az-b")
 API_KEY = "telemetry-test-key"
@@ -48,15 +49,8 @@ T = TypeVar("T")
 
 
 def wait_until(check: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.2) -> T:
-    """Poll ``check`` until it returns something truthy; fail with ``what`` and the last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {value!r})")
-        time.sleep(interval)
+    """The shared poll, at a pace that suits Prometheus' scrape interval."""
+    return polling.wait_until(check, timeout=timeout, what=what, interval=interval)
 
 
 def pid_exists(pid: int) -> bool:
