@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
-APT_PACKAGES := prometheus
+APT_PACKAGES := prometheus prometheus-alertmanager chromium chromium-driver stress-ng
 
 .PHONY: up test lint typecheck apt ebpf bench clean
 
@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -e '.[dev]'
 	touch $(STAMP)
 
-# Debian packages the tests use (promtool from prometheus); skipped with a note when not root.
+# Debian packages the tests use (prometheus and promtool, alertmanager, chromium for the console, stress-ng); skipped with a note when not root.
 apt:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -z "$$missing" ]; then exit 0; fi; \

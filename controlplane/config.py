@@ -92,6 +92,41 @@ class TelemetryConfig:
 
 
 @dataclass(slots=True)
+class AutoscalerConfig:
+    """The autoscaler's decision loop (``controlplane.autoscaler``); rules in ``controlplane.policies``."""
+
+    enabled: bool = True
+    observe_only: bool = False  # record decisions without applying them
+    tick_s: float = 5.0
+    min_replicas: int = 1
+    max_replicas: int = 12
+
+
+@dataclass(slots=True)
+class AlertsConfig:
+    """Alert rules and their actions (``controlplane.alerts``)."""
+
+    enabled: bool = True
+    eval_interval_s: float = 5.0
+
+
+@dataclass(slots=True)
+class DrillsConfig:
+    """Failover drills (``chaos.drills``) and their schedules."""
+
+    schedule_timezone: str = "UTC"
+
+
+@dataclass(slots=True)
+class ConsoleConfig:
+    """The Dash web console (``dashboards``)."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 8050
+
+
+@dataclass(slots=True)
 class Config:
     state_dir: str = ""  # empty: $LLMSRE_STATE_DIR, else ~/.local/state/llm-sre
     api: ApiConfig = field(default_factory=ApiConfig)
@@ -99,6 +134,10 @@ class Config:
     fleet: FleetConfig = field(default_factory=FleetConfig)
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    autoscaler: AutoscalerConfig = field(default_factory=AutoscalerConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    drills: DrillsConfig = field(default_factory=DrillsConfig)
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
 
     @property
     def state_path(self) -> Path:
@@ -116,7 +155,8 @@ def validate(config: Config) -> list[tuple[str, str]]:
         if not ok:
             problems.append((key, reason))
 
-    for section, cfg in (("api", config.api), ("gateway", config.gateway), ("prometheus", config.prometheus)):
+    for section, cfg in (("api", config.api), ("gateway", config.gateway), ("prometheus", config.prometheus),
+                         ("console", config.console)):
         check(0 < cfg.port < 65536, f"{section}.port", f"must be a TCP port, got {cfg.port}")
     check(config.gateway.routing in ROUTING_POLICIES, "gateway.routing",
           f"must be one of {', '.join(ROUTING_POLICIES)}, got {config.gateway.routing!r}")

@@ -39,7 +39,7 @@ from controlplane.traces import TraceRecord
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_MAX_TRACE_ROWS = 100_000
 TRACE_TRIM_BATCH = 1_000  # most trace rows deleted by one transaction, so a trim never holds the lock long
 BUSY_TIMEOUT_MS = 5_000
@@ -186,6 +186,22 @@ class FaultRow:
 
 
 @dataclass(slots=True, frozen=True)
+class Record:
+    """One JSON document of a collection (drill reports, autoscaler decisions, alert states, ...).
+
+    ``key`` groups documents inside a collection (a drill id, an alert rule name); ``ts`` is when the
+    document was first written.
+    """
+
+    id: int
+    collection: str
+    key: str
+    ts: float
+    updated: float
+    body: dict[str, Any]
+
+
+@dataclass(slots=True, frozen=True)
 class StorePragmas:
     """The connection settings as SQLite reports them (for tests and diagnostics)."""
 
@@ -266,7 +282,16 @@ _SCHEMA_V1 = (
     """CREATE TABLE IF NOT EXISTS kv (
         key TEXT PRIMARY KEY, value TEXT NOT NULL, updated REAL NOT NULL)""",
 )
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_V1,)
+# Version 2: documents for the features that keep whole JSON records (drills, decisions, alerts).
+_SCHEMA_V2 = (
+    """CREATE TABLE IF NOT EXISTS records (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, collection TEXT NOT NULL, key TEXT NOT NULL,
+        ts REAL NOT NULL, updated REAL NOT NULL, body TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS records_collection ON records (collection, id)",
+    "CREATE INDEX IF NOT EXISTS records_key ON records (collection, key, id)",
+    "CREATE INDEX IF NOT EXISTS records_ts ON records (collection, ts)",
+)
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_V1, _SCHEMA_V2)
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 _TRACE_COLUMNS = tuple(f.name for f in dataclasses.fields(TraceRecord))
@@ -625,6 +650,65 @@ class Store:
         rows = self._read("read setting", "SELECT value FROM kv WHERE key = ?", (key,))
         return json.loads(rows[0]["value"]) if rows else default
 
+    # -- records -------------------------------------------------------------------------------
+    def add_record(self, collection: str, body: Mapping[str, Any], key: str = "",
+                   ts: float | None = None) -> Record:
+        """Append a JSON document to ``collection``; durable when this returns."""
+        _require_text(collection=collection)
+        now = self._clock()
+        stamp, doc = (now if ts is None else ts), dict(body)
+        with self._write(f"add {collection} record") as conn:
+            cur = conn.execute("INSERT INTO records (collection, key, ts, updated, body) "
+                               "VALUES (?, ?, ?, ?, ?)", (collection, key, stamp, now, _dumps(doc)))
+            record_id = cur.lastrowid
+        assert record_id is not None
+        return Record(record_id, collection, key, stamp, now, doc)
+
+    def update_record(self, record_id: int, body: Mapping[str, Any]) -> Record:
+        """Replace a document's body (its collection, key and ts stay)."""
+        now, doc = self._clock(), dict(body)
+        with self._write("update record") as conn:
+            cur = conn.execute("UPDATE records SET body = ?, updated = ? WHERE id = ?",
+                               (_dumps(doc), now, record_id))
+            if cur.rowcount == 0:
+                raise StoreNotFoundError(f"record {record_id} not found")
+            row = conn.execute("SELECT * FROM records WHERE id = ?", (record_id,)).fetchone()
+        return _record(row)
+
+    def record(self, record_id: int, collection: str | None = None) -> Record | None:
+        """One document by id (``None`` when absent or in another collection)."""
+        rows = self._read("read record", "SELECT * FROM records WHERE id = ?", (record_id,))
+        if not rows or (collection is not None and rows[0]["collection"] != collection):
+            return None
+        return _record(rows[0])
+
+    def records(self, collection: str, *, key: str | None = None, since: float | None = None,
+                until: float | None = None, limit: int = DEFAULT_LIMIT,
+                newest_first: bool = True) -> list[Record]:
+        """Documents of ``collection`` (optionally one key, a ``ts`` range), newest first by default."""
+        _check_limit(limit)
+        where: list[str] = ["collection = ?"]
+        params: list[Any] = [collection]
+        for clause, value in (("key = ?", key), ("ts >= ?", since), ("ts < ?", until)):
+            if value is not None:
+                where.append(clause)
+                params.append(value)
+        order = "DESC" if newest_first else "ASC"
+        rows = self._read(f"read {collection} records",
+                          f"SELECT * FROM records WHERE {' AND '.join(where)} ORDER BY id {order} LIMIT ?",
+                          [*params, limit])
+        return [_record(r) for r in rows]
+
+    def trim_records(self, collection: str, keep: int) -> int:
+        """Delete all but the newest ``keep`` documents of ``collection``; returns how many went."""
+        if keep < 0:
+            raise ValueError(f"keep must be >= 0, got {keep}")
+        with self._write(f"trim {collection} records") as conn:
+            cur = conn.execute("DELETE FROM records WHERE collection = ? AND id NOT IN (SELECT id FROM "
+                               "records WHERE collection = ? ORDER BY id DESC LIMIT ?)",
+                               (collection, collection, keep))
+        return cur.rowcount
+
 
 _TOKEN_SELECT = "SELECT name, role, token_hash, created_at, expires_at, revoked_at FROM tokens"
 
@@ -643,3 +727,8 @@ def _fault(r: sqlite3.Row) -> FaultRow:
     return FaultRow(id=r["id"], kind=r["kind"], target=r["target"], params=json.loads(r["params"]),
                     state=r["state"], revert=json.loads(r["revert"]), created=r["created"],
                     updated=r["updated"], detail=r["detail"])
+
+
+def _record(r: sqlite3.Row) -> Record:
+    return Record(id=r["id"], collection=r["collection"], key=r["key"], ts=r["ts"], updated=r["updated"],
+                  body=json.loads(r["body"]))

@@ -346,3 +346,49 @@ def test_acknowledged_writes_survive_kill_9(tmp_path: Path) -> None:
         stored = {e.id for e in reopened.events(limit=1_000_000)}
     assert set(acknowledged) <= stored
     assert acknowledged == sorted(acknowledged)
+
+
+# ---- records -----------------------------------------------------------------------------------
+def test_records_round_trip_per_collection_and_key(store: Store, clock: FakeClock) -> None:
+    first = store.add_record("drills", {"scenario": "replica-crash", "rto_s": 0.4}, key="d1")
+    clock.now += 5
+    store.add_record("drills", {"scenario": "zone-outage"}, key="d2")
+    store.add_record("decisions", {"replicas": 4})
+    assert [r.body["scenario"] for r in store.records("drills")] == ["zone-outage", "replica-crash"]
+    assert [r.key for r in store.records("drills", newest_first=False)] == ["d1", "d2"]
+    assert [r.id for r in store.records("drills", key="d1")] == [first.id]
+    assert [r.key for r in store.records("drills", since=1_001.0)] == ["d2"]
+    assert [r.key for r in store.records("drills", until=1_001.0)] == ["d1"]
+    assert store.record(first.id) == first
+    assert store.record(first.id, collection="decisions") is None
+
+
+def test_update_record_keeps_its_timestamp_and_unknown_ids_fail(store: Store, clock: FakeClock) -> None:
+    made = store.add_record("drills", {"state": "running"}, key="d1")
+    clock.now += 30
+    done = store.update_record(made.id, {"state": "passed"})
+    assert (done.ts, done.updated, done.body) == (1_000.0, 1_030.0, {"state": "passed"})
+    with pytest.raises(StoreNotFoundError):
+        store.update_record(made.id + 100, {})
+
+
+def test_trim_records_keeps_the_newest(store: Store) -> None:
+    for n in range(5):
+        store.add_record("decisions", {"n": n})
+    store.add_record("drills", {"n": 0})
+    assert store.trim_records("decisions", keep=2) == 3
+    assert [r.body["n"] for r in store.records("decisions")] == [4, 3]
+    assert len(store.records("drills")) == 1
+
+
+def test_a_version_1_database_gains_the_records_table(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with Store(path) as current:
+        current.kv_put("fleet.desired", 3)
+    with sqlite3.connect(path) as conn:  # what a version-1 control plane left behind
+        conn.execute("DROP TABLE records")
+        conn.execute("PRAGMA user_version = 1")
+    with Store(path) as upgraded:
+        assert upgraded.pragmas().user_version == SCHEMA_VERSION
+        assert upgraded.kv_get("fleet.desired") == 3
+        assert upgraded.add_record("drills", {"ok": True}).body == {"ok": True}
