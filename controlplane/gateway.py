@@ -35,11 +35,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
 )
+from starlette.types import Receive, Scope, Send
 
 from inference.protocol import error_body
 
@@ -52,6 +54,7 @@ from .replicas import ReplicaEndpoint, ReplicaLoad
 from .routing import Candidate, Router, routable
 from .traces import TraceRecord
 from .upstream import ClosingStreamingResponse, Upstream, sse_event
+from .upstream_http import HttpxStreams, StreamClient, StreamResponse, TransportError, UpstreamPool
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +159,9 @@ class Gateway:
         self._inflight: dict[str, int] = defaultdict(int)
         self._probe_task: asyncio.Task[None] | None = None
         self._client = self._new_client(transport)
+        # Streams go through the pooled client; an httpx transport given here (in-process fake replicas
+        # in tests) carries them instead.
+        self._streams: StreamClient = HttpxStreams(self._client) if transport is not None else UpstreamPool()
 
     def _new_client(self, transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
         t = self.config.first_byte_timeout_s
@@ -178,6 +184,7 @@ class Gateway:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self._streams.aclose()
         await self._client.aclose()
 
     def ejected(self) -> set[str]:
@@ -293,29 +300,28 @@ class Gateway:
                 await upstream.aclose()
             raise
 
-    async def _send(self, endpoint: ReplicaEndpoint, path: str, body: dict[str, Any]) -> httpx.Response:
-        """POST and wait for the status line; httpx errors and refusals become UpstreamError here."""
+    async def _send(self, endpoint: ReplicaEndpoint, path: str, body: dict[str, Any]) -> StreamResponse:
+        """POST and wait for the status line; transport failures and refusals become UpstreamError."""
         rid = endpoint.replica_id
-        request = self._client.build_request("POST", f"{endpoint.base_url}{path}", json=body)
         try:
             async with asyncio.timeout(self.config.first_byte_timeout_s):
-                response = await self._client.send(request, stream=True)
+                response = await self._streams.post(endpoint.host, endpoint.port, path, orjson.dumps(body))
         except TimeoutError as exc:
             raise UpstreamError(rid, "timeout", f"no response within {self.config.first_byte_timeout_s:g}s"
                                 ) from exc
-        except httpx.HTTPError as exc:
-            raise UpstreamError(rid, "connect", f"{type(exc).__name__}: {exc}") from exc
+        except TransportError as exc:
+            raise UpstreamError(rid, "connect", str(exc)) from exc
         if response.status_code == 200:
             return response
         raise await self._refusal(rid, response)
 
-    async def _refusal(self, replica_id: str, response: httpx.Response) -> UpstreamError:
+    async def _refusal(self, replica_id: str, response: StreamResponse) -> UpstreamError:
         status = response.status_code
         try:
             async with asyncio.timeout(self.config.first_byte_timeout_s):
                 raw = await response.aread()
             body: Any = json.loads(raw)
-        except (TimeoutError, httpx.HTTPError, ValueError):
+        except (TimeoutError, TransportError, ValueError):
             body = None
         finally:
             await response.aclose()
@@ -566,6 +572,26 @@ class Gateway:
 
 
 # ---- the app ---------------------------------------------------------------------------------
+class GatewayApp(FastAPI):
+    """The gateway's FastAPI app, with the two inference endpoints dispatched straight to the gateway
+    past FastAPI's routing, error and exception middleware: every streamed chunk would otherwise pass
+    through each of their ``send`` wrappers. The routes stay declared (OpenAPI, 405 for other
+    methods), and the responses are the gateway's own, OpenAI-shaped errors included, either way."""
+
+    gateway: Gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = INFERENCE_PATHS.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if kind is None or scope.get("method") != "POST":
+            await super().__call__(scope, receive, send)
+            return
+        response = await self.gateway.handle(Request(scope, receive), kind)
+        await response(scope, receive, send)
+
+
+INFERENCE_PATHS = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
+
+
 def create_gateway_app(gateway: Gateway) -> FastAPI:
     """The gateway's HTTP surface; its lifespan starts and stops the gateway."""
 
@@ -577,8 +603,8 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
         finally:
             await gateway.stop()
 
-    app = FastAPI(title="LLM gateway", docs_url=None, redoc_url=None, lifespan=lifespan)
-    app.state.gateway = gateway
+    app = GatewayApp(title="LLM gateway", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.gateway = app.state.gateway = gateway
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

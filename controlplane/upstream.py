@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
-import httpx
 import orjson
 from fastapi.responses import StreamingResponse
 
 from .gateway_errors import UpstreamError
 from .replicas import ReplicaEndpoint
+from .upstream_http import StreamResponse, TransportError
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 class Upstream:
     """A replica's SSE response; every way it can fail comes out as :class:`UpstreamError`."""
 
-    def __init__(self, endpoint: ReplicaEndpoint, response: httpx.Response,
+    def __init__(self, endpoint: ReplicaEndpoint, response: StreamResponse,
                  on_close: Callable[[str], None]) -> None:
         self.endpoint = endpoint
         self.response = response
@@ -32,6 +32,7 @@ class Upstream:
         self._on_close = on_close
         self._primed: list[dict[str, Any] | None] = []
         self._closed = False
+        self._done = False  # [DONE] read: the connection may serve another request
 
     @property
     def replica_id(self) -> str:
@@ -47,6 +48,7 @@ class Upstream:
             return self._primed.pop()
         data = await self._line(timeout)
         if data == b"[DONE]":
+            self._done = True
             return None
         return self._event(data)
 
@@ -59,8 +61,8 @@ class Upstream:
             raise UpstreamError(rid, "stall", f"no data for {timeout:g}s") from exc
         except StopAsyncIteration as exc:
             raise UpstreamError(rid, "closed", "the stream ended before [DONE]") from exc
-        except httpx.HTTPError as exc:
-            raise UpstreamError(rid, "broken", f"{type(exc).__name__}: {exc}") from exc
+        except TransportError as exc:
+            raise UpstreamError(rid, "broken", str(exc)) from exc
 
     def _event(self, data: bytes) -> dict[str, Any]:
         try:
@@ -81,7 +83,7 @@ class Upstream:
         self._closed = True
         self._on_close(self.replica_id)
         with anyio.CancelScope(shield=True):
-            await self.response.aclose()
+            await self.response.aclose(reuse=self._done)
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -105,7 +107,7 @@ def sse_event(payload: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-async def sse_payloads(response: httpx.Response) -> AsyncIterator[bytes]:
+async def sse_payloads(response: StreamResponse) -> AsyncIterator[bytes]:
     """The ``data:`` payloads of a server-sent event stream, as bytes (no per-line decoding)."""
     buffer = b""
     async for piece in response.aiter_bytes():

@@ -59,20 +59,22 @@ static __always_inline int touches_port(struct __sk_buff *skb, int l4_offset) {
     return ports[0] == PORT_BE || ports[1] == PORT_BE;
 }
 
+/* Packets of other ports go on to the next filter (TC_ACT_UNSPEC): TC_ACT_OK would end the chain, so
+   with two partitions on lo only the first filter would ever drop anything. */
 int drop_port(struct __sk_buff *skb) {
     if (skb->protocol == bpf_htons(ETH_P_IP)) {
         struct iphdr ip;
         if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0 || ip.protocol != IPPROTO_TCP)
-            return TC_ACT_OK;
-        return touches_port(skb, ETH_HLEN + ip.ihl * 4) ? TC_ACT_SHOT : TC_ACT_OK;
+            return TC_ACT_UNSPEC;
+        return touches_port(skb, ETH_HLEN + ip.ihl * 4) ? TC_ACT_SHOT : TC_ACT_UNSPEC;
     }
     if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
         struct ipv6hdr ip6;
         if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0 || ip6.nexthdr != IPPROTO_TCP)
-            return TC_ACT_OK;
-        return touches_port(skb, ETH_HLEN + sizeof(ip6)) ? TC_ACT_SHOT : TC_ACT_OK;
+            return TC_ACT_UNSPEC;
+        return touches_port(skb, ETH_HLEN + sizeof(ip6)) ? TC_ACT_SHOT : TC_ACT_UNSPEC;
     }
-    return TC_ACT_OK;
+    return TC_ACT_UNSPEC;
 }
 """
 
