@@ -12,12 +12,13 @@ import logging
 from collections.abc import Iterable, Sequence
 
 from chaos.faults.base import Fault, FaultKindInfo, FaultSpec, FaultUnavailable
+from chaos.faults.link import LinkControl, link_faults
 from chaos.faults.process import process_faults
 from chaos.faults.replica import AdminTokens, replica_faults
 
 logger = logging.getLogger(__name__)
 
-OPTIONAL_MODULES: tuple[str, ...] = ("chaos.faults.partition",)
+OPTIONAL_MODULES: tuple[str, ...] = ("chaos.faults.partition", "chaos.faults.zone", "chaos.faults.stress")
 
 
 class Catalogue:
@@ -93,9 +94,11 @@ def load_optional(catalogue: Catalogue, module_name: str) -> None:
         catalogue.register(fault)
 
 
-def default_catalogue(*, admin_tokens: AdminTokens | None = None,
+def default_catalogue(*, admin_tokens: AdminTokens | None = None, link: LinkControl | None = None,
                       optional_modules: Sequence[str] = OPTIONAL_MODULES) -> Catalogue:
-    catalogue = Catalogue([*process_faults(), *replica_faults(admin_tokens=admin_tokens)])
+    """Every kind; ``link``: the gateway's toxics (without it the link kinds are listed unavailable)."""
+    catalogue = Catalogue([*process_faults(), *replica_faults(admin_tokens=admin_tokens),
+                           *link_faults(link)])
     for name in optional_modules:
         load_optional(catalogue, name)
     return catalogue

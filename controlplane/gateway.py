@@ -52,6 +52,7 @@ from .gateway_errors import GatewayError, UpstreamError, bad_request
 from .gateway_metrics import GatewayMetrics
 from .replicas import ReplicaEndpoint, ReplicaLoad
 from .routing import Candidate, Router, routable
+from .toxics import LinkToxics
 from .traces import TraceRecord
 from .upstream import ClosingStreamingResponse, Upstream, sse_event
 from .upstream_http import HttpxStreams, StreamClient, StreamResponse, TransportError, UpstreamPool
@@ -156,6 +157,7 @@ class Gateway:
                                    tokens_per_s=config.rate_limit_tokens_per_s, clock=clock)
         self.budget = RetryBudget(config.retry_budget_ratio, clock=clock)
         self.outliers = OutlierDetector(config.eject_after_failures)
+        self.toxics = LinkToxics(clock=clock)  # link faults injected by chaos (chaos.faults.link)
         self._inflight: dict[str, int] = defaultdict(int)
         self._probe_task: asyncio.Task[None] | None = None
         self._client = self._new_client(transport)
@@ -289,6 +291,8 @@ class Gateway:
         self._acquire(endpoint.replica_id)
         upstream: Upstream | None = None
         try:
+            if self.toxics:
+                await self._through_toxics(endpoint.replica_id)
             response = await self._send(endpoint, path, body)
             upstream = Upstream(endpoint, response, self._release)
             await upstream.prime(self.config.first_byte_timeout_s)
@@ -299,6 +303,13 @@ class Gateway:
             else:
                 await upstream.aclose()
             raise
+
+    async def _through_toxics(self, replica_id: str) -> None:
+        if self.toxics.refuses(replica_id):
+            raise UpstreamError(replica_id, "connect", "link refused (link-abort fault)")
+        delay = self.toxics.request_delay(replica_id)
+        if delay > 0:
+            await asyncio.sleep(delay)
 
     async def _send(self, endpoint: ReplicaEndpoint, path: str, body: dict[str, Any]) -> StreamResponse:
         """POST and wait for the status line; transport failures and refusals become UpstreamError."""
@@ -377,8 +388,11 @@ class Gateway:
         """One upstream stream's chunks, translated for the client, until ``[DONE]``."""
         assembly = job.assembly
         assert assembly is not None
+        opened = self.clock()
         try:
             while (event := await upstream.next_event(self.config.stall_timeout_s)) is not None:
+                if self.toxics and self.toxics.reset_due(upstream.replica_id, opened):
+                    raise UpstreamError(upstream.replica_id, "broken", "link reset (link-abort fault)")
                 chunks = assembly.accept(event)
                 if event.get("choices"):
                     job.replica = upstream.endpoint

@@ -19,8 +19,10 @@ REPLICA_KINDS = {"token_latency", "prefill_delay", "error_rate", "hang", "device
 
 def test_default_catalogue_lists_process_and_replica_kinds() -> None:
     infos = {i.kind: i for i in default_catalogue(optional_modules=()).describe()}
-    assert {"kill", "terminate", "pause"} | REPLICA_KINDS == set(infos)
-    assert all(i.available for i in infos.values())
+    assert {"kill", "terminate", "pause", "link-delay", "link-abort"} | REPLICA_KINDS == set(infos)
+    assert all(i.available for k, i in infos.items() if not k.startswith("link-"))
+    # The link kinds need the gateway's toxics, which only a control plane passes in.
+    assert infos["link-delay"].unavailable_reason == "no gateway in this process to apply link toxics"
     assert infos["pause"].takes_down and not infos["token_latency"].takes_down
     assert [p.name for p in infos["error_rate"].params] == ["probability", "status_code"]
 

@@ -1,0 +1,123 @@
+"""Gateway-link faults, in the manner of Toxiproxy's toxics: the link between the gateway and a replica
+gets slower (``link-delay``) or fails (``link-abort``), while the replica itself stays healthy.
+
+The toxics live in the gateway, which the chaos layer reaches through the small :class:`LinkControl`
+protocol (the control plane's gateway satisfies it). Revert removes the toxic; a toxic dies with the
+gateway's process, so a revert after a control plane crash finds nothing to do and succeeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from chaos.faults.base import (
+    Fault,
+    FaultError,
+    FaultKindInfo,
+    FaultSpec,
+    ParamInfo,
+    RevertToken,
+    Scalar,
+    check_params,
+)
+from chaos.targets import Target
+
+MAX_LATENCY_MS = 60_000
+ABORT_MODES = ("refuse", "reset")
+
+
+class LinkControl(Protocol):
+    """Where link toxics are applied: ``add`` returns the toxic's id; ``remove`` is idempotent."""
+
+    def add(self, replica_id: str, toxic: Mapping[str, Scalar]) -> str: ...
+
+    def remove(self, toxic_id: str) -> bool: ...
+
+
+_DELAY = FaultKindInfo(
+    kind="link-delay", family="network",
+    description="the gateway's requests to the replica wait latency_ms (+ up to jitter_ms) before they go",
+    params=(ParamInfo("latency_ms", "number", "added delay per request, (0, 60000] ms"),
+            ParamInfo("jitter_ms", "number", "extra random delay, [0, 60000] ms", required=False,
+                      default=0)))
+_ABORT = FaultKindInfo(
+    kind="link-abort", family="network",
+    description="the gateway's link to the replica fails: new connections are refused (refuse), or every "
+                "stream is cut after_ms after it started or after the fault began (reset)",
+    params=(ParamInfo("mode", "string", "refuse or reset", required=False, default="refuse"),
+            ParamInfo("after_ms", "number", "reset: how long a stream lives, [0, 60000] ms", required=False,
+                      default=0)),
+    takes_down=True)
+
+
+class _LinkFault(Fault):
+    info: FaultKindInfo
+
+    def __init__(self, link: LinkControl | None) -> None:
+        self.link = link
+
+    def describe(self) -> FaultKindInfo:
+        if self.link is None:
+            return FaultKindInfo(self.info.kind, self.info.family, self.info.description, self.info.params,
+                                 self.info.takes_down, available=False,
+                                 unavailable_reason="no gateway in this process to apply link toxics")
+        return self.info
+
+    def prepare(self, spec: FaultSpec, target: Target) -> RevertToken:
+        return RevertToken(self.info.kind, target.replica_id, "remove-toxic", {"toxic_id": None})
+
+    async def inject(self, spec: FaultSpec, target: Target) -> RevertToken:
+        if self.link is None:
+            raise FaultError("unavailable: no gateway in this process to apply link toxics")
+        toxic = self.toxic(check_params(spec, self.info))
+        toxic_id = self.link.add(target.replica_id, toxic)
+        return RevertToken(self.info.kind, target.replica_id, "remove-toxic", {"toxic_id": toxic_id})
+
+    async def revert(self, token: RevertToken) -> None:
+        toxic_id = token.data.get("toxic_id")
+        if self.link is not None and isinstance(toxic_id, str):
+            self.link.remove(toxic_id)
+
+    def toxic(self, params: dict[str, Scalar]) -> dict[str, Scalar]:
+        raise NotImplementedError
+
+
+def _number(params: Mapping[str, Scalar], name: str) -> float:
+    value = params.get(name, 0)
+    assert isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value)
+
+
+class LinkDelayFault(_LinkFault):
+    info = _DELAY
+
+    def validate(self, spec: FaultSpec) -> None:
+        params = check_params(spec, self.info)
+        if not 0 < _number(params, "latency_ms") <= MAX_LATENCY_MS:
+            raise ValueError(f"params.latency_ms: must be in (0, {MAX_LATENCY_MS}]")
+        if not 0 <= _number(params, "jitter_ms") <= MAX_LATENCY_MS:
+            raise ValueError(f"params.jitter_ms: must be in [0, {MAX_LATENCY_MS}]")
+
+    def toxic(self, params: dict[str, Scalar]) -> dict[str, Scalar]:
+        return {"kind": "latency", "latency_s": _number(params, "latency_ms") / 1000,
+                "jitter_s": _number(params, "jitter_ms") / 1000}
+
+
+class LinkAbortFault(_LinkFault):
+    info = _ABORT
+
+    def validate(self, spec: FaultSpec) -> None:
+        params = check_params(spec, self.info)
+        mode = params.get("mode")
+        if mode not in ABORT_MODES:
+            raise ValueError(f"params.mode: must be one of {', '.join(ABORT_MODES)}, got {mode!r}")
+        if not 0 <= _number(params, "after_ms") <= MAX_LATENCY_MS:
+            raise ValueError(f"params.after_ms: must be in [0, {MAX_LATENCY_MS}]")
+
+    def toxic(self, params: dict[str, Scalar]) -> dict[str, Scalar]:
+        return {"kind": str(params["mode"]), "after_s": _number(params, "after_ms") / 1000}
+
+
+def link_faults(link: LinkControl | None) -> list[Fault]:
+    return [LinkDelayFault(link), LinkAbortFault(link)]

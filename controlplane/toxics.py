@@ -1,0 +1,74 @@
+"""Toxics on the gateway's links to replicas (the gateway side of ``chaos.faults.link``).
+
+``latency``: a request waits ``latency_s`` (plus up to ``jitter_s``) before it goes to the replica; a
+link with constant delay shifts every chunk of a stream alike, so only the time to first token grows.
+``refuse``: new upstream connections to the replica fail at once (a retryable connect failure, which
+also counts towards ejection). ``reset``: streams to the replica are cut ``after_s`` after they started
+or after the toxic was added, whichever is later; the gateway resumes them elsewhere.
+
+With no toxic in place the gateway pays one truth test per request and per chunk.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+KINDS = ("latency", "refuse", "reset")
+
+
+@dataclass(slots=True, frozen=True)
+class Toxic:
+    toxic_id: str
+    replica_id: str
+    kind: str
+    added_at: float
+    latency_s: float = 0.0
+    jitter_s: float = 0.0
+    after_s: float = 0.0
+
+
+class LinkToxics:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, seed: int | None = None) -> None:
+        self._clock = clock
+        self._random = random.Random(seed)
+        self._ids = itertools.count(1)
+        self._toxics: dict[str, Toxic] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._toxics)
+
+    def add(self, replica_id: str, toxic: Mapping[str, str | int | float | bool | None]) -> str:
+        kind = toxic.get("kind")
+        if kind not in KINDS:
+            raise ValueError(f"kind: must be one of {', '.join(KINDS)}, got {kind!r}")
+        values = {name: float(v) for name in ("latency_s", "jitter_s", "after_s")
+                  if isinstance(v := toxic.get(name, 0.0), (int, float)) and not isinstance(v, bool)}
+        if any(v < 0 for v in values.values()):
+            raise ValueError("latency_s, jitter_s and after_s must be >= 0")
+        toxic_id = f"toxic-{next(self._ids)}"
+        self._toxics[toxic_id] = Toxic(toxic_id, replica_id, str(kind), self._clock(), **values)
+        return toxic_id
+
+    def remove(self, toxic_id: str) -> bool:
+        return self._toxics.pop(toxic_id, None) is not None
+
+    def active(self, replica_id: str | None = None) -> list[Toxic]:
+        return [t for t in self._toxics.values() if replica_id is None or t.replica_id == replica_id]
+
+    def request_delay(self, replica_id: str) -> float:
+        """Seconds a request to ``replica_id`` waits before it is sent."""
+        return sum(t.latency_s + self._random.uniform(0, t.jitter_s)
+                   for t in self.active(replica_id) if t.kind == "latency")
+
+    def refuses(self, replica_id: str) -> bool:
+        return any(t.kind == "refuse" for t in self.active(replica_id))
+
+    def reset_due(self, replica_id: str, stream_started: float) -> bool:
+        """Whether a stream to ``replica_id`` opened at ``stream_started`` must be cut now."""
+        now = self._clock()
+        return any(t.kind == "reset" and now >= max(t.added_at, stream_started) + t.after_s
+                   for t in self.active(replica_id))

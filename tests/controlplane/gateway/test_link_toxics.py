@@ -1,0 +1,101 @@
+"""Link faults in the gateway (Toxiproxy-like toxics) against in-process fake replicas: a refused link is
+retried elsewhere and ejects the replica, a reset link resumes the stream elsewhere without losing a
+token, a slow link delays only the requests that go through it, and removing a toxic restores the link."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from chaos.faults.base import FaultSpec
+from chaos.faults.link import LinkAbortFault, LinkDelayFault
+from chaos.targets import Selector
+from controlplane.toxics import LinkToxics
+
+from .fakes import expected_completion, sse_payloads, stream_token_ids
+from .test_fake_replicas import Harness, body_of, path_of, run
+
+
+class Replica:
+    def __init__(self, replica_id: str) -> None:
+        self.replica_id, self.zone, self.pid, self.port, self.admin_url = replica_id, "az-a", None, 1, ""
+
+
+def test_refused_link_is_retried_elsewhere_and_ejects_the_replica() -> None:
+    async def body(h: Harness) -> None:
+        toxic = h.gateway.toxics.add("r0", {"kind": "refuse"})
+        for _ in range(3):
+            response = await h.post(path_of("completion"), body_of("completion", stream=True))
+            assert response.status_code == 200 and response.headers["x-replica-id"] != "r0"
+        assert "r0" in h.gateway.ejected()
+        assert not h.fleet["r0"].requests  # nothing reached the replica itself
+        assert h.gateway.toxics.remove(toxic) and not h.gateway.toxics
+    run(body, eject_after_failures=1, routing="round-robin")
+
+
+def test_reset_link_cuts_streams_and_the_gateway_resumes_them_elsewhere() -> None:
+    async def body(h: Harness) -> None:
+        h.gateway.toxics.add("r0", {"kind": "reset", "after_s": 0.0})
+        request = body_of("completion", stream=True, return_token_ids=True)
+        response = await h.post(path_of("completion"), request)
+        tokens, _ = expected_completion("completion", body_of("completion"))
+        events = sse_payloads(response.text)
+        assert events[-1] == "[DONE]" and stream_token_ids(events) == tokens
+        [trace] = h.traces
+        assert trace.replica_id != "r0" and trace.error is None
+        assert trace.resumes + trace.retries == 1
+    run(body, routing="round-robin")
+
+
+def test_slow_link_delays_requests_through_it_only() -> None:
+    async def body(h: Harness) -> None:
+        h.gateway.toxics.add("r0", {"kind": "latency", "latency_s": 0.3})
+        timed: dict[str, float] = {}
+        for _ in range(3):
+            started = time.monotonic()
+            response = await h.post(path_of("completion"), body_of("completion", max_tokens=2))
+            timed[response.headers["x-replica-id"]] = time.monotonic() - started
+        assert timed["r0"] >= 0.3 and timed["r1"] < 0.3 and timed["r2"] < 0.3
+    run(body, routing="round-robin")
+
+
+def test_toxics_validate_their_kind_and_values() -> None:
+    toxics = LinkToxics()
+    with pytest.raises(ValueError, match="kind"):
+        toxics.add("r0", {"kind": "bandwidth"})
+    with pytest.raises(ValueError, match=">= 0"):
+        toxics.add("r0", {"kind": "latency", "latency_s": -1})
+    assert not toxics.remove("toxic-404")
+
+
+def test_link_faults_inject_into_and_revert_from_the_gateway_toxics() -> None:
+    toxics = LinkToxics()
+    delay, abort = LinkDelayFault(toxics), LinkAbortFault(toxics)
+    slow = FaultSpec("link-delay", {"latency_ms": 250, "jitter_ms": 0}, 10, Selector())
+    cut = FaultSpec("link-abort", {"mode": "reset", "after_ms": 500}, 10, Selector())
+
+    async def scenario() -> None:
+        delay.validate(slow)
+        abort.validate(cut)
+        tokens = [await delay.inject(slow, Replica("r0")), await abort.inject(cut, Replica("r1"))]
+        assert toxics.request_delay("r0") == pytest.approx(0.25) and toxics.request_delay("r1") == 0
+        assert [t.kind for t in toxics.active("r1")] == ["reset"]
+        for token in tokens:
+            await (delay if token.kind == "link-delay" else abort).revert(token)
+            await (delay if token.kind == "link-delay" else abort).revert(token)  # idempotent
+        assert not toxics
+
+    asyncio.run(scenario())
+    with pytest.raises(ValueError, match=r"params\.mode"):
+        abort.validate(FaultSpec("link-abort", {"mode": "drop"}, 10, Selector()))
+    with pytest.raises(ValueError, match=r"params\.latency_ms"):
+        delay.validate(FaultSpec("link-delay", {"latency_ms": 0}, 10, Selector()))
+
+
+def test_without_a_gateway_the_link_kinds_are_listed_unavailable() -> None:
+    info = LinkDelayFault(None).describe()
+    assert not info.available and "no gateway" in (info.unavailable_reason or "")
+    assert LinkAbortFault(toxics := LinkToxics()).describe().available and not toxics
+
