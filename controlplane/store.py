@@ -25,38 +25,51 @@ import contextlib
 import dataclasses
 import json
 import logging
-import re
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 from controlplane.replicas import ReplicaState
+from controlplane.store_rows import (
+    ACTIVE_FAULT_STATES,
+    FAULT_STATES,
+    OUTCOMES,
+    REDACTED,
+    AuditRecord,
+    Event,
+    FaultRow,
+    FaultState,
+    Outcome,
+    Record,
+    ReplicaRow,
+    StorePragmas,
+    TokenRow,
+    UserRow,
+    fault_row,
+    record_row,
+    redact,
+    require_text,
+    token_row,
+    user_row,
+)
 from controlplane.traces import TraceRecord
 
 log = logging.getLogger(__name__)
+
+# The values live in controlplane.store_rows; they are importable from here as well.
+__all__ = ["ACTIVE_FAULT_STATES", "DEFAULT_LIMIT", "DEFAULT_MAX_TRACE_ROWS", "FAULT_STATES", "OUTCOMES",
+           "REDACTED", "SCHEMA_VERSION", "AuditRecord", "Event", "FaultRow", "FaultState", "Outcome",
+           "Record", "ReplicaRow", "Store", "StoreConflictError", "StoreError", "StoreNotFoundError",
+           "StorePragmas", "TokenRow", "UserRow", "redact"]
 
 SCHEMA_VERSION = 2
 DEFAULT_MAX_TRACE_ROWS = 100_000
 TRACE_TRIM_BATCH = 1_000  # most trace rows deleted by one transaction, so a trim never holds the lock long
 BUSY_TIMEOUT_MS = 5_000
 DEFAULT_LIMIT = 500
-
-Outcome = Literal["ok", "denied", "error"]
-FaultState = Literal["registered", "injected", "reverted", "revert_failed"]
-OUTCOMES: tuple[str, ...] = get_args(Outcome)
-FAULT_STATES: tuple[str, ...] = get_args(FaultState)
-# "registered" is active too: the ledger records the revert before the inject, so after a crash a
-# registered fault may or may not be in place, and reverting it is the safe side.
-ACTIVE_FAULT_STATES: tuple[str, ...] = ("registered", "injected", "revert_failed")
-
-REDACTED = "***"
-_SECRET_KEY = re.compile(r"token|password|secret|key|authorization|credential|cookie", re.IGNORECASE)
-_ALWAYS_SECRET_KEY = re.compile(r"password|secret|authorization|credential|cookie", re.IGNORECASE)
-
 
 # ---- errors ----------------------------------------------------------------------------------
 class StoreError(Exception):
@@ -80,163 +93,6 @@ def _translated(what: str) -> Iterator[None]:
         raise StoreConflictError(f"{what}: {exc}") from exc
     except (sqlite3.Error, OSError) as exc:
         raise StoreError(f"{what}: {exc}") from exc
-
-
-# ---- values ----------------------------------------------------------------------------------
-def _require_text(**values: str) -> None:
-    for name, value in values.items():
-        if not value:
-            raise ValueError(f"{name} must not be empty")
-
-
-@dataclass(slots=True, frozen=True)
-class Event:
-    id: int
-    ts: float  # wall clock, POSIX seconds
-    kind: str  # noun.verb, such as "replica.spawned"
-    subject: str  # what it happened to, such as a replica id
-    detail: dict[str, Any]
-
-
-@dataclass(slots=True, frozen=True)
-class ReplicaRow:
-    """One replica as the registry remembers it, enough to find its process again after a crash."""
-
-    replica_id: str
-    zone: str
-    host: str
-    port: int
-    pid: int | None
-    state: ReplicaState
-    model: str
-    generation: int = 0
-    started_at: float = 0.0  # wall clock
-    restarts: int = 0
-
-    def __post_init__(self) -> None:
-        _require_text(replica_id=self.replica_id, zone=self.zone, host=self.host, model=self.model)
-        if not isinstance(self.state, ReplicaState):  # a state's value ("ready") is accepted too
-            object.__setattr__(self, "state", ReplicaState(self.state))
-        if not 0 < self.port < 65536:
-            raise ValueError(f"port must be a TCP port, got {self.port}")
-        if self.pid is not None and self.pid <= 0:
-            raise ValueError(f"pid must be positive or None, got {self.pid}")
-        if self.generation < 0 or self.restarts < 0:
-            raise ValueError("generation and restarts must be >= 0")
-
-
-@dataclass(slots=True, frozen=True)
-class AuditRecord:
-    """Who did what to what, with which (redacted) parameters, and how it ended."""
-
-    actor: str
-    role: str
-    action: str  # such as "fleet.scale"
-    target: str
-    params: dict[str, Any]
-    outcome: Outcome
-    detail: str = ""
-    id: int | None = None  # set by the store
-    ts: float | None = None  # set by the store
-
-    def __post_init__(self) -> None:
-        _require_text(actor=self.actor, action=self.action)
-        if self.outcome not in OUTCOMES:
-            raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, got {self.outcome!r}")
-
-
-@dataclass(slots=True, frozen=True)
-class TokenRow:
-    name: str
-    role: str
-    token_hash: str  # hex SHA-256 of the secret; the secret itself is never stored
-    created_at: float
-    expires_at: float | None
-    revoked_at: float | None = None
-
-    def is_active(self, now: float) -> bool:
-        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
-
-
-@dataclass(slots=True, frozen=True)
-class UserRow:
-    name: str
-    password_hash: str
-    role: str
-    created_at: float
-
-
-@dataclass(slots=True, frozen=True)
-class FaultRow:
-    """One entry of the faults ledger: what was (or is about to be) injected, and how to undo it."""
-
-    id: int
-    kind: str
-    target: str
-    params: dict[str, Any]
-    state: FaultState
-    revert: dict[str, Any]
-    created: float
-    updated: float
-    detail: str = ""
-
-    @property
-    def is_active(self) -> bool:
-        return self.state in ACTIVE_FAULT_STATES
-
-
-@dataclass(slots=True, frozen=True)
-class Record:
-    """One JSON document of a collection (drill reports, autoscaler decisions, alert states, ...).
-
-    ``key`` groups documents inside a collection (a drill id, an alert rule name); ``ts`` is when the
-    document was first written.
-    """
-
-    id: int
-    collection: str
-    key: str
-    ts: float
-    updated: float
-    body: dict[str, Any]
-
-
-@dataclass(slots=True, frozen=True)
-class StorePragmas:
-    """The connection settings as SQLite reports them (for tests and diagnostics)."""
-
-    journal_mode: str
-    synchronous: str
-    busy_timeout_ms: int
-    foreign_keys: bool
-    user_version: int
-
-
-def redact(params: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``params`` with secret-looking values replaced by ``***``, recursively.
-
-    A key matching token|password|secret|key (any case) hides its value. Numbers, booleans and None under
-    token/key names stay readable (``max_tokens: 64`` is a count, not a secret); under password/secret
-    names everything is hidden.
-    """
-    return {key: REDACTED if _is_secret(str(key), value) else _redact_value(value)
-            for key, value in params.items()}
-
-
-def _is_secret(key: str, value: Any) -> bool:
-    if not _SECRET_KEY.search(key):
-        return False
-    if _ALWAYS_SECRET_KEY.search(key):
-        return True
-    return not (value is None or isinstance(value, bool | int | float))
-
-
-def _redact_value(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return redact(value)
-    if isinstance(value, list | tuple):
-        return [_redact_value(item) for item in value]
-    return value
 
 
 # ---- schema ----------------------------------------------------------------------------------
@@ -407,7 +263,7 @@ class Store:
 
     # -- events --------------------------------------------------------------------------------
     def add_event(self, kind: str, subject: str, detail: Mapping[str, Any]) -> Event:
-        _require_text(kind=kind)
+        require_text(kind=kind)
         ts, body = self._clock(), dict(detail)
         with self._write("add event") as conn:
             cur = conn.execute("INSERT INTO events (ts, kind, subject, detail) VALUES (?, ?, ?, ?)",
@@ -557,7 +413,7 @@ class Store:
     # -- tokens --------------------------------------------------------------------------------
     def add_token(self, name: str, role: str, token_hash: str, expires_at: float | None) -> TokenRow:
         """Store a token by its hash. A live (unrevoked) token of the same name is a conflict."""
-        _require_text(name=name, role=role, token_hash=token_hash)
+        require_text(name=name, role=role, token_hash=token_hash)
         row = TokenRow(name=name, role=role, token_hash=token_hash, created_at=self._clock(),
                        expires_at=expires_at)
         with self._write(f"add token {name}") as conn:
@@ -567,7 +423,7 @@ class Store:
 
     def token_by_hash(self, token_hash: str) -> TokenRow | None:
         rows = self._read("read token", f"{_TOKEN_SELECT} WHERE token_hash = ?", (token_hash,))
-        return _token(rows[0]) if rows else None
+        return token_row(rows[0]) if rows else None
 
     def revoke_token(self, name: str) -> bool:
         """Revoke the live token called ``name``; False when there is none."""
@@ -578,11 +434,11 @@ class Store:
 
     def tokens(self) -> list[TokenRow]:
         """Every token, revoked and expired ones included, oldest first."""
-        return [_token(r) for r in self._read("read tokens", f"{_TOKEN_SELECT} ORDER BY id")]
+        return [token_row(r) for r in self._read("read tokens", f"{_TOKEN_SELECT} ORDER BY id")]
 
     # -- users ---------------------------------------------------------------------------------
     def add_user(self, name: str, password_hash: str, role: str) -> UserRow:
-        _require_text(name=name, password_hash=password_hash, role=role)
+        require_text(name=name, password_hash=password_hash, role=role)
         row = UserRow(name=name, password_hash=password_hash, role=role, created_at=self._clock())
         with self._write(f"add user {name}") as conn:
             conn.execute("INSERT INTO users (name, password_hash, role, created_at) VALUES (?, ?, ?, ?)",
@@ -591,16 +447,16 @@ class Store:
 
     def user(self, name: str) -> UserRow | None:
         rows = self._read("read user", "SELECT * FROM users WHERE name = ?", (name,))
-        return _user(rows[0]) if rows else None
+        return user_row(rows[0]) if rows else None
 
     def users(self) -> list[UserRow]:
-        return [_user(r) for r in self._read("read users", "SELECT * FROM users ORDER BY name")]
+        return [user_row(r) for r in self._read("read users", "SELECT * FROM users ORDER BY name")]
 
     # -- faults ledger -------------------------------------------------------------------------
     def register_fault(self, kind: str, target: str, params: Mapping[str, Any],
                        revert: Mapping[str, Any]) -> FaultRow:
         """Record a fault and how to revert it, before it is injected."""
-        _require_text(kind=kind, target=target)
+        require_text(kind=kind, target=target)
         now = self._clock()
         with self._write(f"register fault {kind}") as conn:
             cur = conn.execute(
@@ -621,25 +477,25 @@ class Store:
             rows = conn.execute("SELECT * FROM faults WHERE id = ?", (fault_id,)).fetchall()
         if not rows:
             raise StoreNotFoundError(f"mark fault {fault_id}: no such fault")
-        return _fault(rows[0])
+        return fault_row(rows[0])
 
     def active_faults(self) -> list[FaultRow]:
         """Faults that may still be in place (registered, injected or failed to revert), oldest first."""
         marks = ", ".join("?" * len(ACTIVE_FAULT_STATES))
         rows = self._read("read faults", f"SELECT * FROM faults WHERE state IN ({marks}) ORDER BY id",
                           ACTIVE_FAULT_STATES)
-        return [_fault(r) for r in rows]
+        return [fault_row(r) for r in rows]
 
     def faults(self, limit: int = DEFAULT_LIMIT) -> list[FaultRow]:
         """The ledger, newest first."""
         _check_limit(limit)
-        return [_fault(r) for r in self._read("read faults", "SELECT * FROM faults ORDER BY id DESC LIMIT ?",
-                                              (limit,))]
+        rows = self._read("read faults", "SELECT * FROM faults ORDER BY id DESC LIMIT ?", (limit,))
+        return [fault_row(r) for r in rows]
 
     # -- settings ------------------------------------------------------------------------------
     def kv_put(self, key: str, value: Any) -> None:
         """Store a JSON-serialisable value under ``key``, replacing any previous one."""
-        _require_text(key=key)
+        require_text(key=key)
         body = _dumps(value)
         with self._write(f"put setting {key}") as conn:
             conn.execute("INSERT INTO kv (key, value, updated) VALUES (?, ?, ?) "
@@ -654,7 +510,7 @@ class Store:
     def add_record(self, collection: str, body: Mapping[str, Any], key: str = "",
                    ts: float | None = None) -> Record:
         """Append a JSON document to ``collection``; durable when this returns."""
-        _require_text(collection=collection)
+        require_text(collection=collection)
         now = self._clock()
         stamp, doc = (now if ts is None else ts), dict(body)
         with self._write(f"add {collection} record") as conn:
@@ -673,14 +529,14 @@ class Store:
             if cur.rowcount == 0:
                 raise StoreNotFoundError(f"record {record_id} not found")
             row = conn.execute("SELECT * FROM records WHERE id = ?", (record_id,)).fetchone()
-        return _record(row)
+        return record_row(row)
 
     def record(self, record_id: int, collection: str | None = None) -> Record | None:
         """One document by id (``None`` when absent or in another collection)."""
         rows = self._read("read record", "SELECT * FROM records WHERE id = ?", (record_id,))
         if not rows or (collection is not None and rows[0]["collection"] != collection):
             return None
-        return _record(rows[0])
+        return record_row(rows[0])
 
     def records(self, collection: str, *, key: str | None = None, since: float | None = None,
                 until: float | None = None, limit: int = DEFAULT_LIMIT,
@@ -697,7 +553,7 @@ class Store:
         rows = self._read(f"read {collection} records",
                           f"SELECT * FROM records WHERE {' AND '.join(where)} ORDER BY id {order} LIMIT ?",
                           [*params, limit])
-        return [_record(r) for r in rows]
+        return [record_row(r) for r in rows]
 
     def trim_records(self, collection: str, keep: int) -> int:
         """Delete all but the newest ``keep`` documents of ``collection``; returns how many went."""
@@ -711,24 +567,3 @@ class Store:
 
 
 _TOKEN_SELECT = "SELECT name, role, token_hash, created_at, expires_at, revoked_at FROM tokens"
-
-
-def _token(r: sqlite3.Row) -> TokenRow:
-    return TokenRow(name=r["name"], role=r["role"], token_hash=r["token_hash"], created_at=r["created_at"],
-                    expires_at=r["expires_at"], revoked_at=r["revoked_at"])
-
-
-def _user(r: sqlite3.Row) -> UserRow:
-    return UserRow(name=r["name"], password_hash=r["password_hash"], role=r["role"],
-                   created_at=r["created_at"])
-
-
-def _fault(r: sqlite3.Row) -> FaultRow:
-    return FaultRow(id=r["id"], kind=r["kind"], target=r["target"], params=json.loads(r["params"]),
-                    state=r["state"], revert=json.loads(r["revert"]), created=r["created"],
-                    updated=r["updated"], detail=r["detail"])
-
-
-def _record(r: sqlite3.Row) -> Record:
-    return Record(id=r["id"], collection=r["collection"], key=r["key"], ts=r["ts"], updated=r["updated"],
-                  body=json.loads(r["body"]))
