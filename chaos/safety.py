@@ -8,6 +8,10 @@ big red button: every active fault is reverted concurrently within a deadline an
 ``release()``. Revert failures are values: stored as ``revert_failed`` with the error, never raised.
 
 The ledger is a protocol that ``controlplane.store.Store`` satisfies (chaos never imports the control plane).
+
+Stop conditions for experiments and drills (:class:`StopCondition`, :class:`StopMonitor`, :func:`guard`,
+the ready-made conditions and :func:`fleet_conditions`) live in :mod:`chaos.stop_conditions`, the clock in
+:mod:`chaos.clock`; both are re-exported here, so existing ``from chaos.safety import ...`` keeps working.
 """
 
 from __future__ import annotations
@@ -17,14 +21,39 @@ import contextlib
 import dataclasses
 import json
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from chaos.catalogue import Catalogue
+from chaos.clock import Clock, MonotonicClock
 from chaos.faults.base import Fault, FaultError, FaultKindInfo, FaultSpec, RevertFailed, RevertToken
+from chaos.stop_conditions import (
+    DEFAULT_CHECK_INTERVAL_S,
+    Comparison,
+    FleetSignals,
+    Guarded,
+    Probe,
+    ProbeValue,
+    StopCondition,
+    StopMonitor,
+    StopTrip,
+    abort_run,
+    error_rate_above,
+    fleet_conditions,
+    guard,
+    p99_ttft_above,
+    ready_replicas_below,
+)
 from chaos.targets import Target
+
+__all__ = [
+    "DEFAULT_CHECK_INTERVAL_S", "ActiveFault", "BlastRadiusExceeded", "Clock", "Comparison", "FaultManager",
+    "FleetSignals", "Guarded", "HaltReport", "Halted", "Ledger", "LedgerRow", "LedgerState", "MonotonicClock",
+    "Plan", "Probe", "ProbeValue", "RevertResult", "StopCondition", "StopMonitor", "StopTrip",
+    "TargetChooser", "abort_run", "error_rate_above", "fleet_conditions", "guard", "p99_ttft_above",
+    "ready_replicas_below",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -66,20 +95,6 @@ class Ledger(Protocol):
     def mark_fault(self, fault_id: int, state: LedgerState, detail: str = "") -> LedgerRow: ...
 
     def active_faults(self) -> Sequence[LedgerRow]: ...
-
-
-class Clock(Protocol):
-    def now(self) -> float: ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
-
-class MonotonicClock:
-    def now(self) -> float:
-        return time.monotonic()
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
 
 
 # ---- errors and values -------------------------------------------------------------------------
@@ -195,6 +210,11 @@ class FaultManager:
     def catalogue(self) -> Catalogue:
         return self._catalogue
 
+    @property
+    def ledger(self) -> Ledger:
+        """The durable ledger this manager writes (the control plane's store)."""
+        return self._ledger
+
     def now(self) -> float:
         """The manager's clock, the one ``started_at`` and ``expires_at`` of active faults are read on."""
         return self._clock.now()
@@ -212,7 +232,7 @@ class FaultManager:
         """
         fault = self._catalogue.validate(spec)
         info = fault.describe()
-        chosen = spec.selector.resolve(targets)
+        chosen = _choose(fault, spec, targets)
         fleet = {t.replica_id for t in targets}
         down_now = {r.active.target_id for r in self._running.values() if r.takes_down} & fleet
         down = down_now | ({t.replica_id for t in chosen} if info.takes_down else set())
@@ -398,6 +418,19 @@ class FaultManager:
         except Exception as exc:
             logger.error("ledger: cannot read active faults: %s", exc)
             return ()
+
+
+class TargetChooser(Protocol):
+    """A fault kind that picks its own targets from its params (zone outage), instead of the selector."""
+
+    def select(self, spec: FaultSpec, targets: Sequence[Target]) -> tuple[Target, ...]: ...
+
+
+def _choose(fault: Fault, spec: FaultSpec, targets: Sequence[Target]) -> tuple[Target, ...]:
+    select = getattr(fault, "select", None)
+    if callable(select):
+        return tuple(select(spec, targets))
+    return spec.selector.resolve(targets)
 
 
 def _with_error(active: ActiveFault, error: str) -> ActiveFault:
