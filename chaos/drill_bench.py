@@ -1,0 +1,221 @@
+"""``python -m chaos.drills bench``: the zone-outage drill at two load levels, N runs each, with RTO and RPO.
+
+It drives a control plane through its REST API only (chaos never imports the control plane): the one at
+``--url`` with ``--token``, or, without ``--url``, one it starts itself (``python -m controlplane up`` on free
+loopback ports with a fresh state folder, autoscaler and alerts off, stopped at the end). Between runs it
+waits until the fleet is fully ready again, so every run starts from the steady state.
+
+Reported per load level: RTO_service p99 over every affected request's own outage pooled across the runs
+(and the worst run's RTO_service), RTO_capacity (median and worst), and the RPO sums: requests failed,
+requests resumed, tokens lost and duplicated, acknowledged writes lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from chaos.drills import percentile
+from inference.launcher import free_port
+
+FINISHED = ("passed", "failed", "aborted", "error", "interrupted")
+START_TIMEOUT_S = 240.0
+
+
+class BenchError(Exception):
+    pass
+
+
+def quiet_base_port(count: int, *, low: int = 20000, high: int = 30000) -> int:
+    """A base port with ``count`` free ports above it, below the kernel's ephemeral range (32768+), so a
+    replica restarted on its old port does not collide with some client's outgoing connection."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(low, high - count)
+        if all(_is_free(base + i) for i in range(count)):
+            return base
+    raise BenchError(f"no {count} consecutive free ports in [{low}, {high})")
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class Api:
+    def __init__(self, url: str, token: str) -> None:
+        self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30,
+                                 trust_env=False)
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        resp = self.http.request(method, path, **kwargs)
+        if resp.status_code >= 400:
+            raise BenchError(f"{method} {path}: HTTP {resp.status_code}: {resp.text[:300]}")
+        return resp.json()
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                fleet = self.call("GET", "/api/v1/fleet")
+                if fleet["ready_replicas"] >= fleet["desired_replicas"] > 0 and not fleet["rollout"]:
+                    return
+            except (httpx.HTTPError, BenchError):
+                pass
+            time.sleep(1.0)
+        raise BenchError(f"the fleet was not ready within {timeout:g}s")
+
+    def drill(self, scenario: str, overrides: dict[str, Any]) -> dict[str, Any]:
+        started = self.call("POST", "/api/v1/drills/run", json={"scenario": scenario, **overrides})
+        while True:
+            report: dict[str, Any] = self.call("GET", f"/api/v1/drills/{started['id']}")
+            if report["status"] in FINISHED:
+                return report
+            time.sleep(1.0)
+
+
+@contextmanager
+def own_control_plane(replicas: int) -> Iterator[tuple[str, str]]:
+    """A control plane of our own on free loopback ports; stopped (and its replicas drained) at the end."""
+    tmp = Path(tempfile.mkdtemp(prefix="drill-bench-"))
+    api_port = free_port()
+    config = tmp / "controlplane.toml"
+    config.write_text(f'state_dir = "{tmp / "state"}"\n[api]\nport = {api_port}\n'
+                      f"[gateway]\nport = {free_port()}\n[fleet]\nreplicas = {replicas}\n"
+                      f"base_port = {quiet_base_port(replicas * 4)}\n"
+                      f"[prometheus]\nport = {free_port()}\n[autoscaler]\nenabled = false\n"
+                      "[alerts]\nenabled = false\n[console]\nenabled = false\n")
+    token = secrets.token_urlsafe(24)
+    log = (tmp / "up.log").open("wb")
+    process = subprocess.Popen([sys.executable, "-m", "controlplane", "up", "--config", str(config)],
+                               stdout=log, stderr=subprocess.STDOUT,
+                               env={**os.environ, "CONTROLPLANE_ADMIN_TOKEN": token})
+    try:
+        yield f"http://127.0.0.1:{api_port}", token
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+        print(f"control plane log: {tmp / 'up.log'}", file=sys.stderr)
+
+
+def summarize(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    figs = [r["figures"] for r in reports if r.get("figures")]
+    outages = [o for f in figs for o in f["outages_s"]]
+    capacity = [f["rto_capacity_s"] for f in figs if f["rto_capacity_s"] is not None]
+
+    def total(name: str) -> int:
+        return sum(int(f[name] or 0) for f in figs)
+
+    return {"runs": len(reports), "measured": len(figs),
+            "statuses": [r["status"] for r in reports],
+            "rto_service_p99_s": percentile(outages, 99) if outages else 0.0,
+            "rto_service_max_s": max((f["rto_service_s"] for f in figs), default=None),
+            "affected_requests": len(outages),
+            "rto_capacity_median_s": statistics.median(capacity) if capacity else None,
+            "rto_capacity_max_s": max(capacity, default=None),
+            "requests_sent": total("requests_total"), "requests_failed": total("requests_failed"),
+            "requests_resumed": total("requests_resumed"), "tokens_lost": total("tokens_lost"),
+            "tokens_duplicated": total("tokens_duplicated"), "writes_lost": total("writes_lost"),
+            "drill_ids": [r.get("id") for r in reports]}
+
+
+def bench(api: Api, *, scenario: str, rates: list[float], runs: int, duration_s: float,
+          max_tokens: int) -> dict[str, Any]:
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    results: dict[str, Any] = {}
+    bar = tqdm(total=len(rates) * runs, desc=scenario, unit="drill", file=sys.stderr)
+    with bar:
+        for rate in rates:
+            reports = []
+            for _ in range(runs):
+                api.wait_ready()
+                reports.append(api.drill(scenario, {"rate": rate, "duration_s": duration_s,
+                                                    "max_tokens": max_tokens}))
+                bar.update(1)
+            results[f"{rate:g}"] = summarize(reports)
+    return results
+
+
+def format_table(results: dict[str, Any]) -> str:
+    def fmt(v: Any) -> str:
+        return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+            ("runs (measured)", lambda s: f"{s['runs']} ({s['measured']})"),
+            ("RTO_service p99 (s)", lambda s: fmt(s["rto_service_p99_s"])),
+            ("RTO_service worst run (s)", lambda s: fmt(s["rto_service_max_s"])),
+            ("RTO_capacity median (s)", lambda s: fmt(s["rto_capacity_median_s"])),
+            ("RTO_capacity worst (s)", lambda s: fmt(s["rto_capacity_max_s"])),
+            ("requests sent", lambda s: fmt(s["requests_sent"])),
+            ("affected requests", lambda s: fmt(s["affected_requests"])),
+            ("requests failed", lambda s: fmt(s["requests_failed"])),
+            ("requests resumed", lambda s: fmt(s["requests_resumed"])),
+            ("tokens lost", lambda s: fmt(s["tokens_lost"])),
+            ("tokens duplicated", lambda s: fmt(s["tokens_duplicated"])),
+            ("acknowledged writes lost", lambda s: fmt(s["writes_lost"]))]
+    rates = list(results)
+    lines = [f"| figure | {' | '.join(f'{r} req/s' for r in rates)} |", "|---|" + "---|" * len(rates)]
+    lines += [f"| {name} | {' | '.join(get(results[r]) for r in rates)} |" for name, get in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m chaos.drills")
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("bench", help="the zone-outage drill at two load levels, N runs each")
+    b.add_argument("--url", default=None, help="a running control plane (default: start one)")
+    b.add_argument("--token", default=os.environ.get("CONTROLPLANE_TOKEN"), help="operator token")
+    b.add_argument("--scenario", default="zone-outage")
+    b.add_argument("--rates", default="2,6", help="load levels in requests per second (default %(default)s)")
+    b.add_argument("--runs", type=int, default=3)
+    b.add_argument("--duration", type=float, default=12.0, help="load seconds per drill")
+    b.add_argument("--max-tokens", type=int, default=24)
+    b.add_argument("--replicas", type=int, default=3, help="fleet size when starting our own")
+    b.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = p.parse_args(argv)
+    rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    try:
+        if args.url:
+            if not args.token:
+                raise BenchError("--token (or $CONTROLPLANE_TOKEN) is required with --url")
+            results = bench(Api(args.url, args.token), scenario=args.scenario, rates=rates, runs=args.runs,
+                            duration_s=args.duration, max_tokens=args.max_tokens)
+        else:
+            with own_control_plane(args.replicas) as (url, token):
+                api = Api(url, token)
+                api.wait_ready()
+                results = bench(api, scenario=args.scenario, rates=rates, runs=args.runs,
+                                duration_s=args.duration, max_tokens=args.max_tokens)
+    except (BenchError, httpx.HTTPError) as exc:
+        print(f"drill bench: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.scenario}: {args.runs} runs per load level, {args.duration:g} s of load each\n")
+    print(format_table(results))
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0

@@ -1,0 +1,436 @@
+"""RTO/RPO failover drills: steady state -> load -> fault at t0 -> observe -> revert -> report.
+
+Where it sits: the control plane's ``DrillService`` (``controlplane.drills_api``) hands a
+:class:`DrillRunner` a :class:`DrillPort` (fleet view, targets, rollout trigger, gateway events, store marks)
+and the :class:`~chaos.safety.FaultManager`; the runner starts the load client as a separate process
+(``python -m inference.bench serve`` against the gateway, loopback only, temperature 0, fixed seed,
+``ignore_eos`` so every stream owes exactly ``max_tokens`` tokens, per-request JSONL), injects the
+scenario's faults (``chaos.scenarios``) at t0 through the fault manager's ledger, polls the fleet until
+capacity is back or the deadline passes, reverts, and derives the figures from the CLIENT's JSONL, not
+from the control plane's own view. t0 is ``fault_at_s`` after the gateway first sees the load's
+requests in flight (and, at most ``STREAM_WAIT_S`` later, once a stream is in flight); a single-replica
+fault (``COUNT(1)``) is aimed at the replica with the most streams in flight then, and a zone fault at
+that replica's zone, so that the drill hits live streams. All times are wall-clock POSIX seconds on this
+host; the report gives them relative to t0.
+
+The figures (t_detect, t_switch, t_first_ok, t_service, t_slo, t_capacity, RTO and RPO), the prediction and
+the verdict are pure functions of the client timeline and the fleet samples, defined and computed in
+:mod:`chaos.drill_figures`; their names are re-exported here for the modules and tests that import them
+from ``chaos.drills``. This module is the runner: the phases, the load process, the faults, the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from chaos.drill_figures import (
+    ClientRequest,
+    Figures,
+    FleetSample,
+    Prediction,
+    Thresholds,
+    Timings,
+    client_timeline,
+    derive_figures,
+    percentile,
+    predict,
+    timeline_series,
+    verdict,
+)
+from chaos.faults.base import FaultError, FaultSpec
+from chaos.safety import ActiveFault, FaultManager
+from chaos.scenarios import SCENARIOS, Scenario, scenario
+from chaos.targets import Selector, Target
+from inference.bench.report import read_jsonl
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[str, float], None]  # (phase, fraction of the whole drill in [0, 1])
+
+SAMPLE_INTERVAL_S = 0.2  # fleet polling while a drill runs
+SETTLE_S = 2.0  # capacity must hold this long before observation ends early
+LOAD_GRACE_S = 10.0  # in-flight requests get this long after the load's duration
+LOAD_START_TIMEOUT_S = 60.0  # the load client's first request must reach the gateway by then
+STREAM_WAIT_S = 3.0  # at most this long past fault_at_s for a stream in flight to aim at
+NUM_MARKS = 5  # acknowledged store writes checked for loss
+UNREADY_AFTER_FAILURES = 3  # the fleet's consecutive failed /ready probes before "unready"
+
+
+class DrillError(Exception):
+    """A drill could not start (busy, halted, bad scenario or overrides)."""
+
+
+class DrillAborted(Exception):
+    """The drill was aborted by an operator."""
+
+
+# ---- what the control plane provides ----------------------------------------------------------------
+class DrillPort(Protocol):
+    """The control plane as a drill needs it (``controlplane.drills_api.FleetDrillPort`` satisfies it)."""
+
+    @property
+    def gateway_url(self) -> str: ...
+
+    def fleet_sample(self) -> FleetSample: ...
+
+    def inflight(self) -> Mapping[str, int]:
+        """The gateway's streams in flight per replica id."""
+        ...
+
+    def targets(self) -> Sequence[Target]: ...
+
+    def timings(self) -> Timings: ...
+
+    def start_rollout(self) -> str:
+        """Start a rolling update under load; returns the model rolled out to."""
+        ...
+
+    def resumes_between(self, start_wall: float, end_wall: float) -> int: ...
+
+    def write_marks(self, drill_id: str, n: int) -> list[int]: ...
+
+    def count_marks(self, ids: Sequence[int]) -> int: ...
+
+
+@dataclass(slots=True)
+class DrillOptions:
+    dry_run: bool = False
+    workdir: Path = field(default_factory=lambda: Path("."))
+
+
+# ---- the runner -----------------------------------------------------------------------------------
+class DrillRunner:
+    """Runs one drill at a time against a port and a fault manager; the report is a JSON-ready dict.
+
+    Failures inside a run become the report's ``status`` ("error", with the reason) and every injected
+    fault is reverted on the way out, whatever happened.
+    """
+
+    def __init__(self, port: DrillPort, faults: FaultManager) -> None:
+        self.port = port
+        self.faults = faults
+
+    # -- plan (dry run) --------------------------------------------------------------------------
+    def fault_specs(self, sc: Scenario) -> list[tuple[FaultSpec, bool]]:
+        """The scenario's fault steps aimed at the fleet now: ``COUNT(1)`` at the replica with the most
+        streams in flight, ``zone="first"`` at that replica's zone (the first zone when nothing flows)."""
+        targets = self.port.targets()
+        busiest = _busiest(targets, self.port.inflight())
+        out = []
+        for step in sc.faults:
+            zones = [busiest.zone] if step.zone == "first" else [step.zone] if step.zone else []
+            ids = [busiest.replica_id] if step.selector.replace(" ", "").upper() == "COUNT(1)" \
+                and not step.zone else []
+            selector = Selector.parse(step.selector, zones=zones, replica_ids=ids)
+            out.append((FaultSpec(step.kind, dict(step.params), step.duration_s, selector), step.allow_all))
+        return out
+
+    def plan(self, sc: Scenario) -> dict[str, Any]:
+        """What the drill would do: the load, the faults with their resolved targets, the prediction."""
+        targets = self.port.targets()
+        faults: list[dict[str, Any]] = []
+        num_hit = 0
+        for spec, allow_all in self.fault_specs(sc):
+            p = self.faults.plan(spec, targets, allow_all=allow_all)
+            faults.append({"kind": spec.kind, "selector": spec.selector.describe(),
+                           "duration_s": spec.duration_s, "targets": [t.replica_id for t in p.targets],
+                           "allowed": p.allowed, "reasons": list(p.reasons)})
+            num_hit += len(p.targets)
+        pred = predict(sc, self.port.timings(), num_hit=num_hit, ttft_s=0.0, e2e_s=0.0)
+        return {"scenario": sc.describe(), "faults": faults, "prediction": dataclasses.asdict(pred)}
+
+    # -- run -------------------------------------------------------------------------------------
+    async def run(self, drill_id: str, sc: Scenario, *, workdir: Path, progress: Progress | None = None,
+                  abort: asyncio.Event | None = None) -> dict[str, Any]:
+        run = _Run(self, drill_id, sc, workdir, progress or (lambda _p, _f: None), abort or asyncio.Event())
+        return await run.execute()
+
+
+def _busiest(targets: Sequence[Target], inflight: Mapping[str, int]) -> Target:
+    """The target with the most streams in flight; ties (and no traffic) go to the first zone, then id."""
+    if not targets:
+        raise ValueError("targets: the fleet has no replica to aim at")
+    return min(targets, key=lambda t: (-inflight.get(t.replica_id, 0), t.zone, t.replica_id))
+
+
+class _Run:
+    """One drill's state while it runs."""
+
+    def __init__(self, runner: DrillRunner, drill_id: str, sc: Scenario, workdir: Path, progress: Progress,
+                 abort: asyncio.Event) -> None:
+        self.runner, self.port, self.faults = runner, runner.port, runner.faults
+        self.drill_id, self.sc, self.workdir = drill_id, sc, workdir
+        self.progress, self.abort = progress, abort
+        self.samples: list[FleetSample] = []
+        self.injected: list[ActiveFault] = []
+        self.hit: list[str] = []
+        self.load: asyncio.subprocess.Process | None = None
+        self.report: dict[str, Any] = {"id": drill_id, "scenario": sc.id, "title": sc.title,
+                                       "config": sc.describe(), "status": "running",
+                                       "started_at": time.time(), "events": []}
+        self.jsonl = workdir / "load.jsonl"
+
+    def note(self, what: str, **detail: Any) -> None:
+        logger.info("drill %s: %s %s", self.drill_id, what, detail or "")
+        self.report["events"].append({"t": time.time(), "what": what, **detail})
+
+    def phase(self, name: str, fraction: float) -> None:
+        self.report["phase"] = name
+        with contextlib.suppress(Exception):  # a console's progress callback must not break the drill
+            self.progress(name, min(max(fraction, 0.0), 1.0))
+
+    async def execute(self) -> dict[str, Any]:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            await self._drill()
+        except DrillAborted:
+            self.report["status"] = "aborted"
+            self.note("aborted")
+        except Exception as exc:  # a failed drill is a report, never an exception out of the run
+            logger.exception("drill %s failed", self.drill_id)
+            self.report["status"] = "error"
+            self.report["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            await self._stop_load()
+            await self._revert()
+            self.report["finished_at"] = time.time()
+            self.phase("done", 1.0)
+        return self.report
+
+    async def _drill(self) -> None:
+        self.phase("steady-state", 0.0)
+        steady = await self._steady_state()
+        self.report["steady_state"] = steady
+        if not steady["ok"]:
+            self.report["status"] = "aborted"
+            self.report["error"] = "steady state not met: " + "; ".join(steady["reasons"])
+            return
+        specs = self.runner.fault_specs(self.sc)
+        num_hit = sum(len(self.faults.plan(s, self.port.targets(), allow_all=a).targets) for s, a in specs)
+        timings = self.port.timings()
+        pred = predict(self.sc, timings, num_hit=num_hit, ttft_s=steady["probe_ttft_s"],
+                       e2e_s=steady["probe_e2e_s"])
+        self.report["timings"] = dataclasses.asdict(timings)
+        self.report["prediction"] = dataclasses.asdict(pred)
+        marks = self.port.write_marks(self.drill_id, NUM_MARKS)
+        await self._start_load()
+        load_start = await self._load_flowing()
+        await self._observe_until(load_start + self.sc.fault_at_s, load_start)
+        await self._streams_in_flight(load_start)
+        asked = time.time()
+        await self._strike()
+        t0 = time.time()  # the fault is in effect once inject returns (an eBPF filter compiles first)
+        self.report["t0"] = t0
+        self.report["inject_s"] = round(t0 - asked, 4)
+        await self._observe_recovery(t0, load_start)
+        await self._revert()
+        load_end = time.time()
+        self.phase("report", 0.97)
+        self._conclude(t0, load_start, load_end, marks)
+
+    # -- phases ----------------------------------------------------------------------------------
+    async def _steady_state(self) -> dict[str, Any]:
+        reasons = []
+        sample = self.port.fleet_sample()
+        if not sample.has_capacity:
+            reasons.append(f"fleet: {sample.ready} of {sample.desired} replicas ready"
+                           + (", a rollout is in progress" if sample.changing else ""))
+        if self.faults.is_halted:
+            reasons.append("chaos is halted (release it first)")
+        if self.faults.active():
+            reasons.append(f"{len(self.faults.active())} faults are already active")
+        ttft, e2e, error = await _probe(self.port.gateway_url, self.sc.max_tokens)
+        if error:
+            reasons.append(f"gateway probe: {error}")
+        elif ttft > self.sc.slo.ttft_p99_s:
+            reasons.append(f"gateway probe: TTFT {ttft:.3f}s over the SLO's {self.sc.slo.ttft_p99_s:g}s")
+        return {"ok": not reasons, "reasons": reasons, "ready": sample.ready, "desired": sample.desired,
+                "probe_ttft_s": round(ttft, 4), "probe_e2e_s": round(e2e, 4)}
+
+    async def _start_load(self) -> None:
+        sc = self.sc
+        num = math.ceil(sc.rate * sc.duration_s * 2) + 10  # Poisson: enough never to run dry
+        cmd = [sys.executable, "-m", "inference.bench", "serve", "--base-url", self.port.gateway_url,
+               "--num-requests", str(num), "--request-rate", f"{sc.rate:g}",
+               "--duration", f"{sc.duration_s:g}", "--grace", f"{LOAD_GRACE_S:g}",
+               "--input-len", str(sc.input_len), "--output-len", str(sc.max_tokens),
+               "--seed", "0", "--request-timeout", "60",
+               "--jsonl", str(self.jsonl), "--result-json", str(self.workdir / "load-summary.json"),
+               "--no-progress"]
+        log = (self.workdir / "load.log").open("wb")
+        try:
+            self.load = await asyncio.create_subprocess_exec(
+                *cmd, stdout=log, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        finally:
+            log.close()
+        self.report["load"] = {"command": " ".join(cmd[1:]), "pid": self.load.pid, "jsonl": str(self.jsonl)}
+        self.note("load started", pid=self.load.pid, rate=sc.rate, duration_s=sc.duration_s)
+
+    async def _load_flowing(self) -> float:
+        """When the gateway first sees the load's streams in flight (the load client takes a while to
+        start on a busy machine, and t0 counts from its first requests)."""
+        started = time.time()
+        while time.time() < started + LOAD_START_TIMEOUT_S:
+            if sum(self.port.inflight().values()) > 0:
+                self.note("load flowing", after_s=round(time.time() - started, 3))
+                return time.time()
+            if self.load is not None and self.load.returncode is not None:
+                break
+            await self._sleep(0.05)
+        raise RuntimeError(f"the load never reached the gateway; see {self.workdir / 'load.log'}")
+
+    async def _streams_in_flight(self, load_start: float) -> None:
+        """At a low rate the fleet may be idle at fault_at_s; wait a little for a stream to hit, so that
+        the drill measures a failover and not an idle kill (t0 is taken after this anyway)."""
+        deadline = time.time() + STREAM_WAIT_S
+        while sum(self.port.inflight().values()) == 0 and time.time() < deadline:
+            self._sample(load_start)
+            await self._sleep(0.02)
+
+    async def _observe_until(self, until: float, load_start: float) -> None:
+        while time.time() < until:
+            self._sample(load_start)
+            if self.load is not None and self.load.returncode is not None:
+                raise RuntimeError(f"the load client exited early ({self.load.returncode}); see "
+                                   f"{self.workdir / 'load.log'}")
+            await self._sleep(min(SAMPLE_INTERVAL_S, max(until - time.time(), 0.0)))
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.abort.wait(), seconds)
+        if self.abort.is_set():
+            raise DrillAborted()
+
+    def _sample(self, load_start: float) -> None:
+        self.samples.append(self.port.fleet_sample())
+        total = self.sc.duration_s + 5.0
+        name = "observe" if "t0" in self.report else "load"  # after t0: faults in, waiting for recovery
+        self.phase(name, 0.05 + 0.8 * min((time.time() - load_start) / total, 1.0))
+
+    async def _strike(self) -> None:
+        if self.sc.action == "rollout":
+            model = self.port.start_rollout()
+            self.note("rollout started", model=model)
+            return
+        targets = self.port.targets()
+        for spec, allow_all in self.runner.fault_specs(self.sc):
+            try:
+                faults = await self.faults.inject(spec, targets, allow_all=allow_all)
+            except (FaultError, ValueError, KeyError) as exc:
+                raise RuntimeError(f"fault {spec.kind} not injected: {exc}") from exc
+            self.injected += faults
+            failed = [f.error for f in faults if not f.ok]
+            if failed:
+                raise RuntimeError(f"fault {spec.kind} not injected: {'; '.join(str(e) for e in failed)}")
+            self.hit += [f.target_id for f in faults]
+            self.note("fault injected", kind=spec.kind, targets=[f.target_id for f in faults],
+                      fault_ids=[f.fault_id for f in faults])
+        self.report["fault_targets"] = self.hit
+
+    async def _observe_recovery(self, t0: float, load_start: float) -> None:
+        deadline = t0 + self.sc.capacity_deadline_s
+        min_end = t0 + max(self.sc.fault_duration_s, 1.0) + SETTLE_S
+        load_done = False
+        while time.time() < deadline:
+            self._sample(load_start)
+            if not load_done and self.load is not None and self.load.returncode is not None:
+                load_done = True
+                self.note("load finished", returncode=self.load.returncode)
+            if load_done and time.time() >= min_end and self._settled():
+                return
+            await self._sleep(SAMPLE_INTERVAL_S)
+        self.note("deadline passed", deadline_s=self.sc.capacity_deadline_s)
+        if self.load is not None and self.load.returncode is None:
+            await self._wait_load(LOAD_GRACE_S)
+
+    def _settled(self) -> bool:
+        recent = [s for s in self.samples if s.t >= time.time() - SETTLE_S]
+        return bool(recent) and all(s.has_capacity for s in recent) and \
+            self.samples[0].t < time.time() - SETTLE_S
+
+    async def _wait_load(self, timeout: float) -> None:
+        assert self.load is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.load.wait(), timeout)
+
+    async def _stop_load(self) -> None:
+        if self.load is None or self.load.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.load.pid, signal.SIGTERM)
+        await self._wait_load(5.0)
+        if self.load.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.load.pid, signal.SIGKILL)
+            await self._wait_load(5.0)
+
+    async def _revert(self) -> None:
+        for fault in self.injected:
+            if fault.fault_id is not None:
+                result = await self.faults.revert(fault.fault_id)
+                if not result.ok:
+                    self.note("revert failed", fault_id=fault.fault_id, detail=result.detail)
+        self.injected = []
+
+    # -- report ----------------------------------------------------------------------------------
+    def _conclude(self, t0: float, load_start: float, load_end: float, marks: list[int]) -> None:
+        records = read_jsonl(self.jsonl) if self.jsonl.exists() else []
+        if not records:
+            raise RuntimeError(f"the load client wrote no records; see {self.workdir / 'load.log'}")
+        requests = client_timeline(records)
+        fig = derive_figures(requests, self.samples, t0=t0, slo=self.sc.slo, fault_targets=self.hit)
+        fig.requests_resumed = self.port.resumes_between(load_start, load_end)
+        fig.writes_lost = len(marks) - self.port.count_marks(marks)
+        checks = verdict(fig, self.sc.targets)
+        self.report["figures"] = fig.relative()
+        self.report["checks"] = [dataclasses.asdict(c) for c in checks]
+        self.report["timeline"] = timeline_series(requests, self.samples, t0)
+        self.report["status"] = "passed" if all(c.ok for c in checks) else "failed"
+        self.note("report", status=self.report["status"])
+
+
+async def _probe(gateway_url: str, max_tokens: int) -> tuple[float, float, str | None]:
+    """One short greedy completion through the gateway: (TTFT, end-to-end, error)."""
+    body = {"prompt": "drill steady-state probe", "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "stream": True}
+    start = time.monotonic()
+    ttft: float | None = None
+    try:
+        async with httpx.AsyncClient(base_url=gateway_url, timeout=30.0, trust_env=False) as client:
+            models = (await client.get("/v1/models")).json()["data"]
+            body["model"] = models[0]["id"]
+            async with client.stream("POST", "/v1/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    return 0.0, 0.0, f"HTTP {resp.status_code}"
+                async for line in resp.aiter_lines():
+                    if line.startswith("data:") and ttft is None and '"text"' in line:
+                        ttft = time.monotonic() - start
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+        return 0.0, 0.0, f"{type(exc).__name__}: {exc}"
+    e2e = time.monotonic() - start
+    return (ttft if ttft is not None else e2e), e2e, None
+
+
+__all__ = ["SCENARIOS", "ClientRequest", "DrillError", "DrillPort", "DrillRunner", "Figures", "FleetSample",
+           "Prediction", "Thresholds", "Timings", "client_timeline", "derive_figures", "percentile",
+           "predict", "scenario", "timeline_series", "verdict"]
+
+
+if __name__ == "__main__":
+    from chaos.drill_bench import main
+
+    sys.exit(main())
