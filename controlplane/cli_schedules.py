@@ -1,0 +1,137 @@
+"""``controlplane drill schedule add|list|show|edit|pause|resume|run|delete|runs``: scheduled drills.
+
+The ``drill`` command group hooks this in: ``cli_schedules.add_arguments(schedule_parser)`` for the
+``schedule`` sub-command and ``cli_schedules.run(args)`` to handle it. Every action goes through the REST
+API (``/api/v1/drills/schedules``); changes need an operator token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from typing import Any
+
+from controlplane.client import ApiError, ControlPlaneClient
+
+SUMMARY = "cron schedules of drills: add, list, show, edit, pause, resume, run now, delete, run history"
+
+
+def add_arguments(cmd: argparse.ArgumentParser) -> None:
+    actions = cmd.add_subparsers(dest="schedule_action", required=True)
+    add = actions.add_parser("add", help="schedule a drill scenario on a cron expression (operator)")
+    add.add_argument("name")
+    add.add_argument("--scenario", required=True, help="a drill scenario id, such as replica-crash")
+    add.add_argument("--cron", required=True, help="minute hour day month weekday, e.g. '0 3 * * 1'")
+    add.add_argument("--paused", action="store_true", help="create it paused")
+    _spec_options(add)
+    actions.add_parser("list", help="every schedule with its next run time")
+    for name, summary in (("show", "one schedule as JSON"), ("pause", "stop firing (operator)"),
+                          ("resume", "fire again from the next cron time (operator)"),
+                          ("run", "fire now; the cron continues afterwards (operator)"),
+                          ("delete", "forget a schedule; its run history stays (operator)")):
+        actions.add_parser(name, help=summary).add_argument("id")
+    edit = actions.add_parser("edit", help="change a schedule's fields (operator)")
+    edit.add_argument("id")
+    edit.add_argument("--name", default=None)
+    edit.add_argument("--scenario", default=None)
+    edit.add_argument("--cron", default=None)
+    _spec_options(edit)
+    runs = actions.add_parser("runs", help="a schedule's firings, newest first")
+    runs.add_argument("id")
+    runs.add_argument("--limit", type=int, default=20)
+
+
+def _spec_options(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--timezone", default=None, help="IANA name (default: drills.schedule_timezone)")
+    cmd.add_argument("--overlap", choices=["skip", "wait"], default=None,
+                     help="when a drill is already running (default: drills.schedule_overlap)")
+    cmd.add_argument("--max-wait", type=float, default=None, help="overlap wait: seconds before giving up")
+    cmd.add_argument("--misfire-grace", type=float, default=None,
+                     help="a firing missed while down still runs within this many seconds")
+    cmd.add_argument("--rate", type=float, default=None, help="load: requests per second")
+    cmd.add_argument("--duration", type=float, default=None, help="load duration in seconds")
+    cmd.add_argument("--set", action="append", default=None, metavar="NAME=VALUE",
+                     help="any scenario override, e.g. targets.rto_service_s=0.5 (repeatable)")
+
+
+def overrides(args: argparse.Namespace) -> dict[str, float] | None:
+    """The scenario overrides from --rate, --duration and --set; None when none was given."""
+    found: dict[str, float] = {}
+    for text in args.set or []:
+        name, sep, value = text.partition("=")
+        try:
+            if not sep or not name.strip():
+                raise ValueError(text)
+            found[name.strip()] = float(value)
+        except ValueError:
+            raise ApiError(f"--set: expected NAME=NUMBER, got {text!r}") from None
+    if args.rate is not None:
+        found["rate"] = args.rate
+    if args.duration is not None:
+        found["duration_s"] = args.duration
+    return found or None
+
+
+def run(args: argparse.Namespace) -> int:
+    action = args.schedule_action
+    with ControlPlaneClient(args.url, args.token) as client:
+        if action == "add":
+            created = client.add_drill_schedule(
+                name=args.name, scenario_id=args.scenario, cron=args.cron, timezone=args.timezone,
+                overrides=overrides(args), overlap=args.overlap, max_wait_s=args.max_wait,
+                misfire_grace_s=args.misfire_grace, paused=args.paused)
+            print(f"{created['id']}: {created['name']} next run {_when(created)}")
+        elif action == "list":
+            _print_schedules(client.drill_schedules())
+        elif action == "show":
+            _print_json(client.drill_schedule(args.id))
+        elif action == "edit":
+            changes = {k: v for k, v in (("name", args.name), ("scenario_id", args.scenario),
+                                         ("cron", args.cron), ("timezone", args.timezone),
+                                         ("overrides", overrides(args)), ("overlap", args.overlap),
+                                         ("max_wait_s", args.max_wait),
+                                         ("misfire_grace_s", args.misfire_grace)) if v is not None}
+            if not changes:
+                raise ApiError("edit: nothing to change (give --cron, --timezone, --rate, ...)")
+            edited = client.edit_drill_schedule(args.id, **changes)
+            print(f"{edited['id']}: {edited['name']} next run {_when(edited)}")
+        elif action in ("pause", "resume", "run"):
+            call = {"pause": client.pause_drill_schedule, "resume": client.resume_drill_schedule,
+                    "run": client.run_drill_schedule}[action]
+            result = call(args.id)
+            print(f"{result['id']}: {'paused' if result['paused'] else 'next run ' + _when(result)}")
+        elif action == "delete":
+            client.delete_drill_schedule(args.id)
+            print(f"{args.id}: deleted")
+        else:
+            _print_runs(client.drill_schedule_runs(args.id, limit=args.limit))
+    return 0
+
+
+def _when(schedule: dict[str, Any]) -> str:
+    return "paused" if schedule["paused"] else str(schedule["next_run_time"])
+
+
+def _print_schedules(schedules: list[dict[str, Any]]) -> None:
+    if not schedules:
+        print("no drill schedules")
+        return
+    print(f"{'ID':<17} {'NAME':<20} {'SCENARIO':<15} {'CRON':<16} {'TIMEZONE':<16} {'OVERLAP':<7} NEXT RUN")
+    for s in schedules:
+        print(f"{s['id']:<17} {s['name'][:20]:<20} {s['scenario_id']:<15} {s['cron']:<16} "
+              f"{s['timezone']:<16} {s['overlap']:<7} {_when(s)}")
+
+
+def _print_runs(runs: list[dict[str, Any]]) -> None:
+    if not runs:
+        print("no runs yet")
+        return
+    print(f"{'FIRED AT (UTC)':<20} {'OUTCOME':<8} {'DRILL':<18} REASON")
+    for r in runs:
+        fired = dt.datetime.fromtimestamp(r["fired_at"], dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        print(f"{fired:<20} {r['outcome']:<8} {r['drill_id'] or '-':<18} {r['reason']}")
+
+
+def _print_json(value: dict[str, Any]) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True))
