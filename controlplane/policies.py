@@ -25,6 +25,10 @@ class MetricTarget:
 
     name: str  # e.g. "waiting_per_replica", "kv_cache_usage", "ttft_p95_s", "tokens_per_s_per_replica"
     target: float
+    # A guard does not size the fleet, it only forbids scaling down while over its target. P95 TTFT has a
+    # floor (the prefill time) and lags its window, and a queue is a backlog that more replicas drain rather
+    # than a rate they serve: ceil(current * metric / target) overshoots on both. Load metrics size the fleet.
+    guard: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -53,6 +57,12 @@ class PolicyConfig:
     scale_down_max_step: int = 1  # replicas removed per decision at most
     panic_window_s: float = 6.0
     panic_threshold: float = 2.0  # demand over ready capacity that starts panic mode
+    # At most one scale-down per period (0: every decision may scale down, by scale_down_max_step). Capacity
+    # then declines gradually after a peak, so a burst that returns finds part of it still there instead of
+    # scaling straight back up (HPA's scaleDown policy {type: Pods, value: 1, periodSeconds: 60}).
+    scale_down_period_s: float = 0.0
+    # KPA: panic mode goes straight to what demand needs; the rate limits then bound only steady tracking.
+    panic_skips_rate_limit: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_replicas <= self.max_replicas:
@@ -66,6 +76,8 @@ class PolicyConfig:
             raise ValueError("scale_up_max_step and scale_down_max_step: must be >= 1")
         if self.panic_threshold <= 1:
             raise ValueError(f"panic_threshold: must be > 1, got {self.panic_threshold!r}")
+        if self.scale_down_period_s < 0:
+            raise ValueError(f"scale_down_period_s: must be >= 0, got {self.scale_down_period_s!r}")
 
 
 @dataclass(slots=True, frozen=True)
@@ -77,8 +89,10 @@ class Snapshot:
     ready: int
     starting: int
     metrics: Mapping[str, float | None]  # per MetricTarget.name; None when unknown
-    demand: float | None = None  # requests in flight + waiting, fleet-wide
-    capacity_per_replica: float | None = None  # requests one replica serves concurrently within SLO
+    # Panic mode's demand, fleet-wide, and what one ready replica serves, in the same unit (the live loop:
+    # offered engine load in engine seconds per second, and its target per replica).
+    demand: float | None = None
+    capacity_per_replica: float | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -113,6 +127,7 @@ class PanicState:
     """Panic mode persists for ``panic_window_s`` after demand last exceeded the threshold."""
 
     until: float | None = None
+    last_scale_down: float | None = None  # when decide last scaled down (for scale_down_period_s)
 
 
 def target_tracking(snapshot: Snapshot, config: PolicyConfig) -> Proposal:
@@ -123,7 +138,7 @@ def target_tracking(snapshot: Snapshot, config: PolicyConfig) -> Proposal:
     """
     current = max(snapshot.current, 1)
     ratios = [(t.name, v / t.target) for t in config.targets
-              if (v := snapshot.metrics.get(t.name)) is not None]
+              if not t.guard and (v := snapshot.metrics.get(t.name)) is not None]
     missing = [t.name for t in config.targets if snapshot.metrics.get(t.name) is None]
     if not ratios:
         return Proposal("target", snapshot.current, f"no metric known ({', '.join(missing)}): hold")
@@ -133,6 +148,8 @@ def target_tracking(snapshot: Snapshot, config: PolicyConfig) -> Proposal:
         effective = ratio * ready_share
     elif missing:
         return Proposal("target", snapshot.current, f"{', '.join(missing)} unknown: no scale-down")
+    elif over := _guards_over(snapshot, config):
+        return Proposal("target", snapshot.current, f"{over}: no scale-down")
     else:
         effective = ratio * ready_share + (1.0 - ready_share)
     if abs(effective - 1.0) <= config.tolerance:
@@ -142,6 +159,12 @@ def target_tracking(snapshot: Snapshot, config: PolicyConfig) -> Proposal:
     wanted = math.ceil(current * effective)
     return Proposal("target", wanted, f"{name} at {ratio:.2f}x target: ceil({current} x {effective:.2f}) "
                                       f"= {wanted}")
+
+
+def _guards_over(snapshot: Snapshot, config: PolicyConfig) -> str:
+    over = [f"{t.name} at {v / t.target:.2f}x target" for t in config.targets
+            if t.guard and (v := snapshot.metrics.get(t.name)) is not None and v > t.target]
+    return ", ".join(over)
 
 
 def panic(snapshot: Snapshot, config: PolicyConfig, state: PanicState) -> tuple[Proposal | None, bool]:
@@ -157,7 +180,8 @@ def panic(snapshot: Snapshot, config: PolicyConfig, state: PanicState) -> tuple[
         return None, False
     wanted = max(math.ceil(snapshot.demand / snapshot.capacity_per_replica), snapshot.current)
     left = (state.until or snapshot.now) - snapshot.now
-    reason = (f"demand {snapshot.demand:.0f} vs ready capacity {capacity:.0f}: panic for {left:.0f}s more, "
+    # three significant digits: demand may be requests (90) or engine seconds per second (1.63)
+    reason = (f"demand {snapshot.demand:.3g} vs ready capacity {capacity:.3g}: panic for {left:.0f}s more, "
               f"{wanted} replicas")
     return Proposal("panic", wanted, reason), True
 
@@ -176,7 +200,11 @@ def decide(snapshot: Snapshot, config: PolicyConfig, history: Sequence[Recommend
         clamps.append(f"panic: no scale-down ({replicas} -> {snapshot.current})")
         replicas = snapshot.current
     replicas = _stabilize(replicas, snapshot, config, history, clamps)
-    replicas = _rate_limit(replicas, snapshot.current, config, clamps)
+    if panicking and replicas > snapshot.current and config.panic_skips_rate_limit:
+        clamps.append(f"panic: no rate limit on scale-up ({snapshot.current} -> {replicas})")
+    else:
+        replicas = _rate_limit(replicas, snapshot.current, config, clamps)
+    replicas = _scale_down_period(replicas, snapshot, config, state, clamps)
     return Decision(snapshot.current, replicas, tuple(proposals), tuple(clamps), panicking,
                     _clamp(recommendation, config.min_replicas, config.max_replicas, "", []))
 
@@ -199,6 +227,19 @@ def _stabilize(replicas: int, snapshot: Snapshot, config: PolicyConfig, history:
         clamps.append(f"stabilization: {replicas} -> {min(highest, snapshot.current)} (highest "
                       f"recommendation in the last {config.scale_down_stabilization_s:g}s)")
     return min(highest, snapshot.current)
+
+
+def _scale_down_period(replicas: int, snapshot: Snapshot, config: PolicyConfig, state: PanicState,
+                       clamps: list[str]) -> int:
+    if replicas >= snapshot.current or not config.scale_down_period_s:
+        return replicas
+    last = state.last_scale_down
+    if last is not None and snapshot.now - last < config.scale_down_period_s:
+        clamps.append(f"scale-down period: {replicas} -> {snapshot.current} (last scale-down "
+                      f"{snapshot.now - last:.0f}s ago, one per {config.scale_down_period_s:g}s)")
+        return snapshot.current
+    state.last_scale_down = snapshot.now
+    return replicas
 
 
 def _rate_limit(replicas: int, current: int, config: PolicyConfig, clamps: list[str]) -> int:
