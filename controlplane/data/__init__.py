@@ -1,0 +1,1 @@
+"""Data files shipped with the control plane (the default replica profile)."""
