@@ -90,7 +90,8 @@ class PrometheusServer:
 
     def __init__(self, config: PrometheusConfig, state_dir: Path, *,
                  static_jobs: Mapping[str, Sequence[str]] | None = None,
-                 rule_files: Sequence[Path] = (), ready_timeout_s: float = READY_TIMEOUT_S,
+                 rule_files: Sequence[Path] = (), alertmanagers: Sequence[str] = (),
+                 ready_timeout_s: float = READY_TIMEOUT_S,
                  stop_timeout_s: float = STOP_TIMEOUT_S) -> None:
         if config.scrape_interval_s <= 0:
             raise ValueError(f"prometheus.scrape_interval_s must be > 0, got {config.scrape_interval_s}")
@@ -98,6 +99,7 @@ class PrometheusServer:
         self.state_dir = Path(state_dir)
         self.static_jobs = {name: list(targets) for name, targets in (static_jobs or {}).items()}
         self.rule_files = [Path(p) for p in rule_files]
+        self.alertmanagers = [_alertmanager_target(url) for url in alertmanagers]  # (scheme, host:port, path)
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.process: subprocess.Popen[bytes] | None = None
@@ -162,6 +164,11 @@ class PrometheusServer:
         ]
         if self.rule_files:
             lines += ["rule_files:", *(f"  - {_quote(str(p))}" for p in self.rule_files)]
+        if self.alertmanagers:
+            lines += ["alerting:", "  alertmanagers:"]
+            for scheme, target, prefix in self.alertmanagers:
+                lines += [f"    - scheme: {scheme}", f"      path_prefix: {_quote(prefix)}",
+                          "      static_configs:", f"        - targets: [{_quote(target)}]"]
         lines += [
             "scrape_configs:",
             f"  - job_name: {_quote(REPLICAS_JOB)}",
@@ -347,6 +354,16 @@ def _write_atomic(path: Path, text: str) -> None:
 def _quote(text: str) -> str:
     """A double-quoted scalar valid in both YAML and PromQL (JSON string syntax)."""
     return json.dumps(text, ensure_ascii=False)
+
+
+def _alertmanager_target(url: str) -> tuple[str, str, str]:
+    """``http://host:port/prefix`` as Prometheus' ``alertmanagers`` entry: (scheme, host:port, path)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+        raise ValueError(f"an Alertmanager address must be http(s)://host:port, got {url!r}")
+    return parts.scheme, f"{parts.hostname}:{parts.port}", parts.path or "/"
 
 
 # ---- PromQL -----------------------------------------------------------------------------------------
