@@ -1,0 +1,269 @@
+"""Plotly figures and small formatting helpers the pages share; pure functions of API answers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+
+STAGES = ("gateway", "queue", "prefill", "decode", "serialization")
+STAGE_COLORS = {
+    "gateway": "#64748b",
+    "queue": "#f59e0b",
+    "prefill": "#3b82f6",
+    "decode": "#10b981",
+    "serialization": "#a855f7",
+}
+STATE_COLORS = {
+    "ready": "#16a34a",
+    "starting": "#2563eb",
+    "draining": "#d97706",
+    "ejected": "#dc2626",
+    "crashed": "#dc2626",
+    "stopped": "#6b7280",
+}
+EMPTY_NOTE = "no data yet"
+
+
+def base_layout(fig: go.Figure, title: str, *, height: int = 300) -> go.Figure:
+    fig.update_layout(
+        title={"text": title, "x": 0.01, "font": {"size": 14}},
+        height=height,
+        margin={"l": 50, "r": 20, "t": 40, "b": 40},
+        template="plotly_white",
+        legend={"orientation": "h", "y": -0.2},
+    )
+    return fig
+
+
+def empty(title: str, note: str = EMPTY_NOTE, *, height: int = 300) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(
+        text=note,
+        showarrow=False,
+        x=0.5,
+        y=0.5,
+        xref="paper",
+        yref="paper",
+        font={"size": 13, "color": "#64748b"},
+    )
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return base_layout(fig, title, height=height)
+
+
+def time_series(
+    title: str,
+    lines: Mapping[str, Sequence[Sequence[float]]],
+    *,
+    unit: str = "",
+    scale: float = 1.0,
+    height: int = 300,
+) -> go.Figure:
+    """One line per name from ``[[posix_s, value], ...]`` points (as ``/api/v1/metrics/range`` answers)."""
+    if not any(lines.values()):
+        return empty(title, height=height)
+    fig = go.Figure()
+    for name, points in lines.items():
+        xs = [_utc(p[0]) for p in points]
+        fig.add_trace(go.Scatter(x=xs, y=[p[1] * scale for p in points], mode="lines", name=name))
+    fig.update_yaxes(title_text=unit, rangemode="tozero")
+    return base_layout(fig, title, height=height)
+
+
+def breakdown_bars(breakdown: Mapping[str, Any]) -> go.Figure:
+    """Two horizontal stacked bars: where the time of tail requests and of typical requests goes (ms)."""
+    title = "Where the time goes (mean per stage, ms)"
+    rows = _breakdown_rows(breakdown)
+    if not rows:
+        return empty(title, "no traces in this window and scope")
+    fig = go.Figure()
+    for stage in STAGES:
+        fig.add_trace(
+            go.Bar(
+                y=[label for label, _ in rows],
+                x=[g["stages_s"][stage] * 1000 for _, g in rows],
+                name=stage,
+                orientation="h",
+                marker_color=STAGE_COLORS[stage],
+                hovertemplate=f"{stage}: %{{x:.1f}} ms<extra></extra>",
+            )
+        )
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title_text="ms")
+    return base_layout(fig, title, height=280).update_layout(legend={"y": -0.45})
+
+
+def _breakdown_rows(breakdown: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    q = breakdown.get("quantile", 0.99)
+    rows = []
+    if breakdown.get("median"):
+        rows.append((f"P50 typical (n={breakdown['median']['count']})", breakdown["median"]))
+    if breakdown.get("tail"):
+        rows.append((f"P{percent(q)} tail (n={breakdown['tail']['count']})", breakdown["tail"]))
+    return rows
+
+
+def replica_comparison(breakdown: Mapping[str, Any]) -> go.Figure:
+    """Per replica: the mean stage times of its own tail requests, stacked."""
+    title = f"Per replica: P{percent(breakdown.get('quantile', 0.99))} tail by stage (ms)"
+    replicas = {rid: v["tail"] for rid, v in (breakdown.get("by_replica") or {}).items() if v.get("tail")}
+    if not replicas:
+        return empty(title, "no traces in this window and scope")
+    fig = go.Figure()
+    for stage in STAGES:
+        fig.add_trace(
+            go.Bar(
+                x=list(replicas),
+                y=[g["stages_s"][stage] * 1000 for g in replicas.values()],
+                name=stage,
+                marker_color=STAGE_COLORS[stage],
+            )
+        )
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(title_text="ms")
+    return base_layout(fig, title)
+
+
+def percent(q: float) -> str:
+    """0.99 -> "99", 0.995 -> "99.5"."""
+    return f"{q * 100:g}"
+
+
+def ms(seconds: float | None) -> str:
+    return "–" if seconds is None else f"{seconds * 1000:,.0f} ms"
+
+
+def share(value: float | None) -> str:
+    return "–" if value is None else f"{value * 100:.1f}%"
+
+
+def number(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def when(posix_s: float | None) -> str:
+    return "–" if posix_s is None else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(posix_s))
+
+
+def _utc(posix_s: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(posix_s))
+
+
+def progress(fraction: float | None, label: str = "") -> Any:
+    """A progress bar for long work that runs in the control plane (0..1; None: not started)."""
+    from dash import html
+
+    value = 0.0 if fraction is None else min(max(fraction, 0.0), 1.0)
+    return html.Div(
+        [
+            html.Progress(value=f"{value:.3f}", max="1", style={"width": "20rem"}),
+            html.Span(f" {value * 100:.0f}% {label}"),
+        ],
+        className="progress",
+    )
+
+
+# ---- autoscaler, simulator, drills (console part 2) ---------------------------------------------------
+def autoscaler_timeline(decisions: Sequence[Mapping[str, Any]]) -> go.Figure:
+    """Replicas (current and decided) against load (request rate, demand) over time, from decision
+    records; a marker on every tick whose decision differs from the current count (filled: applied,
+    hollow: observe-only or not applied)."""
+    title = "Replicas vs load (autoscaler decisions)"
+    records = sorted((d for d in decisions if d.get("at") is not None), key=lambda d: float(d["at"]))
+    if not records:
+        return empty(title, "no decision recorded yet", height=320)
+    xs = [_utc(float(d["at"])) for d in records]
+    inputs = [d.get("inputs") or {} for d in records]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=xs, y=[i.get("request_rate") for i in inputs], name="load (req/s)",
+                             mode="lines", line={"color": "#94a3b8"}, yaxis="y2"))
+    fig.add_trace(go.Scatter(x=xs, y=[i.get("demand") for i in inputs], name="offered load (engine s/s)",
+                             mode="lines", line={"color": "#f59e0b", "dash": "dot"}, yaxis="y2"))
+    fig.add_trace(go.Scatter(x=xs, y=[i.get("current") for i in inputs], name="replicas (current)",
+                             mode="lines", line={"shape": "hv", "color": "#2563eb"}))
+    fig.add_trace(go.Scatter(x=xs, y=[d.get("final") for d in records], name="replicas (decided)",
+                             mode="lines", line={"shape": "hv", "color": "#16a34a", "dash": "dash"}))
+    changes = [d for d in records if d.get("final") != (d.get("inputs") or {}).get("current")]
+    for applied in (True, False):
+        picked = [d for d in changes if bool(d.get("applied")) == applied]
+        fig.add_trace(go.Scatter(
+            x=[_utc(float(d["at"])) for d in picked], y=[d.get("final") for d in picked],
+            mode="markers", name="scale decision (applied)" if applied else "scale decision (not applied)",
+            marker={"size": 11, "symbol": "diamond" if applied else "diamond-open", "color": "#dc2626"},
+            text=[decision_reason(d) for d in picked], hovertemplate="%{text}<extra></extra>"))
+    fig.update_layout(yaxis={"title": {"text": "replicas"}, "rangemode": "tozero"},
+                      yaxis2={"title": {"text": "load"}, "overlaying": "y", "side": "right",
+                              "rangemode": "tozero"})
+    return base_layout(fig, title, height=320)
+
+
+def decision_reason(decision: Mapping[str, Any]) -> str:
+    """One line: each proposal with its reason, then the clamps, then what happened."""
+    parts = [f"{p.get('source')} -> {p.get('replicas')}: {p.get('reason')}"
+             for p in decision.get("proposals") or []]
+    parts += [f"clamp: {c}" for c in decision.get("clamps") or []]
+    parts.append(f"final {decision.get('final')} ({decision.get('outcome') or ''})")
+    return "; ".join(parts)
+
+
+def simulation_timeline(result: Mapping[str, Any]) -> go.Figure:
+    """What-if: each policy's replicas over simulated time against the trace's load."""
+    title = "What-if: replicas per policy vs load"
+    policies = list(result.get("policies") or [])
+    if not policies:
+        return empty(title, "run a simulation", height=320)
+    fig = go.Figure()
+    first = policies[0].get("timeline") or {}
+    fig.add_trace(go.Scatter(x=first.get("at", []), y=first.get("load_rps", []), name="load (req/s)",
+                             mode="lines", line={"color": "#94a3b8"}, yaxis="y2"))
+    for p in policies:
+        tl = p.get("timeline") or {}
+        fig.add_trace(go.Scatter(x=tl.get("at", []), y=tl.get("replicas", []),
+                                 name=f"{p.get('policy')} replicas", mode="lines", line={"shape": "hv"}))
+    fig.update_layout(xaxis={"title": {"text": "simulated seconds"}},
+                      yaxis={"title": {"text": "replicas"}, "rangemode": "tozero"},
+                      yaxis2={"title": {"text": "req/s"}, "overlaying": "y", "side": "right",
+                              "rangemode": "tozero"})
+    return base_layout(fig, title, height=320)
+
+
+DRILL_MARKERS = ("t_detect", "t_switch", "t_first_ok", "t_slo", "t_capacity")
+
+
+def drill_timeline(report: Mapping[str, Any]) -> go.Figure:
+    """The drill's client timeline against seconds after t0: load sent, errors, P99 TTFT and ready
+    replicas, with a vertical line at t0 and at each measured t_* (from the report's series)."""
+    title = (f"Drill {report.get('id')}: {report.get('scenario')} ({report.get('status')})"
+             if report.get("id") is not None else "Drill timeline")
+    series = report.get("timeline") or {}
+    ts = list(series.get("t") or [])
+    if not ts:
+        return empty(title, "the timeline comes with the report", height=360)
+    ready = series.get("ready") or []
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=ts, y=series.get("sent_rps", []), name="sent (req/s)", mode="lines",
+                             line={"color": "#2563eb"}))
+    fig.add_trace(go.Bar(x=ts, y=series.get("errors", []), name="errors", marker_color="#dc2626"))
+    fig.add_trace(go.Scatter(x=ts, y=series.get("ttft_p99_s", []), name="P99 TTFT (s)",
+                             mode="lines+markers", yaxis="y2", line={"color": "#f59e0b"},
+                             connectgaps=True))
+    fig.add_trace(go.Scatter(x=[p[0] for p in ready], y=[p[1] for p in ready], name="ready replicas",
+                             mode="lines", line={"shape": "hv", "color": "#16a34a"}, yaxis="y3"))
+    figures = report.get("figures") or {}
+    marks = {"t0": 0.0, **{m: figures.get(m) for m in DRILL_MARKERS}}
+    for name, x in marks.items():
+        if x is None:
+            continue
+        fig.add_vline(x=float(x), line_dash="solid" if name == "t0" else "dot", line_width=1,
+                      annotation_text=name, annotation_textangle=-45, annotation_font_size=10)
+    fig.update_layout(
+        xaxis={"title": {"text": "seconds after t0"}, "domain": [0, 0.88]},
+        yaxis={"title": {"text": "req/s, errors"}, "rangemode": "tozero"},
+        yaxis2={"title": {"text": "P99 TTFT (s)"}, "overlaying": "y", "side": "right", "rangemode": "tozero"},
+        yaxis3={"title": {"text": "ready"}, "overlaying": "y", "side": "right", "anchor": "free",
+                "position": 0.97, "rangemode": "tozero"},
+        barmode="overlay")
+    return base_layout(fig, title, height=360)

@@ -1,0 +1,158 @@
+"""Alerts: the rules (enable or disable them, operators only), the pending and firing alerts, and the history
+of transitions with the action each firing took.
+
+Viewers see everything with the switches disabled; the API refuses their calls anyway.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+from dash import ALL, Input, Output, ctx, html
+
+from controlplane.client import ApiError
+from dashboards import session
+from dashboards.figures import number, when
+from dashboards.shell import REFRESH, alert_line
+
+HISTORY = 100
+
+
+def layout(**_: Any) -> html.Div:
+    operate = session.can_operate()
+    return html.Div(
+        [
+            html.H2("Alerts"),
+            html.Div(
+                "" if operate else "Your role may not switch rules: the controls are disabled.",
+                className="notice",
+                id="al-role-note",
+            ),
+            html.Div(className="panel", children=[html.H3("Pending and firing"),
+                                                  html.Table(id="al-active", className="data")]),
+            html.Div(className="panel", children=[html.H3("Rules"),
+                                                  html.Table(id="al-rules", className="data"),
+                                                  html.Div(id="al-switch-result", className="muted")]),
+            html.Div(className="panel", children=[html.H3("History (newest first) and the actions taken"),
+                                                  html.Table(id="al-history", className="data")]),
+        ]
+    )
+
+
+dash.register_page(  # type: ignore[no-untyped-call]
+    __name__, path="/alerts", name="Alerts", order=5, title="Alerts · LLM SRE console", layout=layout
+)
+
+
+def _data(**attrs: Any) -> dict[str, Any]:
+    return {f"data-{k}": str(v) for k, v in attrs.items()}
+
+
+@dash.callback(
+    Output("al-active", "children"),
+    Output("al-rules", "children"),
+    Output("al-history", "children"),
+    Input(REFRESH, "n_intervals"),
+    Input("al-switch-result", "children"),
+)
+def refresh(*_: Any) -> tuple[Any, Any, Any]:
+    operate = session.can_operate()
+    try:
+        api = session.client()
+        rules = api.alert_rules()
+        active = api.active_alerts()
+        history = api.alert_history(limit=HISTORY)
+    except ApiError as exc:
+        error = [html.Tr(html.Td(f"alerts: {exc}"))]
+        return error, error, error
+    return _active(active), _rules(rules, operate), _history(history)
+
+
+def _active(alerts: list[dict[str, Any]]) -> list[Any]:
+    if not alerts:
+        return [html.Tr(html.Td("no pending or firing alert", id="al-none-active"))]
+    rows: list[Any] = [html.Tr([html.Th(h) for h in ("state", "alert", "since (UTC)", "fired at")])]
+    for a in alerts:
+        rows.append(html.Tr(
+            [html.Td(a.get("state", ""), className=f"alert-{a.get('state')}"), html.Td(alert_line(a)),
+             html.Td(when(a.get("since"))), html.Td(when(a.get("fired_at")))],
+            className="active-alert", **_data(rule=a.get("rule"), state=a.get("state"))))
+    return rows
+
+
+def _rules(rules: list[dict[str, Any]], operate: bool) -> list[Any]:
+    rows: list[Any] = [html.Tr([html.Th(h) for h in ("rule", "condition", "for", "severity", "action",
+                                                     "pending / firing", "last evaluation", "enabled", "")])]
+    for r in rules:
+        enabled = bool(r.get("enabled"))
+        condition = f"{r.get('query') or r.get('expr')} {r.get('comparison')} {r.get('threshold')}"
+        last = when(r.get("last_eval")) + (f" · error: {r['last_error']}" if r.get("last_error") else "")
+        rows.append(html.Tr(
+            [
+                html.Td([html.Strong(r["name"]), html.Div(r.get("summary") or "", className="muted")]),
+                html.Td(condition),
+                html.Td(f"{number(r.get('for_s'), 0)} s"),
+                html.Td(str(r.get("severity", ""))),
+                html.Td(str(r.get("action", ""))),
+                html.Td(f"{r.get('pending', 0)} / {r.get('firing', 0)}"),
+                html.Td(last),
+                html.Td("yes" if enabled else "no"),
+                html.Td(html.Button(
+                    "Disable" if enabled else "Enable",
+                    id={"type": "al-switch", "index": r["name"]},
+                    n_clicks=0,
+                    className="btn btn-small",
+                    disabled=not operate,
+                    **_data(enable=str(not enabled).lower()),
+                )),
+            ],
+            className="rule-row" + ("" if enabled else " kind-unavailable"),
+            **_data(rule=r["name"], enabled=str(enabled).lower()),
+        ))
+    return rows
+
+
+def _history(records: list[dict[str, Any]]) -> list[Any]:
+    if not records:
+        return [html.Tr(html.Td("no alert has changed state yet", id="al-no-history"))]
+    rows: list[Any] = [html.Tr([html.Th(h) for h in ("time (UTC)", "alert", "state", "value", "action",
+                                                     "outcome")])]
+    for h in records:
+        result = h.get("result") or {}
+        outcome = (f"{result.get('outcome')}: {result.get('target')} {result.get('detail') or ''}".strip()
+                   if result else ("–" if h.get("state") != "resolved" else h.get("reason") or "resolved"))
+        labels = " ".join(f"{k}={v}" for k, v in sorted((h.get("labels") or {}).items()) if k != "alertname")
+        rows.append(html.Tr(
+            [
+                html.Td(when(h.get("at") or h.get("ts"))),
+                html.Td(f"{h.get('rule')} {labels}".strip()),
+                html.Td(str(h.get("state", ""))),
+                html.Td(number(h.get("value"), 3)),
+                html.Td(str(h.get("action", ""))),
+                html.Td(outcome, className=f"outcome-{result.get('outcome')}" if result else ""),
+            ],
+            className="history-row",
+            **_data(rule=h.get("rule"), state=h.get("state")),
+        ))
+    return rows
+
+
+@dash.callback(
+    Output("al-switch-result", "children"),
+    Input({"type": "al-switch", "index": ALL}, "n_clicks"),
+    prevent_initial_call=True,
+)
+def switch(clicks: list[int | None]) -> Any:
+    if not ctx.triggered_id or not any(clicks):
+        return dash.no_update  # the table was redrawn; nobody clicked
+    name = str(ctx.triggered_id["index"])
+    try:
+        rules = {r["name"]: r for r in session.client().alert_rules()}
+        enable = not rules.get(name, {}).get("enabled", True)
+        result = session.client().set_alert_rule(name, enabled=enable)
+    except ApiError as exc:
+        return f"{name}: refused: {exc}"
+    resolved = result.get("resolved") or []
+    return (f"{name} {'enabled' if enable else 'disabled'}"
+            + (f"; {len(resolved)} active alert(s) resolved" if resolved else ""))

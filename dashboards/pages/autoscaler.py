@@ -1,0 +1,448 @@
+"""Autoscaler: replicas against load with the decision markers, the decision log with every record's reasons,
+the policy editor (``PUT /api/v1/autoscaler/config``), pause and resume, the schedule (cron windows with
+their next start and end, and a JSON editor that replaces them through ``PUT /api/v1/autoscaler/windows``,
+which validates them as the config file's) and the what-if simulator.
+
+The simulator's endpoint answers when the run is done (a few seconds on a bounded trace) and has no
+asynchronous form, so the form runs it in one callback behind a loading indicator; the rest of the page
+keeps refreshing. Viewers see everything with every control disabled; the API refuses their calls anyway.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import dash
+from dash import Input, Output, State, ctx, dcc, html
+
+from controlplane.client import ApiError
+from dashboards import session
+from dashboards.figures import (
+    autoscaler_timeline,
+    decision_reason,
+    empty,
+    number,
+    share,
+    simulation_timeline,
+    when,
+)
+from dashboards.shell import REFRESH
+
+DECISIONS = 200  # decision records drawn and listed
+LOG_ROWS = 50
+SIM_TIMEOUT_S = 120.0
+# (form field, config key, label, step) of the policy editor's numbers
+NUMBERS = (
+    ("min_replicas", "min_replicas", "Min replicas", 1),
+    ("max_replicas", "max_replicas", "Max replicas", 1),
+    ("waiting_per_replica", "target_waiting_per_replica", "Target waiting / replica", 0.1),
+    ("kv_cache_usage", "target_kv_cache_usage", "Target KV usage (0-1)", 0.01),
+    ("ttft_p95_s", "ttft_slo_s", "Target P95 TTFT (s)", 0.1),
+    ("tokens_per_s_per_replica", "target_tokens_per_s_per_replica", "Target tokens/s / replica", 1),
+    ("tolerance", "tolerance", "Tolerance", 0.01),
+    ("scale_down_stabilization_s", "scale_down_stabilization_s", "Scale-down window (s)", 1),
+)
+TARGETS = ("waiting_per_replica", "kv_cache_usage", "ttft_p95_s", "tokens_per_s_per_replica")
+# The fields of a window the editor shows (the API's answer adds next_start, next_end, active, schedule).
+WINDOW_FIELDS = ("name", "cron", "duration_s", "end_cron", "timezone", "weekdays", "min_replicas",
+                 "max_replicas")
+WINDOW_EXAMPLE = [{"name": "business-hours", "cron": "0 8 * * 1-5", "duration_s": 36000,
+                   "timezone": "Europe/Berlin", "min_replicas": 4}]
+
+
+def layout(**_: Any) -> html.Div:
+    operate = session.can_operate()
+    status: dict[str, Any] = {}
+    error = ""
+    try:
+        status = session.client().autoscaler_status()
+    except ApiError as exc:
+        error = f"autoscaler: {exc}"
+    config = status.get("config") or {}
+    windows: list[dict[str, Any]] = []
+    try:
+        windows = session.client().autoscaler_windows().get("windows") or []
+    except ApiError as exc:
+        error = error or f"autoscaler windows: {exc}"
+    return html.Div(
+        [
+            html.H2("Autoscaler"),
+            html.Div(error, className="notice"),
+            html.Div(
+                "" if operate else "Your role may not change the autoscaler: the controls are disabled.",
+                className="notice",
+                id="as-role-note",
+            ),
+            html.Div(id="as-status", className="cards"),
+            html.Div(
+                dcc.Graph(id="as-timeline", config={"displaylogo": False}, figure=empty("Replicas vs load")),
+                className="panel",
+            ),
+            html.Div(
+                className="panel",
+                children=[
+                    html.H3("Decision log (newest first): proposals with reasons, clamps, result"),
+                    html.Div(html.Table(id="as-decisions", className="data"),
+                             style={"maxHeight": "24rem", "overflowY": "auto"}),
+                ],
+            ),
+            html.Div(className="panel",
+                     children=[html.H3("Schedule: cron windows that set the replica bounds"),
+                               _schedule(windows, operate)]),
+            html.Div(
+                className="grid2",
+                children=[
+                    html.Div(className="panel", children=[html.H3("Policy"), _editor(config, operate)]),
+                    html.Div(className="panel", children=[html.H3("What-if simulator"), _simulator(operate)]),
+                ],
+            ),
+        ]
+    )
+
+
+dash.register_page(  # type: ignore[no-untyped-call]
+    __name__, path="/autoscaler", name="Autoscaler", order=4, title="Autoscaler · LLM SRE console",
+    layout=layout,
+)
+
+
+def _data(**attrs: Any) -> dict[str, Any]:
+    """``data-*`` attributes (what the browser tests read) as text."""
+    return {f"data-{k}": str(v) for k, v in attrs.items()}
+
+
+def _editor(config: dict[str, Any], operate: bool) -> html.Div:
+    fields = [
+        html.Div([html.Label(label), dcc.Input(id=f"as-{name}", type="number", value=config.get(key),
+                                               step=step, min=0, disabled=not operate,
+                                               style={"width": "8rem"})])
+        for name, key, label, step in NUMBERS
+    ]
+    return html.Div(
+        [
+            dcc.Checklist(
+                id="as-observe-only",
+                options=[{"label": " observe only (record decisions, do not apply them)", "value": "yes",
+                          "disabled": not operate}],
+                value=["yes"] if config.get("observe_only") else [],
+            ),
+            html.Div(fields[:4], className="form-row"),
+            html.Div(fields[4:], className="form-row"),
+            html.Div(
+                className="form-row",
+                children=[
+                    html.Button("Save policy", id="as-save", n_clicks=0, className="btn",
+                                disabled=not operate),
+                    html.Button("Pause", id="as-pause", n_clicks=0, className="btn btn-small",
+                                disabled=not operate),
+                    html.Button("Resume", id="as-resume", n_clicks=0, className="btn btn-small",
+                                disabled=not operate),
+                ],
+            ),
+            html.Div(id="as-save-result", className="muted"),
+        ]
+    )
+
+
+def _schedule(windows: list[dict[str, Any]], operate: bool) -> html.Div:
+    """The windows' table (refreshed) and a JSON editor of the whole list, saved in one PUT."""
+    text = json.dumps([_editable(w) for w in windows], indent=2)
+    return html.Div(
+        [
+            html.Div(id="as-windows-source", className="muted"),
+            html.Table(id="as-windows", className="data"),
+            html.Label("Windows (JSON list; fields: " + ", ".join(WINDOW_FIELDS) + "; give duration_s or "
+                       "end_cron; [] removes every window). Example: " + json.dumps(WINDOW_EXAMPLE)),
+            dcc.Textarea(id="as-windows-json", value=text, disabled=not operate,
+                         style={"width": "100%", "height": "12rem", "fontFamily": "monospace"}),
+            html.Div(
+                className="form-row",
+                children=[html.Button("Save schedule", id="as-windows-save", n_clicks=0, className="btn",
+                                      disabled=not operate)],
+            ),
+            html.Div(id="as-windows-result", className="muted"),
+        ]
+    )
+
+
+def _editable(window: dict[str, Any]) -> dict[str, Any]:
+    """A window as the editor shows it: its settings, without the fields left at their defaults."""
+    unset: dict[str, Any] = {"duration_s": 0, "end_cron": "", "weekdays": [], "min_replicas": None,
+                             "max_replicas": None}
+    return {k: window.get(k) for k in WINDOW_FIELDS if k not in unset or window.get(k) != unset[k]}
+
+
+@dash.callback(
+    Output("as-windows", "children"),
+    Output("as-windows-source", "children"),
+    Input(REFRESH, "n_intervals"),
+    Input("as-windows-result", "children"),
+)
+def refresh_windows(*_: Any) -> tuple[Any, Any]:
+    try:
+        view = session.client().autoscaler_windows()
+    except ApiError as exc:
+        return [], html.Span(f"autoscaler windows: {exc}", className="notice")
+    source = "set through the console or API" if view.get("source") == "api" else "from the config file"
+    note = f"{len(view.get('windows') or [])} window(s), {source}; active now: {view.get('active') or 'none'}"
+    return _window_rows(view.get("windows") or []), note
+
+
+def _window_rows(windows: list[dict[str, Any]]) -> list[Any]:
+    rows: list[Any] = [html.Tr([html.Th(h) for h in ("window", "schedule", "min..max", "active now",
+                                                     "next start (UTC)", "next end (UTC)")])]
+    for w in windows:
+        low = "–" if w.get("min_replicas") is None else w["min_replicas"]
+        high = "–" if w.get("max_replicas") is None else w["max_replicas"]
+        rows.append(html.Tr(
+            [
+                html.Td(str(w.get("name"))),
+                html.Td(str(w.get("schedule", ""))),
+                html.Td(f"{low}..{high}"),
+                html.Td("active" if w.get("active") else "no"),
+                html.Td(when(w.get("next_start"))),
+                html.Td(when(w.get("next_end"))),
+            ],
+            className="window-row",
+            **_data(name=w.get("name"), active=str(bool(w.get("active"))).lower(),
+                    next_start=w.get("next_start"), next_end=w.get("next_end")),
+        ))
+    if len(rows) == 1:
+        rows.append(html.Tr(html.Td("no schedule window: the autoscaler's own bounds apply all the time",
+                                    id="as-no-windows")))
+    return rows
+
+
+@dash.callback(
+    Output("as-windows-result", "children"),
+    Input("as-windows-save", "n_clicks"),
+    State("as-windows-json", "value"),
+    prevent_initial_call=True,
+)
+def save_windows(_: int, text: str | None) -> Any:
+    try:
+        windows = json.loads(text or "[]")
+    except json.JSONDecodeError as exc:
+        return html.Span(f"not saved: the windows are not JSON: {exc}", className="notice",
+                         id="as-windows-refused")
+    if isinstance(windows, dict) and set(windows) == {"windows"}:
+        windows = windows["windows"]
+    if not isinstance(windows, list) or not all(isinstance(w, dict) for w in windows):
+        return html.Span('not saved: give a JSON list of windows, e.g. [{"name": ..., "cron": ...}]',
+                         className="notice", id="as-windows-refused")
+    try:
+        view = session.client().autoscaler_set_windows(windows)
+    except ApiError as exc:
+        return html.Span(f"refused: {exc}", className="notice", id="as-windows-refused")
+    names = ", ".join(str(w.get("name")) for w in view.get("windows") or []) or "none"
+    return html.Span(f"saved {len(view.get('windows') or [])} window(s): {names}", id="as-windows-saved")
+
+
+def _simulator(operate: bool) -> html.Div:
+    return html.Div(
+        [
+            html.Div(
+                className="form-row",
+                children=[
+                    html.Div([html.Label("Trace"), dcc.Dropdown(
+                        id="as-sim-trace",
+                        options=[{"label": "synthetic bursty (seeded)", "value": "synthetic-bursty"},
+                                 {"label": "Azure LLM inference trace", "value": "azure"}],
+                        value="synthetic-bursty", clearable=False, disabled=not operate,
+                        style={"minWidth": "14rem"})]),
+                    html.Div([html.Label("Compression (x)"), dcc.Input(
+                        id="as-sim-compress", type="number", value=4, min=0.1, max=1000, step=0.1,
+                        disabled=not operate, style={"width": "6rem"})]),
+                    html.Div([html.Label("Trace seconds kept (empty: all)"), dcc.Input(
+                        id="as-sim-duration", type="number", value=None, min=1, max=14400,
+                        disabled=not operate, style={"width": "8rem"})]),
+                ],
+            ),
+            html.Div(
+                className="form-row",
+                children=[
+                    html.Div([html.Label("Policies to compare"), dcc.Checklist(
+                        id="as-sim-policies",
+                        options=[{"label": " ours", "value": "ours", "disabled": not operate},
+                                 {"label": " HPA", "value": "hpa", "disabled": not operate},
+                                 {"label": " static", "value": "static", "disabled": not operate}],
+                        value=["ours", "hpa"], inline=True)]),
+                    html.Div([html.Label("Static replicas"), dcc.Input(
+                        id="as-sim-static", type="number", value=3, min=1, max=64, step=1,
+                        disabled=not operate, style={"width": "5rem"})]),
+                    html.Button("Simulate", id="as-sim-run", n_clicks=0, className="btn",
+                                disabled=not operate),
+                ],
+            ),
+            dcc.Loading(
+                id="as-sim-loading",
+                type="default",
+                children=html.Div(
+                    [
+                        html.Div(id="as-sim-note", className="muted"),
+                        html.Table(id="as-sim-table", className="data"),
+                        dcc.Graph(id="as-sim-graph", config={"displaylogo": False},
+                                  figure=simulation_timeline({})),
+                    ]
+                ),
+            ),
+        ]
+    )
+
+
+@dash.callback(
+    Output("as-status", "children"),
+    Output("as-timeline", "figure"),
+    Output("as-decisions", "children"),
+    Input(REFRESH, "n_intervals"),
+    Input("as-save-result", "children"),
+    Input("as-windows-result", "children"),  # a saved schedule changes the active window at once
+)
+def refresh(*_: Any) -> tuple[Any, Any, Any]:
+    try:
+        api = session.client()
+        status = api.autoscaler_status()
+        decisions = api.autoscaler_decisions(limit=DECISIONS)
+    except ApiError as exc:
+        return html.Div(f"autoscaler: {exc}", className="notice"), dash.no_update, []
+    return _status_cards(status), autoscaler_timeline(decisions), _decision_rows(decisions[:LOG_ROWS])
+
+
+def _status_cards(status: dict[str, Any]) -> list[Any]:
+    config = status.get("config") or {}
+    last = status.get("last_decision") or {}
+    window = status.get("window") or {}
+    mode = "disabled" if status.get("enabled") is False else str(status.get("mode", "–"))
+    cards = (
+        ("as-mode", "mode", mode),
+        ("as-desired", "desired replicas", str(status.get("desired_replicas", "–"))),
+        ("as-bounds", "min..max", f"{config.get('min_replicas', '–')}..{config.get('max_replicas', '–')}"),
+        ("as-ticks", "ticks", str(status.get("ticks", "–"))),
+        ("as-last", "last decision", f"{last.get('final', '–')} at {when(last.get('at'))}"),
+        ("as-window", "schedule window", str(window.get("name") or "none")),
+    )
+    return [html.Div([html.Div(label, className="label"), html.Div(value, className="value")],
+                     className="card", id=cid) for cid, label, value in cards]
+
+
+def _decision_rows(decisions: list[dict[str, Any]]) -> list[Any]:
+    rows: list[Any] = [html.Tr([html.Th(h) for h in ("time (UTC)", "mode", "current", "load (req/s)",
+                                                     "proposals (reasons)", "clamps", "final", "applied")])]
+    for d in decisions:
+        inputs = d.get("inputs") or {}
+        proposals = [html.Li(f"{p.get('source')} -> {p.get('replicas')}: {p.get('reason')}")
+                     for p in d.get("proposals") or []]
+        applied = "applied" if d.get("applied") else (
+            "observe only" if d.get("mode") == "observe_only" else str(d.get("outcome") or "not applied"))
+        rows.append(html.Tr(
+            [
+                html.Td(when(d.get("at"))),
+                html.Td(str(d.get("mode", ""))),
+                html.Td(str(inputs.get("current", "–"))),
+                html.Td(number(inputs.get("request_rate"))),
+                html.Td(html.Ul(proposals) if proposals else "no proposal"),
+                html.Td("; ".join(d.get("clamps") or []) or "–"),
+                html.Td(str(d.get("final", "–"))),
+                html.Td(applied + (f": {d['error']}" if d.get("error") else "")),
+            ],
+            className="decision-row",
+            title=decision_reason(d),
+            **_data(id=d.get("id"), final=d.get("final"), applied=str(bool(d.get("applied"))).lower(),
+                    mode=d.get("mode", "")),
+        ))
+    if len(rows) == 1:
+        rows.append(html.Tr(html.Td("no decision recorded yet (is the autoscaler enabled?)",
+                                    id="as-no-decisions")))
+    return rows
+
+
+@dash.callback(
+    Output("as-save-result", "children"),
+    Input("as-save", "n_clicks"),
+    Input("as-pause", "n_clicks"),
+    Input("as-resume", "n_clicks"),
+    State("as-observe-only", "value"),
+    *[State(f"as-{name}", "value") for name, *_ in NUMBERS],
+    prevent_initial_call=True,
+)
+def change(_save: int, _pause: int, _resume: int, observe_only: list[str] | None, *values: Any) -> str:
+    try:
+        api = session.client()
+        if ctx.triggered_id == "as-pause":
+            return f"paused: mode {api.autoscaler_pause().get('mode')}"
+        if ctx.triggered_id == "as-resume":
+            return f"resumed: mode {api.autoscaler_resume().get('mode')}"
+        changes = _changes(observe_only, dict(zip((n for n, *_ in NUMBERS), values, strict=True)))
+        status = api.autoscaler_configure(**changes)
+    except ApiError as exc:
+        return f"refused: {exc}"
+    config = status.get("config") or {}
+    return (f"saved: mode {status.get('mode')}, replicas {config.get('min_replicas')}.."
+            f"{config.get('max_replicas')}")
+
+
+def _changes(observe_only: list[str] | None, values: dict[str, Any]) -> dict[str, Any]:
+    """The PUT body: every filled field; the targets nested as the API wants them."""
+    body: dict[str, Any] = {"observe_only": bool(observe_only)}
+    targets = {k: float(v) for k, v in values.items() if k in TARGETS and v is not None}
+    for name, value in values.items():
+        if name in TARGETS or value is None:
+            continue
+        body[name] = int(value) if name.endswith("_replicas") else float(value)
+    if targets:
+        body["targets"] = targets
+    return body
+
+
+@dash.callback(
+    Output("as-sim-note", "children"),
+    Output("as-sim-table", "children"),
+    Output("as-sim-graph", "figure"),
+    Input("as-sim-run", "n_clicks"),
+    State("as-sim-trace", "value"),
+    State("as-sim-compress", "value"),
+    State("as-sim-duration", "value"),
+    State("as-sim-policies", "value"),
+    State("as-sim-static", "value"),
+    prevent_initial_call=True,
+)
+def simulate(_: int, trace: str | None, compress: float | None, duration: float | None,
+             chosen: list[str] | None, static: int | None) -> tuple[Any, Any, Any]:
+    policies = [f"static:{int(static or 1)}" if p == "static" else p for p in chosen or []]
+    if not policies:
+        return html.Span("choose at least one policy", className="notice"), [], dash.no_update
+    options: dict[str, Any] = {"compress": float(compress or 4.0)}
+    if duration:
+        options["duration_s"] = float(duration)
+    try:
+        result = session.client().simulate(trace=trace or "synthetic-bursty", policies=policies,
+                                           timeout=SIM_TIMEOUT_S, **options)
+    except ApiError as exc:
+        return html.Span(f"refused: {exc}", className="notice", id="as-sim-refused"), [], dash.no_update
+    slo = result.get("slo") or {}
+    note = (f"{result.get('num_requests')} requests of the {result.get('trace')} trace; SLO: TTFT <= "
+            f"{slo.get('ttft_s')} s, TPOT <= {slo.get('tpot_s')} s; replica profile: {result.get('profile')}")
+    return note, _comparison(result.get("policies") or []), simulation_timeline(result)
+
+
+def _comparison(policies: list[dict[str, Any]]) -> list[Any]:
+    rows: list[Any] = [html.Tr([html.Th(h) for h in ("policy", "SLO attainment", "replica-seconds",
+                                                     "scale events", "reversals", "P95 TTFT", "P95 TPOT",
+                                                     "unfinished")])]
+    for p in policies:
+        rows.append(html.Tr(
+            [
+                html.Td(str(p.get("policy"))),
+                html.Td(share(p.get("slo_attainment"))),
+                html.Td(number(p.get("replica_seconds"), 0)),
+                html.Td(str(p.get("scale_events"))),
+                html.Td(str(p.get("reversals"))),
+                html.Td(number(p.get("ttft_p95_s"), 3) + " s"),
+                html.Td(number(p.get("tpot_p95_s"), 3) + " s"),
+                html.Td(str(p.get("unfinished"))),
+            ],
+            className="sim-row",
+            **_data(policy=p.get("policy"), slo=p.get("slo_attainment")),
+        ))
+    return rows

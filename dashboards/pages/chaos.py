@@ -1,0 +1,382 @@
+"""Chaos: the fault catalogue (unavailable kinds greyed, with why), an inject form with a blast-radius
+preview (the API's dry run), and the active faults with their time left and a revert button.
+
+Viewers see everything with every control disabled; the API refuses their calls anyway.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+from dash import ALL, Input, Output, State, ctx, dcc, html
+
+from controlplane.client import ApiError
+from dashboards import session
+from dashboards.shell import REFRESH
+
+
+def layout(**_: Any) -> html.Div:
+    operate = session.can_operate()
+    kinds: list[dict[str, Any]] = []
+    replicas: list[str] = []
+    zones: list[str] = []
+    error = ""
+    try:
+        api = session.client()
+        kinds = api.chaos_catalogue()
+        fleet = api.fleet()
+        replicas = sorted(r.replica_id for r in fleet.replicas)
+        zones = list(fleet.zones)
+    except ApiError as exc:
+        error = str(exc)
+    available = [k["kind"] for k in kinds if k.get("available")]
+    return html.Div(
+        [
+            html.H2("Chaos"),
+            html.Div(error, className="notice"),
+            html.Div(
+                className="grid2",
+                children=[
+                    html.Div(
+                        className="panel",
+                        children=[
+                            html.H3("Inject a fault"),
+                            _form(kinds, replicas, zones, operate),
+                            html.Div(id="chaos-plan"),
+                            html.Div(id="chaos-result"),
+                        ],
+                    ),
+                    html.Div(
+                        className="panel",
+                        children=[
+                            html.H3("Active faults"),
+                            html.Table(id="chaos-active", className="data"),
+                            html.Div(id="chaos-revert-result", className="notice"),
+                            html.Button(
+                                "Release (accept new faults after a HALT ALL)",
+                                id="chaos-release",
+                                n_clicks=0,
+                                className="btn btn-small",
+                                disabled=not operate,
+                            ),
+                            html.Div(id="chaos-release-result", className="muted"),
+                        ],
+                    ),
+                ],
+            ),
+            html.H3("Catalogue"),
+            html.Table(_catalogue(kinds), id="chaos-catalogue", className="data"),
+            dcc.Store(id="chaos-available", data=available),
+        ]
+    )
+
+
+dash.register_page(
+    __name__, path="/chaos", name="Chaos", order=3, title="Chaos · LLM SRE console", layout=layout
+)
+
+
+def _form(kinds: list[dict[str, Any]], replicas: list[str], zones: list[str], operate: bool) -> html.Div:
+    options = [
+        {
+            "label": k["kind"] if k.get("available") else f"{k['kind']} (unavailable)",
+            "value": k["kind"],
+            "disabled": not k.get("available"),
+        }
+        for k in kinds
+    ]
+    first = next((k["kind"] for k in kinds if k.get("available")), None)
+    why = "" if operate else "Your role may not inject faults: the controls are disabled."
+    return html.Div(
+        [
+            html.Div(why, className="notice", id="chaos-role-note"),
+            html.Div(
+                className="form-row",
+                children=[
+                    html.Div(
+                        [
+                            html.Label("Kind"),
+                            dcc.Dropdown(
+                                id="chaos-kind",
+                                options=options,
+                                value=first,
+                                clearable=False,
+                                disabled=not operate,
+                                style={"minWidth": "14rem"},
+                            ),
+                        ]
+                    ),
+                    html.Div(
+                        [
+                            html.Label("Duration (s)"),
+                            dcc.Input(
+                                id="chaos-duration",
+                                type="number",
+                                value=30,
+                                min=1,
+                                max=3600,
+                                disabled=not operate,
+                            ),
+                        ]
+                    ),
+                    html.Div(
+                        [
+                            html.Label("Selector"),
+                            dcc.Input(
+                                id="chaos-selector", type="text", value="COUNT(1)", disabled=not operate
+                            ),
+                        ]
+                    ),
+                ],
+            ),
+            html.Div(
+                className="form-row",
+                children=[
+                    html.Div(
+                        [
+                            html.Label("Replicas (empty: any)"),
+                            dcc.Dropdown(
+                                id="chaos-replicas",
+                                options=replicas,
+                                multi=True,
+                                disabled=not operate,
+                                style={"minWidth": "14rem"},
+                            ),
+                        ]
+                    ),
+                    html.Div(
+                        [
+                            html.Label("Zones (empty: any)"),
+                            dcc.Dropdown(
+                                id="chaos-zones",
+                                options=zones,
+                                multi=True,
+                                disabled=not operate,
+                                style={"minWidth": "12rem"},
+                            ),
+                        ]
+                    ),
+                    html.Div(
+                        [
+                            html.Label("Parameters (NAME=VALUE, one per line)"),
+                            dcc.Textarea(
+                                id="chaos-params",
+                                value="",
+                                disabled=not operate,
+                                style={"width": "14rem", "height": "3rem"},
+                            ),
+                        ]
+                    ),
+                ],
+            ),
+            dcc.Checklist(
+                id="chaos-allow-all",
+                options=[{"label": " allow taking down every target", "value": "yes"}],
+                value=[],
+            ),
+            html.Div(
+                className="form-row",
+                children=[
+                    html.Button(
+                        "Preview blast radius",
+                        id="chaos-preview",
+                        n_clicks=0,
+                        className="btn",
+                        disabled=not operate,
+                    ),
+                    html.Button(
+                        "Inject",
+                        id="chaos-inject",
+                        n_clicks=0,
+                        className="btn btn-danger",
+                        disabled=not operate,
+                    ),
+                ],
+            ),
+        ]
+    )
+
+
+def _catalogue(kinds: list[dict[str, Any]]) -> list[Any]:
+    rows: list[Any] = [
+        html.Tr([html.Th(h) for h in ("kind", "family", "what it does", "parameters", "availability")])
+    ]
+    for k in kinds:
+        available = bool(k.get("available"))
+        rows.append(
+            html.Tr(
+                [
+                    html.Td(k["kind"]),
+                    html.Td(k.get("family", "")),
+                    html.Td(k.get("description", "")),
+                    html.Td(_params_text(k.get("params"))),
+                    html.Td(
+                        "available"
+                        if available
+                        else f"unavailable: {k.get('unavailable_reason') or 'unknown'}"
+                    ),
+                ],
+                className="kind-available" if available else "kind-unavailable",
+                **{"data-kind": k["kind"]},
+            )
+        )
+    return rows
+
+
+def _params_text(params: Any) -> str:
+    if isinstance(params, dict):
+        return ", ".join(f"{k}={v}" for k, v in params.items())
+    if isinstance(params, list | tuple):
+        return ", ".join(str(p.get("name", p)) if isinstance(p, dict) else str(p) for p in params)
+    return str(params or "")
+
+
+def _parse_params(text: str | None) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for line in (text or "").replace(",", "\n").splitlines():
+        if not line.strip():
+            continue
+        name, sep, value = line.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"parameters: expected NAME=VALUE, got {line.strip()!r}")
+        try:
+            params[name.strip()] = float(value)
+        except ValueError:
+            params[name.strip()] = value.strip()
+    return params
+
+
+@dash.callback(
+    Output("chaos-plan", "children"),
+    Output("chaos-result", "children"),
+    Input("chaos-preview", "n_clicks"),
+    Input("chaos-inject", "n_clicks"),
+    State("chaos-kind", "value"),
+    State("chaos-duration", "value"),
+    State("chaos-selector", "value"),
+    State("chaos-replicas", "value"),
+    State("chaos-zones", "value"),
+    State("chaos-params", "value"),
+    State("chaos-allow-all", "value"),
+    prevent_initial_call=True,
+)
+def inject(
+    _preview: int,
+    _inject: int,
+    kind: str | None,
+    duration: float | None,
+    selector: str | None,
+    replicas: list[str] | None,
+    zones: list[str] | None,
+    params_text: str | None,
+    allow_all: list[str] | None,
+) -> tuple[Any, Any]:
+    dry_run = ctx.triggered_id == "chaos-preview"
+    if not kind or not duration:
+        return "", html.Div("choose a kind and a duration", className="notice")
+    try:
+        result = session.client().chaos_inject(
+            kind,
+            duration_s=float(duration),
+            selector=selector or "COUNT(1)",
+            params=_parse_params(params_text),
+            replicas=replicas or [],
+            zones=zones or [],
+            allow_all=bool(allow_all),
+            dry_run=dry_run,
+        )
+    except (ApiError, ValueError) as exc:
+        return ("", html.Div(f"refused: {exc}", className="notice", id="chaos-refused"))
+    plan = _plan(result.get("plan") or {})
+    if dry_run:
+        return plan, ""
+    faults = result.get("faults") or []
+    done = ", ".join(
+        f"#{f['id']} on {f['target']}" + (f" failed: {f['error']}" if f.get("error") else "") for f in faults
+    )
+    return plan, html.Div(f"injected {kind}: {done}", id="chaos-injected")
+
+
+def _plan(plan: dict[str, Any]) -> html.Div:
+    targets = plan.get("targets") or []
+    verdict = "allowed" if plan.get("allowed") else "refused by the safety limits"
+    return html.Div(
+        [
+            html.Strong(
+                f"Blast radius: {len(targets)} target(s): {', '.join(targets) or 'none'} · {verdict}"
+            ),
+            html.Ul([html.Li(r) for r in plan.get("reasons") or []]),
+        ],
+        id="chaos-plan-body",
+        **{"data-allowed": str(bool(plan.get("allowed"))).lower()},
+    )
+
+
+@dash.callback(
+    Output("chaos-active", "children"),
+    Input(REFRESH, "n_intervals"),
+    Input("chaos-result", "children"),
+    Input("chaos-revert-result", "children"),
+)
+def active(*_: Any) -> list[Any]:
+    operate = session.can_operate()
+    try:
+        faults = session.client().chaos_faults()
+    except ApiError as exc:
+        return [html.Tr(html.Td(str(exc)))]
+    if not faults:
+        return [html.Tr(html.Td("no active fault", id="chaos-none-active"))]
+    rows: list[Any] = [html.Tr([html.Th(h) for h in ("id", "kind", "target", "time left", "")])]
+    for f in faults:
+        rows.append(
+            html.Tr(
+                [
+                    html.Td(str(f["id"])),
+                    html.Td(f["kind"]),
+                    html.Td(f["target"]),
+                    html.Td(f"{f['remaining_s']:.0f} s"),
+                    html.Td(
+                        html.Button(
+                            "Revert",
+                            id={"type": "chaos-revert", "index": f["id"]},
+                            n_clicks=0,
+                            className="btn btn-small",
+                            disabled=not operate,
+                        )
+                    ),
+                ],
+                className="active-fault",
+                **{"data-fault": str(f["id"]), "data-kind": f["kind"], "data-target": f["target"]},
+            )
+        )
+    return rows
+
+
+@dash.callback(
+    Output("chaos-revert-result", "children"),
+    Input({"type": "chaos-revert", "index": ALL}, "n_clicks"),
+    prevent_initial_call=True,
+)
+def revert(clicks: list[int | None]) -> Any:
+    if not ctx.triggered_id or not any(clicks):
+        return dash.no_update  # new rows appeared; nobody clicked
+    fault_id = int(ctx.triggered_id["index"])
+    try:
+        result = session.client().chaos_revert(fault_id)
+    except ApiError as exc:
+        return f"revert of #{fault_id} refused: {exc}"
+    return f"fault #{fault_id} reverted" + ("" if result.get("ok", True) else f" with an error: {result}")
+
+
+@dash.callback(
+    Output("chaos-release-result", "children"), Input("chaos-release", "n_clicks"), prevent_initial_call=True
+)
+def release(n_clicks: int) -> str:
+    if not n_clicks:
+        return ""
+    try:
+        session.client().chaos_release()
+    except ApiError as exc:
+        return f"release refused: {exc}"
+    return "released: new faults are accepted again"

@@ -1,0 +1,506 @@
+"""Drills: pick a scenario, its load and its RTO/RPO targets; preview it (the API's dry run: resolved fault
+targets and the predicted RTO); run it and follow its progress; read its report (RTO and RPO against the
+targets, predicted against measured, the verdict) over its timeline; compare past runs; manage schedules.
+
+A drill runs in the control plane (``POST /api/v1/drills/run`` answers its id at once); the page keeps the
+id in a ``dcc.Store`` and polls the drill on the refresh clock, so a closed browser loses nothing.
+Viewers see everything with every control disabled; the API refuses their calls anyway.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+from dash import ALL, Input, Output, State, ctx, dcc, html
+
+from controlplane.client import ApiError
+from dashboards import session
+from dashboards.figures import drill_timeline, number, progress, when
+from dashboards.shell import REFRESH
+
+HISTORY = 30
+# (field, label, default) of the load; None: the scenario's own value
+LOAD = (
+    ("rate", "Rate (req/s)", None),
+    ("duration_s", "Load duration (s)", None),
+    ("fault_at_s", "Fault at (s into the load)", None),
+    ("max_tokens", "Max tokens", None),
+    ("capacity_deadline_s", "Capacity deadline (s)", None),
+)
+# (target name, label) of the verdict; RTO in seconds, RPO in counts
+TARGETS = (
+    ("rto_service_s", "RTO service (s)"),
+    ("rto_slo_s", "RTO SLO (s)"),
+    ("rto_capacity_s", "RTO capacity (s)"),
+    ("max_failed_requests", "RPO: failed requests"),
+    ("max_tokens_lost", "RPO: tokens lost"),
+    ("max_tokens_duplicated", "RPO: tokens duplicated"),
+    ("max_writes_lost", "RPO: writes lost"),
+)
+RTO = ("rto_service_s", "rto_service_p99_s", "rto_slo_s", "rto_capacity_s")
+RPO = ("requests_failed", "tokens_lost", "tokens_duplicated", "writes_lost")
+MARKS = ("t_detect", "t_switch", "t_first_ok", "t_service", "t_slo", "t_capacity")
+SCHEDULE_OVERRIDES = ("rate", "duration_s", "fault_at_s", "max_tokens")
+
+
+def layout(**_: Any) -> html.Div:
+    operate = session.can_operate()
+    scenarios: list[dict[str, Any]] = []
+    current: int | None = None
+    error = ""
+    try:
+        api = session.client()
+        scenarios = api.drill_scenarios()
+        latest = api.drills(limit=1)
+        current = int(latest[0]["id"]) if latest else None
+    except ApiError as exc:
+        error = f"drills: {exc}"
+    return html.Div(
+        [
+            html.H2("Drills"),
+            html.Div(error, className="notice"),
+            html.Div(
+                "" if operate
+                else "Your role may not run drills or change schedules: the controls are disabled.",
+                className="notice",
+                id="drills-role-note",
+            ),
+            html.Div(
+                className="grid2",
+                children=[
+                    html.Div(className="panel", children=[html.H3("Run a drill"), _form(scenarios, operate),
+                                                          html.Div(id="drills-plan"),
+                                                          html.Div(id="drills-run-result")]),
+                    html.Div(className="panel", children=[html.H3("Drill"), html.Div(id="drills-progress"),
+                                                          html.Div(id="drills-report")]),
+                ],
+            ),
+            html.Div(dcc.Graph(id="drills-timeline", config={"displaylogo": False},
+                               figure=drill_timeline({})), className="panel"),
+            html.Div(className="panel", children=[
+                html.H3("History"),
+                html.Table(id="drills-history", className="data"),
+                html.Div(className="form-row", children=[
+                    html.Div([html.Label("Compare drills"),
+                              dcc.Dropdown(id="drills-compare-ids", options=[], multi=True,
+                                           style={"minWidth": "20rem"})]),
+                    html.Button("Compare", id="drills-compare", n_clicks=0, className="btn"),
+                ]),
+                html.Div(id="drills-comparison"),
+            ]),
+            html.Div(className="panel", children=[html.H3("Schedules"), _schedule_form(scenarios, operate),
+                                                  html.Div(id="drills-sched-result", className="muted"),
+                                                  html.Table(id="drills-schedules", className="data")]),
+            dcc.Store(id="drills-current", data=current),
+            dcc.Store(id="drills-shown", data=None),
+        ]
+    )
+
+
+dash.register_page(  # type: ignore[no-untyped-call]
+    __name__, path="/drills", name="Drills", order=2, title="Drills · LLM SRE console", layout=layout
+)
+
+
+def _data(**attrs: Any) -> dict[str, Any]:
+    return {f"data-{k}": str(v) for k, v in attrs.items()}
+
+
+def _number_input(cid: str, label: str, value: Any, operate: bool, width: str = "7rem") -> html.Div:
+    return html.Div([html.Label(label), dcc.Input(id=cid, type="number", value=value, min=0,
+                                                  disabled=not operate, style={"width": width})])
+
+
+def _scenario_options(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"label": f"{s['id']}: {s.get('title', '')}", "value": s["id"]} for s in scenarios]
+
+
+def _form(scenarios: list[dict[str, Any]], operate: bool) -> html.Div:
+    first = scenarios[0]["id"] if scenarios else None
+    return html.Div(
+        [
+            html.Div(className="form-row", children=[
+                html.Div([html.Label("Scenario"), dcc.Dropdown(
+                    id="drills-scenario", options=_scenario_options(scenarios), value=first,
+                    clearable=False, disabled=not operate, style={"minWidth": "22rem"})]),
+            ]),
+            html.Div(id="drills-scenario-info", className="muted"),
+            html.Div("Load (Poisson arrivals; empty: the scenario's value)", className="muted"),
+            html.Div([_number_input(f"drills-{name}", label, default, operate)
+                      for name, label, default in LOAD], className="form-row"),
+            html.Div("Targets (empty: the scenario's value)", className="muted"),
+            html.Div([_number_input(f"drills-target-{name}", label, None, operate, "6rem")
+                      for name, label in TARGETS], className="form-row"),
+            html.Div(className="form-row", children=[
+                html.Button("Preview (dry run)", id="drills-preview", n_clicks=0, className="btn",
+                            disabled=not operate),
+                html.Button("Run drill", id="drills-run", n_clicks=0, className="btn btn-danger",
+                            disabled=not operate),
+                html.Button("Abort", id="drills-abort", n_clicks=0, className="btn btn-small",
+                            disabled=not operate),
+            ]),
+        ]
+    )
+
+
+@dash.callback(Output("drills-scenario-info", "children"),
+               *[Output(f"drills-{name}", "placeholder") for name, _, _ in LOAD],
+               *[Output(f"drills-target-{name}", "placeholder") for name, _ in TARGETS],
+               Input("drills-scenario", "value"))
+def scenario_info(scenario_id: str | None) -> tuple[Any, ...]:
+    blank = ("",) * (1 + len(LOAD) + len(TARGETS))
+    if not scenario_id:
+        return blank
+    try:
+        found = [s for s in session.client().drill_scenarios() if s["id"] == scenario_id]
+    except ApiError as exc:
+        return (f"scenarios: {exc}", *blank[1:])
+    if not found:
+        return blank
+    s = found[0]
+    faults = ", ".join(f"{f['kind']} ({f.get('selector')}{', zone ' + f['zone'] if f.get('zone') else ''})"
+                       for f in s.get("faults") or []) or s.get("action", "")
+    info = (f"{s.get('description', '')} Fault: {faults}; detection: {s.get('detection')}. "
+            "Targets are resolved at t0: the busiest replica (or the first zone).")
+    targets = s.get("targets") or {}
+    return (info, *[_placeholder(s.get(name)) for name, _, _ in LOAD],
+            *[_placeholder(targets.get(name)) for name, _ in TARGETS])
+
+
+def _placeholder(value: Any) -> str:
+    return "not judged" if value is None else f"{value:g}" if isinstance(value, int | float) else str(value)
+
+
+@dash.callback(
+    Output("drills-plan", "children"),
+    Output("drills-run-result", "children"),
+    Output("drills-current", "data"),
+    Input("drills-preview", "n_clicks"),
+    Input("drills-run", "n_clicks"),
+    Input("drills-abort", "n_clicks"),
+    Input({"type": "drills-show", "index": ALL}, "n_clicks"),
+    State("drills-scenario", "value"),
+    State("drills-current", "data"),
+    *[State(f"drills-{name}", "value") for name, _, _ in LOAD],
+    *[State(f"drills-target-{name}", "value") for name, _ in TARGETS],
+    prevent_initial_call=True,
+)
+def act(_preview: int, _run: int, _abort: int, shows: list[int | None], scenario_id: str | None,
+        current: int | None, *values: Any) -> tuple[Any, Any, Any]:
+    trigger = ctx.triggered_id
+    if isinstance(trigger, dict):  # a history row's "Show" (or a redraw of the table: nobody clicked)
+        return (dash.no_update, dash.no_update, int(trigger["index"])) if any(shows) else (
+            dash.no_update, dash.no_update, dash.no_update)
+    try:
+        api = session.client()
+        if trigger == "drills-abort":
+            if current is None:
+                return dash.no_update, "no drill to abort", dash.no_update
+            api.drill_abort(int(current))
+            aborting = html.Div(f"drill {current}: aborting", id="drills-aborting")
+            return dash.no_update, aborting, dash.no_update
+        if not scenario_id:
+            return "", "choose a scenario", dash.no_update
+        load = {name: float(v) for (name, _, _), v in zip(LOAD, values[:len(LOAD)], strict=True) if v}
+        targets = {name: float(v) for (name, _), v in zip(TARGETS, values[len(LOAD):], strict=True)
+                   if v is not None}
+        answer = api.drill_run(
+            scenario_id, rate=load.get("rate"), duration_s=load.get("duration_s"),
+            fault_at_s=load.get("fault_at_s"),
+            max_tokens=int(load["max_tokens"]) if "max_tokens" in load else None,
+            capacity_deadline_s=load.get("capacity_deadline_s"), targets=targets,
+            dry_run=trigger == "drills-preview")
+    except ApiError as exc:
+        refused = html.Div(f"refused: {exc}", className="notice", id="drills-refused")
+        return dash.no_update, refused, dash.no_update
+    if trigger == "drills-preview":
+        return _plan(answer.get("plan") or {}), "", dash.no_update
+    drill_id = int(answer["id"])
+    return dash.no_update, html.Div(f"drill {drill_id} started: {scenario_id}", id="drills-started"), drill_id
+
+
+def _plan(plan: dict[str, Any]) -> html.Div:
+    sc = plan.get("scenario") or {}
+    pred = plan.get("prediction") or {}
+    faults = [
+        html.Li(f"{f['kind']} ({f.get('selector')}, {f.get('duration_s')} s) on "
+                f"{', '.join(f.get('targets') or []) or 'nothing'}: "
+                f"{'allowed' if f.get('allowed') else 'refused by the safety limits'}"
+                + (f" ({'; '.join(f.get('reasons') or [])})" if f.get("reasons") else ""))
+        for f in plan.get("faults") or []
+    ]
+    parts = ", ".join(f"{k} {number(v, 2)}" for k, v in (pred.get("parts") or {}).items())
+    return html.Div(
+        [
+            html.Strong(f"Dry run of {sc.get('id')}: {sc.get('rate')} req/s for {sc.get('duration_s')} s, "
+                        f"fault at {sc.get('fault_at_s')} s"),
+            html.Ul(faults or [html.Li(f"action: {sc.get('action')}")]),
+            html.Div(f"Predicted RTO service {number(pred.get('rto_service_s'), 2)} s, RTO capacity "
+                     f"{number(pred.get('rto_capacity_s'), 2)} s ({parts})"),
+        ],
+        id="drills-plan-body",
+    )
+
+
+@dash.callback(
+    Output("drills-progress", "children"),
+    Output("drills-report", "children"),
+    Output("drills-timeline", "figure"),
+    Output("drills-shown", "data"),
+    Input(REFRESH, "n_intervals"),
+    Input("drills-current", "data"),
+    State("drills-shown", "data"),
+)
+def show(_: int, current: int | None, shown: list[Any] | None) -> tuple[Any, Any, Any, Any]:
+    if current is None:
+        return "no drill yet", "", dash.no_update, None
+    try:
+        report = session.client().drill(int(current))
+    except ApiError as exc:
+        return f"drill {current}: {exc}", "", dash.no_update, None
+    status = str(report.get("status"))
+    if shown == [current, status] and status != "running":
+        return dash.no_update, dash.no_update, dash.no_update, dash.no_update  # finished and drawn
+    if status == "running":
+        p = report.get("progress") or {}
+        bar = html.Div([html.Strong(f"Drill {current} ({report.get('scenario')}): running, "
+                                    f"{p.get('phase', 'starting')}"),
+                        progress(p.get("fraction"), str(p.get("phase", "")))], id="drills-running")
+        return bar, "", drill_timeline(report), [current, status]
+    line = html.Div(f"Drill {current} ({report.get('scenario')}): {status}", id="drills-done",
+                    **_data(status=status))
+    try:
+        markdown = session.client().drill_markdown(int(current))
+    except ApiError as exc:
+        markdown = f"report.md: {exc}"
+    return line, _report(report, markdown), drill_timeline(report), [current, status]
+
+
+def _report(report: dict[str, Any], markdown: str) -> html.Div:
+    fig = report.get("figures") or {}
+    pred = report.get("prediction") or {}
+    checks = {c["name"]: c for c in report.get("checks") or []}
+    status = str(report.get("status"))
+    verdict = {"passed": "PASS", "failed": "FAIL"}.get(status, status.upper())
+    rows: list[Any] = [html.Tr([html.Th(h) for h in ("figure", "measured", "predicted", "target", "result")])]
+    for name in (*RTO, *RPO):
+        check = checks.get(name)
+        unit = " s" if name.startswith("rto") else ""
+        predicted = pred.get(name)
+        rows.append(html.Tr(
+            [
+                html.Td(name),
+                html.Td("–" if fig.get(name) is None else f"{_fmt(fig.get(name))}{unit}"),
+                html.Td("–" if predicted is None else f"{_fmt(predicted)}{unit}"),
+                html.Td("–" if check is None else f"<= {_fmt(check['target'])}{unit}"),
+                html.Td("–" if check is None else ("pass" if check["ok"] else "FAIL"),
+                        className="" if check is None else "outcome-ok" if check["ok"] else "outcome-error"),
+            ],
+            className="figure-row",
+            **_data(figure=name, measured=fig.get(name), predicted=predicted),
+        ))
+    marks = ", ".join(f"{m} {_fmt(fig.get(m))} s" for m in MARKS if fig.get(m) is not None)
+    return html.Div(
+        [
+            html.H4(f"Verdict: {verdict}", id="drills-verdict", **_data(status=status)),
+            html.Div(report.get("error") or "", className="notice"),
+            html.Div(f"Fault targets: {', '.join(report.get('fault_targets') or []) or '–'} · "
+                     f"requests sent {fig.get('requests_total', '–')}, affected "
+                     f"{fig.get('requests_affected', '–')}, resumed {fig.get('requests_resumed', '–')}",
+                     className="muted"),
+            html.Div(f"Clock after t0: {marks or '–'}", className="muted"),
+            html.Table(rows, id="drills-figures", className="data"),
+            html.Details([html.Summary("Report as Markdown"),
+                          html.Pre(markdown, id="drills-markdown", style={"whiteSpace": "pre-wrap"})]),
+        ],
+        id="drills-report-body",
+    )
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+@dash.callback(
+    Output("drills-history", "children"),
+    Output("drills-compare-ids", "options"),
+    Input(REFRESH, "n_intervals"),
+    Input("drills-run-result", "children"),
+)
+def history(*_: Any) -> tuple[Any, Any]:
+    try:
+        drills = session.client().drills(limit=HISTORY)
+    except ApiError as exc:
+        return [html.Tr(html.Td(f"drills: {exc}"))], []
+    rows: list[Any] = [html.Tr([html.Th(h) for h in ("id", "scenario", "status", "started (UTC)",
+                                                     "RTO service", "RTO capacity", "failed requests",
+                                                     "tokens lost", "")])]
+    for d in drills:
+        rows.append(html.Tr(
+            [
+                html.Td(str(d["id"])), html.Td(str(d.get("scenario"))), html.Td(str(d.get("status"))),
+                html.Td(when(d.get("started_at"))),
+                html.Td(_seconds(d.get("rto_service_s"))), html.Td(_seconds(d.get("rto_capacity_s"))),
+                html.Td(_count(d.get("requests_failed"))), html.Td(_count(d.get("tokens_lost"))),
+                html.Td(html.Button("Show", id={"type": "drills-show", "index": d["id"]}, n_clicks=0,
+                                    className="btn btn-small")),
+            ],
+            className="drill-row", **_data(drill=d["id"], status=d.get("status")),
+        ))
+    if not drills:
+        rows.append(html.Tr(html.Td("no drill has run yet")))
+    options = [{"label": f"#{d['id']} {d.get('scenario')} ({d.get('status')})", "value": d["id"]}
+               for d in drills]
+    return rows, options
+
+
+def _seconds(value: Any) -> str:
+    return "–" if value is None else f"{value:.2f} s"
+
+
+def _count(value: Any) -> str:
+    return "–" if value is None else str(value)
+
+
+@dash.callback(
+    Output("drills-comparison", "children"),
+    Input("drills-compare", "n_clicks"),
+    State("drills-compare-ids", "value"),
+    prevent_initial_call=True,
+)
+def compare(_: int, ids: list[int] | None) -> Any:
+    if not ids or len(ids) < 2:
+        return html.Div("pick at least two drills", className="notice")
+    try:
+        table = session.client().drill_compare([int(i) for i in ids])
+    except ApiError as exc:
+        return html.Div(f"compare: {exc}", className="notice")
+    head = [html.Th("figure")] + [html.Th(f"#{c['id']} {c['scenario']} ({c['status']})")
+                                  for c in table.get("columns") or []]
+    rows: list[Any] = [html.Tr(head)]
+    for row in table.get("rows") or []:
+        unit = f" {row['unit']}" if row.get("unit") else ""
+        rows.append(html.Tr([html.Td(row["label"])] + [
+            html.Td("–" if v is None else f"{_fmt(v)}{unit}") for v in row.get("values") or []]))
+    return html.Table(rows, id="drills-compare-table", className="data")
+
+
+# ---- schedules ------------------------------------------------------------------------------------
+def _schedule_form(scenarios: list[dict[str, Any]], operate: bool) -> html.Div:
+    first = scenarios[0]["id"] if scenarios else None
+    return html.Div(
+        [
+            html.Div(className="form-row", children=[
+                html.Div([html.Label("Edit (empty: create a new one)"), dcc.Dropdown(
+                    id="drills-sched-pick", options=[], disabled=not operate, style={"minWidth": "14rem"})]),
+                html.Div([html.Label("Name"), dcc.Input(id="drills-sched-name", type="text", value="",
+                                                        disabled=not operate, style={"width": "12rem"})]),
+                html.Div([html.Label("Scenario"), dcc.Dropdown(
+                    id="drills-sched-scenario", options=_scenario_options(scenarios), value=first,
+                    clearable=False, disabled=not operate, style={"minWidth": "16rem"})]),
+                html.Div([html.Label("Cron (min hour day month weekday)"), dcc.Input(
+                    id="drills-sched-cron", type="text", value="0 3 * * 1", disabled=not operate)]),
+            ]),
+            html.Div(className="form-row", children=[
+                *[_number_input(f"drills-sched-{name}", f"{name} (empty: scenario's)", None, operate)
+                  for name in SCHEDULE_OVERRIDES],
+                html.Button("Create", id="drills-sched-create", n_clicks=0, className="btn",
+                            disabled=not operate),
+                html.Button("Save changes", id="drills-sched-save", n_clicks=0, className="btn",
+                            disabled=not operate),
+            ]),
+        ]
+    )
+
+
+@dash.callback(
+    Output("drills-schedules", "children"),
+    Output("drills-sched-pick", "options"),
+    Input(REFRESH, "n_intervals"),
+    Input("drills-sched-result", "children"),
+)
+def schedules(*_: Any) -> tuple[Any, Any]:
+    operate = session.can_operate()
+    try:
+        found = session.client().drill_schedules()
+    except ApiError as exc:
+        return [html.Tr(html.Td(f"schedules: {exc}"))], []
+    rows: list[Any] = [html.Tr([html.Th(h) for h in ("name", "scenario", "cron", "overrides", "next run",
+                                                     "created by", "")])]
+    for s in found:
+        overrides = ", ".join(f"{k}={v:g}" for k, v in (s.get("overrides") or {}).items()) or "–"
+        buttons = [html.Button(label, id={"type": "drills-sched-act", "index": f"{verb}:{s['id']}"},
+                               n_clicks=0, className="btn btn-small", disabled=not operate)
+                   for verb, label in (("resume", "Resume") if s.get("paused") else ("pause", "Pause"),
+                                       ("delete", "Delete"))]
+        rows.append(html.Tr(
+            [html.Td(s["name"]), html.Td(s["scenario_id"]), html.Td(f"{s['cron']} ({s.get('timezone')})"),
+             html.Td(overrides), html.Td("paused" if s.get("paused") else str(s.get("next_run_time"))),
+             html.Td(str(s.get("created_by", ""))), html.Td(buttons)],
+            className="schedule-row", **_data(name=s["name"], paused=str(bool(s.get("paused"))).lower()),
+        ))
+    if not found:
+        rows.append(html.Tr(html.Td("no schedule", id="drills-no-schedule")))
+    return rows, [{"label": s["name"], "value": s["id"]} for s in found]
+
+
+@dash.callback(
+    Output("drills-sched-name", "value"),
+    Output("drills-sched-scenario", "value"),
+    Output("drills-sched-cron", "value"),
+    *[Output(f"drills-sched-{name}", "value") for name in SCHEDULE_OVERRIDES],
+    Input("drills-sched-pick", "value"),
+    prevent_initial_call=True,
+)
+def pick(schedule_id: str | None) -> tuple[Any, ...]:
+    if not schedule_id:
+        return (dash.no_update,) * (3 + len(SCHEDULE_OVERRIDES))
+    try:
+        s = session.client().drill_schedule(schedule_id)
+    except ApiError:
+        return (dash.no_update,) * (3 + len(SCHEDULE_OVERRIDES))
+    overrides = s.get("overrides") or {}
+    return (s["name"], s["scenario_id"], s["cron"], *[overrides.get(n) for n in SCHEDULE_OVERRIDES])
+
+
+@dash.callback(
+    Output("drills-sched-result", "children"),
+    Input("drills-sched-create", "n_clicks"),
+    Input("drills-sched-save", "n_clicks"),
+    Input({"type": "drills-sched-act", "index": ALL}, "n_clicks"),
+    State("drills-sched-pick", "value"),
+    State("drills-sched-name", "value"),
+    State("drills-sched-scenario", "value"),
+    State("drills-sched-cron", "value"),
+    *[State(f"drills-sched-{name}", "value") for name in SCHEDULE_OVERRIDES],
+    prevent_initial_call=True,
+)
+def schedule_action(_create: int, _save: int, acts: list[int | None], picked: str | None, name: str | None,
+                    scenario_id: str | None, cron: str | None, *values: Any) -> Any:
+    trigger = ctx.triggered_id
+    if isinstance(trigger, dict) and not any(acts):
+        return dash.no_update  # the table was redrawn; nobody clicked
+    overrides = {n: float(v) for n, v in zip(SCHEDULE_OVERRIDES, values, strict=True) if v is not None}
+    try:
+        api = session.client()
+        if isinstance(trigger, dict):
+            verb, _, schedule_id = str(trigger["index"]).partition(":")
+            if verb == "delete":
+                api.delete_drill_schedule(schedule_id)
+                return f"schedule {schedule_id} deleted"
+            change = api.pause_drill_schedule if verb == "pause" else api.resume_drill_schedule
+            changed = change(schedule_id)
+            return f"schedule {changed['name']}: {'paused' if changed.get('paused') else 'resumed'}"
+        if not name or not scenario_id or not cron:
+            return "give a name, a scenario and a cron expression"
+        if trigger == "drills-sched-save":
+            if not picked:
+                return "pick the schedule to edit"
+            edited = api.edit_drill_schedule(picked, name=name, scenario_id=scenario_id, cron=cron,
+                                             overrides=overrides)
+            return f"schedule {edited['name']} saved; next run {edited.get('next_run_time') or 'paused'}"
+        created = api.add_drill_schedule(name=name, scenario_id=scenario_id, cron=cron, overrides=overrides)
+    except ApiError as exc:
+        return html.Span(f"refused: {exc}", className="notice")
+    return f"schedule {created['name']} created; next run {created.get('next_run_time')}"

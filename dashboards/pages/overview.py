@@ -1,0 +1,210 @@
+"""Overview: replicas by zone with their state and what each is doing; the fleet's golden signals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+from dash import Input, Output, dcc, html
+
+from controlplane.client import ApiError, ControlPlaneClient, FleetView
+from dashboards import session
+from dashboards.figures import STATE_COLORS, empty, ms, number, share, time_series
+from dashboards.shell import REFRESH
+
+CHART_MINUTES = 10.0
+E2E = "vllm:e2e_request_latency_seconds"
+TTFT = "vllm:time_to_first_token_seconds"
+
+
+def layout(**_: Any) -> html.Div:
+    return html.Div(
+        [
+            html.H2("Overview"),
+            html.Div(id="ov-fleet-line", className="muted"),
+            html.Div(id="ov-zones", className="zones"),
+            html.Div(id="ov-kpis", className="cards"),
+            html.Div(
+                className="grid2",
+                children=[
+                    html.Div(
+                        dcc.Graph(
+                            id="ov-throughput", config={"displaylogo": False}, figure=empty("Throughput")
+                        ),
+                        className="panel",
+                    ),
+                    html.Div(
+                        dcc.Graph(id="ov-latency", config={"displaylogo": False}, figure=empty("Latency")),
+                        className="panel",
+                    ),
+                ],
+            ),
+        ]
+    )
+
+
+dash.register_page(
+    __name__, path="/", name="Overview", order=0, title="Overview · LLM SRE console", layout=layout
+)
+
+
+@dash.callback(
+    Output("ov-fleet-line", "children"),
+    Output("ov-zones", "children"),
+    Output("ov-kpis", "children"),
+    Input(REFRESH, "n_intervals"),
+)
+def refresh_status(_: int) -> tuple[Any, Any, Any]:
+    try:
+        api = session.client()
+        fleet = api.fleet()
+        faults = api.chaos_faults()
+    except ApiError as exc:
+        return f"control plane: {exc}", [], []
+    activity = _or_empty(api.replica_activity)
+    summary = _or_empty(lambda: api.summary("fleet"))
+    line = (
+        f"model {fleet.model} · generation {fleet.generation} · {fleet.ready_replicas}/"
+        f"{fleet.desired_replicas} replicas ready" + (" · rollout in progress" if fleet.rollout else "")
+    )
+    return line, _zones(fleet, activity, faults), _kpis(summary)
+
+
+def _or_empty(fetch: Any) -> dict[str, Any]:
+    try:
+        return dict(fetch())
+    except ApiError:  # telemetry may still be warming up: the panels say "–"
+        return {}
+
+
+def _zones(fleet: FleetView, activity: dict[str, Any], faults: list[dict[str, Any]]) -> list[html.Div]:
+    by_target: dict[str, list[str]] = {}
+    for f in faults:
+        by_target.setdefault(f["target"], []).append(f"{f['kind']} #{f['id']}")
+    zones = []
+    for zone in fleet.zones:
+        replicas = sorted((r for r in fleet.replicas if r.zone == zone), key=lambda r: r.replica_id)
+        cards = [
+            _replica_card(r.replica_id, r.state, r.pid, activity.get(r.replica_id), by_target)
+            for r in replicas
+        ] or [html.Div("no replica", className="muted")]
+        ready = sum(r.state == "ready" for r in replicas)
+        zones.append(
+            html.Div(
+                [html.H4(f"{zone} · {ready}/{len(replicas)} ready"), *cards],
+                className="zone",
+                **{"data-zone": zone},
+            )
+        )
+    return zones
+
+
+def _replica_card(
+    rid: str, state: str, pid: int | None, load: dict[str, Any] | None, faults: dict[str, list[str]]
+) -> html.Div:
+    doing = _doing(state, load)
+    lines: list[Any] = [
+        html.Div(
+            [
+                html.Strong(rid),
+                " ",
+                html.Span(state, className="state", style={"color": STATE_COLORS.get(state)}),
+                html.Span(f"  pid {pid or '-'}", className="muted"),
+            ]
+        ),
+        html.Div(doing, className="doing"),
+    ]
+    if rid in faults:
+        lines.append(
+            html.Div("FAULT: " + ", ".join(faults[rid]), style={"color": "#b91c1c", "fontWeight": 700})
+        )
+    return html.Div(
+        lines,
+        className="replica-card",
+        style={"borderLeftColor": STATE_COLORS.get(state)},
+        **{"data-replica": rid, "data-state": state},
+    )
+
+
+def _doing(state: str, load: dict[str, Any] | None) -> str:
+    if state != "ready":
+        return {
+            "starting": "loading the model, waiting for readiness",
+            "draining": "finishing its requests",
+            "ejected": "ejected by the gateway after failures",
+            "crashed": "crashed; restarting with backoff",
+        }.get(state, state)
+    if not load:
+        return "no metrics yet"
+    running, waiting = load.get("running") or 0, load.get("waiting") or 0
+    if running == 0 and waiting == 0:
+        return "idle"
+    return (
+        f"{running:.0f} running, {waiting:.0f} waiting · KV {share(load.get('kv_usage'))} · "
+        f"{number(load.get('qps'))} req/s · {number(load.get('tokens_per_s'), 1)} tok/s"
+    )
+
+
+def _kpis(summary: dict[str, Any]) -> list[html.Div]:
+    def card(label: str, value: str, key: str) -> html.Div:
+        return html.Div(
+            [html.Div(label, className="label"), html.Div(value, className="value")],
+            className="card",
+            id=f"kpi-{key}",
+        )
+
+    def q(name: str) -> dict[str, Any]:
+        return summary.get(name) or {}
+
+    cards = [
+        card("QPS", number(summary.get("qps")), "qps"),
+        card("error rate", share(summary.get("error_rate")), "errors"),
+        card("tokens/s", number(summary.get("generation_tokens_per_s"), 1), "tokens"),
+        card(
+            "KV usage (mean / max)",
+            f"{share(summary.get('kv_usage_mean'))} / {share(summary.get('kv_usage_max'))}",
+            "kv",
+        ),
+        card(
+            "waiting / running",
+            f"{number(summary.get('num_waiting'), 0)} / {number(summary.get('num_running'), 0)}",
+            "queue",
+        ),
+    ]
+    for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E")):
+        cards.append(
+            card(
+                f"{label} P50 / P95 / P99",
+                " / ".join(ms(q(name).get(p)) for p in ("p50", "p95", "p99")),
+                name,
+            )
+        )
+    return cards
+
+
+@dash.callback(
+    Output("ov-throughput", "figure"), Output("ov-latency", "figure"), Input(REFRESH, "n_intervals")
+)
+def refresh_charts(_: int) -> tuple[Any, Any]:
+    try:
+        api = session.client()
+        qps = _line(api, "vllm:request_success_total", kind="rate")
+        tokens = _line(api, "vllm:generation_tokens_total", kind="rate")
+        latency = {
+            f"{label} P{int(q * 100)}": _line(api, metric, q=q)
+            for metric, label in ((TTFT, "TTFT"), (E2E, "E2E"))
+            for q in (0.5, 0.99)
+        }
+    except ApiError as exc:
+        return empty("Throughput", str(exc)), empty("Latency", str(exc))
+    return (
+        time_series(f"Throughput (last {CHART_MINUTES:.0f} min)", {"requests/s": qps, "tokens/s": tokens}),
+        time_series(f"Latency percentiles (last {CHART_MINUTES:.0f} min)", latency, unit="ms", scale=1000.0),
+    )
+
+
+def _line(
+    api: ControlPlaneClient, metric: str, *, kind: str = "quantile", q: float | None = None
+) -> list[list[float]]:
+    series = api.metrics_range(metric, kind=kind, q=q, minutes=CHART_MINUTES, step_s=5.0)
+    return series[0]["points"] if series else []

@@ -1,0 +1,410 @@
+"""The Drills, Autoscaler and Alerts pages in a real headless Chromium against a real ``controlplane up``.
+
+This module runs its own control plane: two replicas (a crash drill needs one survivor, and the machine is
+small), the autoscaler on in observe-only mode, ticking every 2 s, so its decision records are real but it
+never resizes the fleet under the drill, and the alert loop on with one extra rule that fires at once (each
+replica is up) and notifies (no webhook configured: the action is recorded as skipped), so the Alerts page
+has firing alerts and history to show. Tests run in file order: the alerts test switches that rule off,
+and the drill runs before the autoscaler tests, so the decisions they read saw its load and its crash.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+from controlplane.client import ApiError, ControlPlaneClient
+
+from .conftest import (
+    ADMIN_PASSWORD,
+    Console,
+    _wait_for_console,
+    choose,
+    console_config,
+    console_pids,
+    log_in,
+    replica_pids,
+    screenshot,
+    start,
+    wait_for,
+    wait_ready,
+    wait_text,
+)
+from .test_console import assert_no_console_errors, plot_data, rows_of
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+REPLICAS = 2
+DEFAULT_RULES = {"HighErrorRate", "SlowTimeToFirstToken", "KVCacheFull", "LongQueue", "ReplicaDown"}
+TEST_RULE = "ConsoleTestReplicaUp"
+ALERTS = f"""[alerts]
+enabled = true
+eval_interval_s = 1.0
+[[alerts.rules]]
+name = "{TEST_RULE}"
+query = "replica_up"
+comparison = ">"
+threshold = 0.5
+for_s = 2.0
+severity = "info"
+action = "notify"
+summary = "the replica answers its metrics scrape (fires at once, for the test)"
+"""
+
+
+@pytest.fixture(scope="module")
+def console(model_state: Path) -> Iterator[Console]:
+    """``controlplane up`` with the console, two replicas and an observe-only autoscaler."""
+    config, port = console_config(model_state)
+    text = config.read_text().replace("replicas = 3\n", f"replicas = {REPLICAS}\n", 1)
+    text = text.replace("[autoscaler]\nenabled = false\n",
+                        "[autoscaler]\nenabled = true\nobserve_only = true\ntick_s = 2.0\n", 1)
+    text = text.replace("[alerts]\nenabled = false\n", ALERTS, 1)
+    assert "observe_only = true" in text and f"replicas = {REPLICAS}" in text and TEST_RULE in text, text
+    config.write_text(text)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CONTROLPLANE_ADMIN_PASSWORD", ADMIN_PASSWORD)
+        running = start(config, model_state, "admin-token-for-console-drill-tests")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(running, REPLICAS)
+        _wait_for_console(url, running)
+        yield Console(running, url, port)
+    finally:
+        if running.process.poll() is None:
+            running.process.send_signal(signal.SIGTERM)
+            try:
+                running.process.wait(60)
+            except subprocess.TimeoutExpired:
+                running.process.kill()
+        for pid in replica_pids(running.state_dir) | console_pids(port):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _type(browser: WebDriver, element_id: str, text: str) -> None:
+    """Replace the text of a Dash input (``clear()`` alone is undone by React's controlled value)."""
+    field = browser.find_element(By.ID, element_id)
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys(Keys.BACKSPACE)
+    field.send_keys(text)
+
+
+def _click(browser: WebDriver, selector: str) -> None:
+    """Click ``selector`` in a table the refresh clock redraws (a stale element is looked up again)."""
+
+    def clicked(b: WebDriver) -> bool:
+        b.find_element(By.CSS_SELECTOR, selector).click()
+        return True
+
+    WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(clicked)
+
+
+def _audit(console: Console) -> set[tuple[str, str, str]]:
+    with console.running.client() as api:
+        return {(a["actor"].split("/")[0], a["action"], a["outcome"]) for a in api.audit(limit=200)}
+
+
+# ---- Alerts ---------------------------------------------------------------------------------------
+def test_alerts_page_shows_rules_firing_alerts_and_the_actions_they_took(console: Console,
+                                                                         driver: WebDriver) -> None:
+    log_in(driver, console.url, "admin", console.admin_password)
+    driver.get(console.url + "/alerts")
+    wait_for(driver, "#al-rules tr.rule-row")
+    rows = {r["rule"]: r for r in rows_of(driver, "#al-rules tr.rule-row")}
+    assert set(rows) == DEFAULT_RULES | {TEST_RULE}  # the default rules, and the configured one
+    with console.running.client() as api:
+        rules = {r["name"]: r for r in api.alert_rules()}
+    assert set(rules) == set(rows)
+    for name, rule in rules.items():  # what the page shows is what the API says
+        assert rows[name]["enabled"] == str(rule["enabled"]).lower()
+        assert rule["action"] in rows[name]["text"] and rule["severity"] in rows[name]["text"]
+
+    # the test rule fires for each replica; the history shows the transitions and the notify action
+    WebDriverWait(driver, 60).until(lambda b: len(
+        [a for a in rows_of(b, "#al-active tr.active-alert") if a["state"] == "firing"]) == REPLICAS)
+    assert "replica=az-a-1" in driver.find_element(By.ID, "al-active").text
+    wait_text(driver, "#banner", rf"{REPLICAS} firing alert\(s\)")
+    wait_for(driver, f"#al-history tr.history-row[data-rule='{TEST_RULE}'][data-state='firing']")
+    with console.running.client() as api:
+        firing = [h for h in api.alert_history(rule=TEST_RULE) if h["state"] == "firing"]
+    assert len(firing) == REPLICAS and all(h["result"]["outcome"] == "skipped" for h in firing), firing
+    history = [r for r in rows_of(driver, "#al-history tr.history-row")
+               if r["rule"] == TEST_RULE and r["state"] == "firing"]
+    assert len(history) == REPLICAS
+    assert all("notify" in r["text"] and f"skipped: {firing[0]['result']['target']}" in r["text"]
+               for r in history), history
+    screenshot(driver, "alerts", publish=True)
+
+    # switching the rule off from the page resolves its alerts
+    _click(driver, f"#al-rules tr[data-rule='{TEST_RULE}'] button")
+    wait_text(driver, "#al-switch-result", rf"{TEST_RULE} disabled; {REPLICAS} active alert\(s\) resolved")
+    wait_for(driver, "#al-none-active")
+    wait_for(driver, f"#al-rules tr[data-rule='{TEST_RULE}'][data-enabled='false']")
+    wait_text(driver, "#banner", r"No active faults, no firing alerts")
+    wait_for(driver, f"#al-history tr.history-row[data-rule='{TEST_RULE}'][data-state='resolved']")
+    # and back on
+    _click(driver, "#al-rules tr[data-rule='LongQueue'] button")
+    wait_for(driver, "#al-rules tr[data-rule='LongQueue'][data-enabled='false']")
+    _click(driver, "#al-rules tr[data-rule='LongQueue'] button")
+    wait_for(driver, "#al-rules tr[data-rule='LongQueue'][data-enabled='true']")
+    with console.running.client() as api:
+        enabled = {r["name"]: r["enabled"] for r in api.alert_rules()}
+        assert api.active_alerts() == []
+    assert enabled[TEST_RULE] is False and enabled["LongQueue"] is True
+    assert {("admin", "alerts.disable", "ok"), ("admin", "alerts.enable", "ok")} <= _audit(console)
+    assert_no_console_errors(driver, "alerts")
+
+
+# ---- Drills ---------------------------------------------------------------------------------------
+def test_replica_crash_drill_from_the_drills_page_shows_its_report(console: Console,
+                                                                   driver: WebDriver) -> None:
+    driver.get(console.url + "/drills")
+    wait_for(driver, "#drills-scenario")
+    wait_text(driver, "#drills-scenario", r"replica-crash")  # the first scenario is the default pick
+    for field, value in (("drills-rate", "2"), ("drills-duration_s", "10"), ("drills-fault_at_s", "4"),
+                         ("drills-capacity_deadline_s", "90"), ("drills-target-rto_service_s", "30")):
+        _type(driver, field, value)
+
+    driver.find_element(By.ID, "drills-preview").click()  # the dry run: resolved target and prediction
+    plan = wait_text(driver, "#drills-plan-body", r"Dry run of replica-crash")
+    assert "2.0 req/s for 10.0 s" in plan and re.search(r"kill .* on az-\w-1: allowed", plan), plan
+    assert "Predicted RTO service" in plan
+    with console.running.client() as api:
+        assert api.drills() == []  # the preview ran nothing
+
+        driver.find_element(By.ID, "drills-run").click()
+        started = wait_text(driver, "#drills-started", r"drill \d+ started: replica-crash")
+        drill_id = int(re.search(r"drill (\d+)", started).group(1))  # type: ignore[union-attr]
+        wait_for(driver, "#drills-running progress")  # live progress while it runs
+        screenshot(driver, "drills-running")
+        wait_for(driver, "#drills-done", timeout_s=240)
+        report = api.drill(drill_id)
+    assert report["status"] in ("passed", "failed"), report.get("error")
+    assert report["config"]["rate"] == 2 and report["config"]["duration_s"] == 10
+    assert {c["name"]: c["target"] for c in report["checks"]}["rto_service_s"] == 30
+
+    verdict = driver.find_element(By.ID, "drills-verdict")
+    assert verdict.get_attribute("data-status") == report["status"]
+    assert verdict.text == f"Verdict: {'PASS' if report['status'] == 'passed' else 'FAIL'}"
+    shown = {r["figure"]: r for r in rows_of(driver, "#drills-figures tr.figure-row")}
+    figures = report["figures"]
+    for name in ("rto_service_s", "rto_capacity_s", "requests_failed", "tokens_lost", "writes_lost"):
+        assert name in shown, name
+        measured = figures[name]
+        assert shown[name]["measured"] == str(measured), (name, shown[name], measured)
+    assert figures["rto_service_s"] is not None and figures["requests_total"] > 0
+    assert shown["rto_service_s"]["predicted"] == str(report["prediction"]["rto_service_s"])
+    assert "<= 30" in shown["rto_service_s"]["text"]
+    # the timeline: the report's series and a marker line per measured t_*
+    traces = {t["name"]: t["n"] for t in plot_data(driver, "drills-timeline")}
+    assert traces["sent (req/s)"] == len(report["timeline"]["t"]) > 0
+    assert traces["ready replicas"] == len(report["timeline"]["ready"]) > 0
+    marks = driver.execute_script(
+        "const p = document.querySelector('#drills-timeline .js-plotly-plot');"
+        "return (p.layout.annotations || []).map(a => a.text);")
+    expected = ["t0"] + [m for m in ("t_detect", "t_switch", "t_first_ok", "t_slo", "t_capacity")
+                         if figures.get(m) is not None]
+    assert sorted(marks) == sorted(expected)
+    [row] = [r for r in rows_of(driver, "#drills-history tr.drill-row") if r["drill"] == str(drill_id)]
+    assert row["status"] == report["status"]
+    screenshot(driver, "drills", publish=True)
+    assert_no_console_errors(driver, "drills")
+    assert ("admin", "drill.run", "ok") in _audit(console)
+
+
+def test_a_drill_aborted_from_the_page_is_compared_with_the_first(console: Console,
+                                                                  driver: WebDriver) -> None:
+    driver.get(console.url + "/drills")
+    wait_for(driver, "#drills-done")  # the page opens on the newest drill
+    for field, value in (("drills-rate", "2"), ("drills-duration_s", "10"), ("drills-fault_at_s", "4")):
+        _type(driver, field, value)
+    driver.find_element(By.ID, "drills-run").click()
+    started = wait_text(driver, "#drills-started", r"drill \d+ started")
+    second = int(re.search(r"drill (\d+)", started).group(1))  # type: ignore[union-attr]
+    driver.find_element(By.ID, "drills-abort").click()
+    wait_text(driver, "#drills-aborting", rf"drill {second}: aborting")
+    wait_for(driver, "#drills-done[data-status='aborted']", timeout_s=60)
+    with console.running.client() as api:
+        first, aborted = sorted(api.drills(), key=lambda d: d["id"])
+        assert aborted["id"] == second and aborted["status"] == "aborted"
+        assert api.chaos_faults() == []  # an aborted drill leaves no fault behind
+        expected = api.drill_compare([first["id"], second])
+    assert ("admin", "drill.abort", "ok") in _audit(console)
+
+    choose(driver, "drills-compare-ids", f"#{first['id']} replica-crash ({first['status']})")
+    choose(driver, "drills-compare-ids", f"#{second} replica-crash (aborted)")
+    driver.find_element(By.ID, "drills-compare").click()
+    table = wait_for(driver, "#drills-compare-table")
+    header = table.find_elements(By.TAG_NAME, "th")
+    assert [h.text for h in header][1:] == [f"#{c['id']} {c['scenario']} ({c['status']})"
+                                           for c in expected["columns"]]
+    rto = next(r for r in expected["rows"] if r["figure"] == "rto_service_s")
+    rows = rows_of(driver, "#drills-compare-table tr")
+    line = next(r["text"] for r in rows if r["text"].startswith(rto["label"] + "\t"))
+    assert f"{rto['values'][0]:.3f} s" in line and "–" in line  # measured in the first, not in the aborted
+    assert_no_console_errors(driver, "drill comparison")
+
+
+def test_drill_schedules_are_created_edited_paused_and_deleted(console: Console, driver: WebDriver) -> None:
+    driver.get(console.url + "/drills")
+    wait_for(driver, "#drills-schedules tr")
+    _type(driver, "drills-sched-name", "weekly-crash")
+    _type(driver, "drills-sched-cron", "0 3 * * 1")
+    _type(driver, "drills-sched-rate", "2")
+    driver.find_element(By.ID, "drills-sched-create").click()
+    wait_text(driver, "#drills-sched-result", r"schedule weekly-crash created; next run \d{4}-")
+    wait_for(driver, "#drills-schedules tr[data-name='weekly-crash'][data-paused='false']")
+    with console.running.client() as api:
+        [schedule] = api.drill_schedules()
+        assert (schedule["scenario_id"], schedule["cron"], schedule["overrides"]) == (
+            "replica-crash", "0 3 * * 1", {"rate": 2.0})
+
+        choose(driver, "drills-sched-pick", "weekly-crash")
+        WebDriverWait(driver, 10).until(
+            lambda b: b.find_element(By.ID, "drills-sched-cron").get_attribute("value") == "0 3 * * 1")
+        _type(driver, "drills-sched-cron", "30 4 * * 2")
+        driver.find_element(By.ID, "drills-sched-save").click()
+        wait_text(driver, "#drills-sched-result", r"schedule weekly-crash saved")
+        assert api.drill_schedule(schedule["id"])["cron"] == "30 4 * * 2"
+
+        _click(driver, "#drills-schedules tr[data-name='weekly-crash'] button")
+        wait_for(driver, "#drills-schedules tr[data-name='weekly-crash'][data-paused='true']")
+        assert api.drill_schedule(schedule["id"])["paused"] is True
+        screenshot(driver, "drills-schedules")
+
+        buttons = rows_of(driver, "#drills-schedules tr[data-name='weekly-crash'] button")
+        assert [b["text"] for b in buttons] == ["Resume", "Delete"]
+        _click(driver, "#drills-schedules tr[data-name='weekly-crash'] button:nth-of-type(2)")
+        wait_for(driver, "#drills-no-schedule")
+        assert api.drill_schedules() == []
+        with pytest.raises(ApiError) as gone:
+            api.drill_schedule(schedule["id"])
+        assert gone.value.status == 404
+    verbs = ("create", "edit", "pause", "delete")
+    assert {("admin", f"drill.schedule.{verb}", "ok") for verb in verbs} <= _audit(console)
+    assert_no_console_errors(driver, "drill schedules")
+
+
+# ---- Autoscaler -----------------------------------------------------------------------------------
+def test_autoscaler_page_shows_the_decisions_with_their_reasons(console: Console, driver: WebDriver) -> None:
+    log_in(driver, console.url, "admin", console.admin_password)
+    driver.get(console.url + "/autoscaler")
+    wait_for(driver, "#as-decisions tr.decision-row", timeout_s=60)
+    wait_text(driver, "#as-mode", r"observe_only")
+    rows = rows_of(driver, "#as-decisions tr.decision-row")
+    with console.running.client() as api:
+        decisions = api.autoscaler_decisions(limit=200)
+    assert decisions, "the autoscaler recorded no decision"
+    # the drill's load reached the loop's inputs (it ran while the autoscaler observed)
+    assert any((d["inputs"]["request_rate"] or 0) > 0 for d in decisions), [d["inputs"] for d in decisions]
+    by_id = {str(d["id"]): d for d in decisions}
+    assert rows[0]["id"] in by_id
+    for row in rows:  # every listed decision is a stored record, with its reasons: observe-only, not applied
+        record = by_id[row["id"]]
+        assert row["mode"] == "observe_only" and row["applied"] == "false" and "observe only" in row["text"]
+        assert row["final"] == str(record["final"])
+        assert record["proposals"] and all(f"{p['source']} -> {p['replicas']}: {p['reason']}" in row["text"]
+                                           for p in record["proposals"])
+        assert all(c in row["text"] for c in record["clamps"])
+    # the chart: replicas and load over time from the same records
+    WebDriverWait(driver, 30).until(
+        lambda b: {t["name"]: t["n"] for t in plot_data(b, "as-timeline")}.get("replicas (current)", 0) > 0)
+    names = {t["name"] for t in plot_data(driver, "as-timeline")}
+    assert {"load (req/s)", "replicas (current)", "replicas (decided)"} <= names
+    screenshot(driver, "autoscaler", publish=True)
+    assert_no_console_errors(driver, "autoscaler")
+
+
+def test_autoscaler_policy_editor_and_pause_change_the_live_loop(console: Console,
+                                                                 driver: WebDriver) -> None:
+    driver.get(console.url + "/autoscaler")
+    wait_for(driver, "#as-status .card")
+    _type(driver, "as-max_replicas", "9")
+    driver.find_element(By.ID, "as-save").click()
+    wait_text(driver, "#as-save-result", r"saved: mode observe_only, replicas \d+\.\.9")
+    with console.running.client() as api:
+        status = api.autoscaler_status()
+        assert status["config"]["max_replicas"] == 9 and status["observe_only"] is True
+        driver.find_element(By.ID, "as-pause").click()
+        wait_text(driver, "#as-save-result", r"paused: mode paused")
+        wait_text(driver, "#as-mode", r"paused")
+        assert api.autoscaler_status()["mode"] == "paused"
+        driver.find_element(By.ID, "as-resume").click()
+        wait_text(driver, "#as-save-result", r"resumed: mode observe_only")
+        assert api.autoscaler_status()["mode"] == "observe_only"
+    assert {("admin", "autoscaler.config", "ok"), ("admin", "autoscaler.pause", "ok"),
+            ("admin", "autoscaler.resume", "ok")} <= _audit(console)
+    assert_no_console_errors(driver, "autoscaler editor")
+
+
+def test_what_if_simulator_compares_policies_on_a_trace(console: Console, driver: WebDriver) -> None:
+    driver.get(console.url + "/autoscaler")
+    wait_for(driver, "#as-sim-run")
+    _type(driver, "as-sim-duration", "600")
+    driver.find_element(By.ID, "as-sim-run").click()
+    wait_for(driver, "#as-sim-table tr.sim-row", timeout_s=120)
+    rows = {r["policy"]: r for r in rows_of(driver, "#as-sim-table tr.sim-row")}
+    assert set(rows) == {"ours", "hpa"}
+    for row in rows.values():
+        assert 0.0 <= float(row["slo"]) <= 1.0
+    note = driver.find_element(By.ID, "as-sim-note").text
+    assert re.search(r"\d+ requests of the synthetic-bursty trace", note), note
+    traces = {t["name"]: t["n"] for t in plot_data(driver, "as-sim-graph")}
+    assert traces.get("ours replicas", 0) > 0 and traces.get("hpa replicas", 0) > 0, traces
+    with console.running.client() as api:
+        runs = [a for a in api.audit(limit=50) if a["action"] == "simulate.run"]
+    assert runs and runs[0]["outcome"] == "ok" and runs[0]["params"]["duration_s"] == 600
+    screenshot(driver, "autoscaler-what-if")
+    assert_no_console_errors(driver, "what-if")
+
+
+# ---- a viewer -------------------------------------------------------------------------------------
+VIEWER_DISABLED = {
+    "drills": ("/drills", "#drills-history tr.drill-row",
+               ("drills-preview", "drills-run", "drills-abort", "drills-sched-create", "drills-sched-save")),
+    "autoscaler": ("/autoscaler", "#as-decisions tr.decision-row",
+                   ("as-save", "as-pause", "as-resume", "as-sim-run", "as-max_replicas", "as-min_replicas")),
+    "alerts": ("/alerts", "#al-rules tr.rule-row", ()),
+}
+
+
+def test_a_viewer_sees_the_pages_with_every_mutating_control_disabled(console: Console,
+                                                                      driver: WebDriver) -> None:
+    log_in(driver, console.url, "viewer", console.viewer_password)
+    for page, (path, ready, controls) in VIEWER_DISABLED.items():
+        driver.get(console.url + path)
+        wait_for(driver, ready)
+        wait_text(driver, "#who", r"viewer \(viewer\)")
+        for control in (*controls, "halt-all"):
+            assert not driver.find_element(By.ID, control).is_enabled(), (page, control)
+        time.sleep(2.5)  # one refresh tick: the live callbacks run as the viewer too
+        screenshot(driver, f"{page}-viewer")
+        assert_no_console_errors(driver, f"{page} as viewer")
+    switches = driver.find_elements(By.CSS_SELECTOR, "#al-rules tr.rule-row button")
+    assert len(switches) == len(DEFAULT_RULES) + 1 and not any(b.is_enabled() for b in switches)
+    assert "may not switch rules" in driver.find_element(By.ID, "al-role-note").text
+
+    # the server refuses anyway: the viewer's own token, straight at the API
+    with ControlPlaneClient(console.running.api, token=None) as anonymous:
+        token = anonymous.login("viewer", console.viewer_password)["token"]
+    with ControlPlaneClient(console.running.api, token=token) as viewer:
+        assert viewer.drills()  # reading is fine
+        for refused in (lambda: viewer.drill_run("replica-crash", dry_run=True),
+                        lambda: viewer.set_alert_rule("LongQueue", enabled=False),
+                        lambda: viewer.autoscaler_configure(max_replicas=4),
+                        lambda: viewer.simulate(duration_s=60)):
+            with pytest.raises(ApiError) as denied:
+                refused()
+            assert denied.value.status == 403
