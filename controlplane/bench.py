@@ -40,7 +40,8 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.config import STATE_DIR_ENV, GatewayConfig
-from controlplane.gateway import Gateway, create_gateway_app
+from controlplane.gateway import Gateway
+from controlplane.gateway_app import create_gateway_app
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
 from inference.launcher import ReplicaProcess, free_port
 

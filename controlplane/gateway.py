@@ -14,8 +14,11 @@ continuation starts at the last token whose text the replica had released (its d
 hold-back keep a few characters back), and the gateway drops what it regenerates up to the point already
 delivered. Non-streaming requests run as streams too and are assembled at the end.
 
-HTTP and httpx failures become an :class:`UpstreamError` in one place (:meth:`Gateway._send` and
+Upstream streams go through a pooled keep-alive HTTP/1.1 client (:mod:`controlplane.upstream_http`);
+transport failures become an :class:`UpstreamError` in one place (:meth:`Gateway._send` and
 :class:`Upstream`); what a client is refused with is a :class:`GatewayError` in the OpenAI error shape.
+Link faults (:mod:`controlplane.toxics`) apply on the way to a replica. The HTTP app around the gateway is
+:mod:`controlplane.gateway_app`.
 """
 
 from __future__ import annotations
@@ -30,18 +33,14 @@ import math
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-)
-from starlette.types import Receive, Scope, Send
 
 from inference.protocol import error_body
 
@@ -66,6 +65,7 @@ DEFAULT_PRIORITY = "standard"
 PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
 STAGES = ("queue", "prefill", "decode", "detokenize", "serialize")  # the replica's timings, in order
 
+STALL_REASONS = ("stall", "timeout")  # a replica that stops producing tokens, not one that refuses
 MAX_RESUMES = 3  # mid-stream continuations per request
 PROBE_TIMEOUT_S = 5.0  # an ejected replica's /ready must answer within this (it runs a forward pass)
 MODELS_TIMEOUT_S = 5.0
@@ -158,6 +158,10 @@ class Gateway:
         self.budget = RetryBudget(config.retry_budget_ratio, clock=clock)
         self.outliers = OutlierDetector(config.eject_after_failures)
         self.toxics = LinkToxics(clock=clock)  # link faults injected by chaos (chaos.faults.link)
+        # Replicas whose streams stalled: routed around while another replica is left, and requests
+        # waiting there for a first byte go elsewhere at once (see _prime). Cleared by a token.
+        self._suspects: set[str] = set()
+        self._stall_watch: dict[str, asyncio.Event] = {}  # set when the replica next stalls
         self._inflight: dict[str, int] = defaultdict(int)
         self._probe_task: asyncio.Task[None] | None = None
         self._client = self._new_client(transport)
@@ -261,7 +265,10 @@ class Gateway:
         last: UpstreamError | None = None
         for attempt in range(self.config.max_retries + 1):
             candidates = self._candidates()
-            decision = self.router.pick(candidates, block_hashes=job.params.block_hashes, exclude=job.failed)
+            avoid = job.failed
+            if self._suspects and routable(candidates, exclude=job.failed | self._suspects):
+                avoid = job.failed | self._suspects
+            decision = self.router.pick(candidates, block_hashes=job.params.block_hashes, exclude=avoid)
             if not decision.is_routed or (attempt and budgeted and not self.budget.try_spend()):
                 break
             if last is not None:
@@ -295,7 +302,7 @@ class Gateway:
                 await self._through_toxics(endpoint.replica_id)
             response = await self._send(endpoint, path, body)
             upstream = Upstream(endpoint, response, self._release)
-            await upstream.prime(self.config.first_byte_timeout_s)
+            await self._prime(upstream)
             return upstream
         except BaseException:
             if upstream is None:
@@ -303,6 +310,51 @@ class Gateway:
             else:
                 await upstream.aclose()
             raise
+
+    async def _prime(self, upstream: Upstream) -> None:
+        """Wait for the first token, but not on a replica found stalled meanwhile: a replica whose
+        streams stopped is hung, and a request still waiting there has sent nothing to its client yet,
+        so it may go elsewhere now instead of after the whole first-byte timeout."""
+        rid, timeout = upstream.replica_id, self.config.first_byte_timeout_s
+        if rid in self._suspects:  # routed here anyway (no other replica left): wait it out
+            await upstream.prime(timeout)
+            self._cleared(rid)
+            return
+        stalled = self._stall_event(rid)
+        priming = asyncio.ensure_future(upstream.prime(timeout))
+        watching = asyncio.ensure_future(stalled.wait())
+        try:
+            await asyncio.wait((priming, watching), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watching.cancel()
+            if not priming.done():
+                priming.cancel()
+                with contextlib.suppress(asyncio.CancelledError, UpstreamError):
+                    await priming
+        if not priming.cancelled():
+            priming.result()  # the first token, or its UpstreamError
+            self._cleared(rid)
+            return
+        raise UpstreamError(rid, "stall", "another stream on this replica stalled; not waiting for a first "
+                                          "token there")
+
+    def _stall_event(self, replica_id: str) -> asyncio.Event:
+        """The event set when ``replica_id`` next stalls."""
+        event = self._stall_watch.get(replica_id)
+        if event is None or event.is_set():
+            event = self._stall_watch[replica_id] = asyncio.Event()
+        return event
+
+    def _suspect(self, replica_id: str) -> None:
+        if replica_id not in self._suspects:
+            logger.warning("[%s] stalled: routed around until it produces a token again", replica_id)
+        self._suspects.add(replica_id)
+        watch = self._stall_watch.pop(replica_id, None)
+        if watch is not None:
+            watch.set()  # requests waiting there for a first token go elsewhere
+
+    def _cleared(self, replica_id: str) -> None:
+        self._suspects.discard(replica_id)
 
     async def _through_toxics(self, replica_id: str) -> None:
         if self.toxics.refuses(replica_id):
@@ -314,12 +366,14 @@ class Gateway:
     async def _send(self, endpoint: ReplicaEndpoint, path: str, body: dict[str, Any]) -> StreamResponse:
         """POST and wait for the status line; transport failures and refusals become UpstreamError."""
         rid = endpoint.replica_id
+        # A replica answers with its status line as soon as it accepts a stream, before any token: no
+        # answer within the stall timeout means it is not serving (partitioned, stopped), whatever its queue.
+        wait = min(self.config.first_byte_timeout_s, self.config.stall_timeout_s)
         try:
-            async with asyncio.timeout(self.config.first_byte_timeout_s):
+            async with asyncio.timeout(wait):
                 response = await self._streams.post(endpoint.host, endpoint.port, path, orjson.dumps(body))
         except TimeoutError as exc:
-            raise UpstreamError(rid, "timeout", f"no response within {self.config.first_byte_timeout_s:g}s"
-                                ) from exc
+            raise UpstreamError(rid, "timeout", f"no response within {wait:g}s") from exc
         except TransportError as exc:
             raise UpstreamError(rid, "connect", str(exc)) from exc
         if response.status_code == 200:
@@ -350,6 +404,8 @@ class Gateway:
     def _record_failure(self, exc: UpstreamError) -> None:
         rid = exc.replica_id
         logger.info("[%s] upstream failure: %s", rid, exc)
+        if exc.reason in STALL_REASONS:
+            self._suspect(rid)
         if exc.is_failure and self.outliers.record_failure(rid):
             logger.warning("[%s] ejected after %d consecutive failures (last: %s)", rid,
                            self.config.eject_after_failures, exc.reason)
@@ -403,6 +459,7 @@ class Gateway:
             if not assembly.is_finished:
                 raise UpstreamError(upstream.replica_id, "closed", "[DONE] before the last token")
             self.outliers.record_success(upstream.replica_id)
+            self._cleared(upstream.replica_id)
         finally:
             await upstream.aclose()
 
@@ -583,61 +640,3 @@ class Gateway:
         self.metrics.readmissions.labels(replica_id).inc()
         logger.warning("[%s] re-admitted: %s", replica_id, why)
         self._emit("readmitted", replica_id, why)
-
-
-# ---- the app ---------------------------------------------------------------------------------
-class GatewayApp(FastAPI):
-    """The gateway's FastAPI app, with the two inference endpoints dispatched straight to the gateway
-    past FastAPI's routing, error and exception middleware: every streamed chunk would otherwise pass
-    through each of their ``send`` wrappers. The routes stay declared (OpenAPI, 405 for other
-    methods), and the responses are the gateway's own, OpenAI-shaped errors included, either way."""
-
-    gateway: Gateway
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = INFERENCE_PATHS.get(scope.get("path", "")) if scope["type"] == "http" else None
-        if kind is None or scope.get("method") != "POST":
-            await super().__call__(scope, receive, send)
-            return
-        response = await self.gateway.handle(Request(scope, receive), kind)
-        await response(scope, receive, send)
-
-
-INFERENCE_PATHS = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
-
-
-def create_gateway_app(gateway: Gateway) -> FastAPI:
-    """The gateway's HTTP surface; its lifespan starts and stops the gateway."""
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await gateway.start()
-        try:
-            yield
-        finally:
-            await gateway.stop()
-
-    app = GatewayApp(title="LLM gateway", docs_url=None, redoc_url=None, lifespan=lifespan)
-    app.gateway = app.state.gateway = gateway
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await gateway.handle(request, "completion")
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await gateway.handle(request, "chat")
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> Response:
-        return await gateway.models(request)
-
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        return JSONResponse(gateway.health())
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(gateway.metrics.page(), media_type=CONTENT_TYPE_LATEST)
-
-    return app

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +23,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def replica_environment(extra: Mapping[str, str] = {}) -> dict[str, str]:
+    """The environment a replica process starts with: ours, plus ``extra``, plus passive OpenMP waiting.
+
+    A replica shares CPU cores with other replicas, the gateway and the control plane. OpenMP workers
+    that spin between parallel regions (libgomp's default) burn cores the others need, which shows as
+    latency added everywhere else. An explicit ``OMP_WAIT_POLICY`` wins.
+    """
+    return {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, **(extra or {})}
 
 
 @dataclass
@@ -42,7 +52,7 @@ class ReplicaProcess:
     def start(self) -> ReplicaProcess:
         cmd = [sys.executable, "-m", "inference", "serve", "--port", str(self.port),
                "--replica-id", self.replica_id, "--zone", self.zone, *self.extra_args]
-        env = {**os.environ, **self.env}
+        env = replica_environment(self.env)
         if self.log_path is None:
             self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
         else:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from controlplane.backends.base import ReplicaHandle, ReplicaSpec
+from inference.launcher import replica_environment
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +36,8 @@ class LocalProcessBackend:
 
     def spawn(self, spec: ReplicaSpec) -> ReplicaHandle:
         log_path = self.log_dir / f"{spec.replica_id}.log"
-        env = {**os.environ, "LLMSRE_STATE_DIR": str(self.state_dir),
-               "INFERENCE_ADMIN_TOKEN": spec.admin_token}  # never on the command line: ps would show it
+        env = replica_environment({"LLMSRE_STATE_DIR": str(self.state_dir),
+                                   "INFERENCE_ADMIN_TOKEN": spec.admin_token})  # not on the command line (ps)
         with open(log_path, "ab") as log:
             process = subprocess.Popen(self.command(spec), stdout=log, stderr=subprocess.STDOUT, env=env,
                                        start_new_session=True)

@@ -50,6 +50,7 @@ class Behaviour:
     refuse_status: int | None = None  # answer every request with this status
     break_after: int | None = None  # tokens, then the connection resets (once)
     stall_after: int | None = None  # tokens, then nothing (once)
+    hang_after: int | None = None  # every stream from now on: tokens, then nothing (a hung replica)
     error_frame_after: int | None = None  # tokens, then an error frame (once)
     ready: bool = True
     unreachable: bool = False  # connections are refused (a killed process on a port still listed)
@@ -100,7 +101,8 @@ class FakeReplica:
         for i in range(max_tokens):
             if i == cut["break_after"]:
                 raise httpx.ReadError("connection reset by peer")
-            if i == cut["stall_after"]:
+            if i == cut["stall_after"] or (self.behaviour.hang_after is not None
+                                           and i >= self.behaviour.hang_after):
                 await asyncio.sleep(3600)
             if i == cut["error_frame_after"]:
                 yield _data({"error": {"message": "device failure", "type": "server_error"}})

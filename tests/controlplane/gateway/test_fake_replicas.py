@@ -18,7 +18,8 @@ import pytest
 from controlplane.admission import RetryBudget, TokenBucket, shed_limit
 from controlplane.assembly import RequestParams, StreamAssembly
 from controlplane.config import GatewayConfig
-from controlplane.gateway import Gateway, create_gateway_app
+from controlplane.gateway import Gateway
+from controlplane.gateway_app import create_gateway_app
 from controlplane.replicas import ReplicaState
 from controlplane.traces import TraceRecord
 

@@ -1,6 +1,7 @@
-"""Link faults in the gateway (Toxiproxy-like toxics) against in-process fake replicas: a refused link is
-retried elsewhere and ejects the replica, a reset link resumes the stream elsewhere without losing a
-token, a slow link delays only the requests that go through it, and removing a toxic restores the link."""
+"""Bad links and hung replicas, against in-process fake replicas: a refused link (a Toxiproxy-like toxic)
+is retried elsewhere and ejects the replica, a reset link resumes the stream elsewhere without losing a
+token, a slow link delays only the requests that go through it, removing a toxic restores the link; and
+requests waiting on a replica that stalls move before their first-byte timeout."""
 
 from __future__ import annotations
 
@@ -99,3 +100,27 @@ def test_without_a_gateway_the_link_kinds_are_listed_unavailable() -> None:
     assert not info.available and "no gateway" in (info.unavailable_reason or "")
     assert LinkAbortFault(toxics := LinkToxics()).describe().available and not toxics
 
+
+
+def test_requests_waiting_on_a_replica_that_stalls_go_elsewhere_before_their_first_byte_timeout() -> None:
+    """A hung replica: its streaming requests stall (resumed elsewhere after stall_timeout_s), and a
+    request still waiting there for its first token moves at that moment, not after the first-byte
+    timeout; new requests avoid the replica until it produces a token again."""
+    async def body(h: Harness) -> None:
+        r0 = h.fleet["r0"]
+        r0.behaviour.hang_after = 3
+        streaming = asyncio.create_task(h.post(path_of("completion"), body_of("completion", stream=True)))
+        await asyncio.sleep(0.05)  # on r0 (round robin starts there), 3 tokens out, then silence
+        r0.behaviour.hang_after = 0
+        started = time.monotonic()
+        later = await asyncio.gather(
+            *(h.post(path_of("completion"), body_of("completion", prompt=f"next {i}")) for i in range(3)))
+        waited = time.monotonic() - started
+        first = await streaming
+        assert all(r.status_code == 200 for r in [first, *later])
+        assert waited < 2.0  # the first-byte timeout is 5 s: the waiter on r0 moved when r0 stalled
+        assert len(r0.requests) == 2  # the streaming one and one waiter; nothing after r0 stalled
+        after = [await h.post(path_of("completion"), body_of("completion", max_tokens=2)) for _ in range(3)]
+        assert {r.headers["x-replica-id"] for r in after} == {"r1", "r2"}
+        assert len(r0.requests) == 2
+    run(body, routing="round-robin", stall_timeout_s=0.3, first_byte_timeout_s=5.0, eject_after_failures=10)
