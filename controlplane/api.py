@@ -8,6 +8,8 @@ CLI and the Chaos Toolkit extension all go through this API (see ``controlplane.
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
@@ -18,11 +20,21 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from chaos.safety import FaultManager
+from controlplane.alerts import AlertEngine
+from controlplane.alerts_api import alerts_router
 from controlplane.auth import Auditor, Principal, Role, TokenAuthority, install, require
+from controlplane.auth_api import auth_router
+from controlplane.autoscaler import Autoscaler
+from controlplane.autoscaler_api import AutoscalerRefused, autoscaler_router
 from controlplane.chaos_api import ChaosRefused, chaos_router
+from controlplane.drills_api import DrillService, drills_router
 from controlplane.fleet import Fleet, FleetError
+from controlplane.schedules import DrillScheduler
+from controlplane.schedules_api import install_schedules
+from controlplane.simulator_api import simulator_router
 from controlplane.store import Store
-from controlplane.telemetry import Scope, Telemetry
+from controlplane.telemetry import GENERATION_TOKENS, REQUEST_SUCCESS, Scope, Telemetry, TelemetryError
+from controlplane.traces import TraceRecord
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +65,10 @@ class Services:
     auditor: Auditor
     telemetry: Telemetry | None = None
     chaos: FaultManager | None = None
+    alerts: AlertEngine | None = None
+    autoscaler: Autoscaler | None = None
+    schedules: DrillScheduler | None = None
+    drills: DrillService | None = None
 
 
 def _error(status: int, message: str, *, type_: str, param: str | None = None) -> JSONResponse:
@@ -85,6 +101,18 @@ def create_api(services: Services) -> FastAPI:
 
     if services.chaos is not None:
         app.include_router(chaos_router(services.chaos, services.fleet, services.auditor))
+    if services.alerts is not None:
+        app.include_router(alerts_router(services.alerts, services.auditor))
+    if services.autoscaler is not None:
+        app.include_router(autoscaler_router(services.autoscaler, services.auditor))
+    if services.schedules is not None:  # before any /api/v1/drills/{drill_id} route, which would shadow it
+        install_schedules(app, services.schedules, services.auditor)
+    if services.drills is not None:  # after the schedules: /api/v1/drills/{drill_id} would shadow them
+        app.include_router(drills_router(services.drills, services.auditor))
+
+    @app.exception_handler(AutoscalerRefused)
+    async def _autoscaler_refused(_: Request, exc: AutoscalerRefused) -> JSONResponse:
+        return _error(exc.status, exc.message, type_="invalid_request_error", param=exc.param)
 
     @app.exception_handler(ChaosRefused)
     async def _chaos_refused(_: Request, exc: ChaosRefused) -> JSONResponse:
@@ -162,6 +190,64 @@ def create_api(services: Services) -> FastAPI:
                                lambda: services.tokens.issue(body.name, Role(body.role), body.ttl_s))
         return {"name": body.name, "role": body.role, "token": secret}
 
+    app.include_router(auth_router(services.store, services.tokens, services.auditor))
+    app.include_router(simulator_router(services.auditor))
+
+    @app.get("/api/v1/latency/breakdown", tags=["observability"])
+    def latency_breakdown(window_s: float = Query(300.0, gt=0, le=7 * 86400), scope: str = "fleet",
+                          quantile: float = Query(0.99, ge=0.5, lt=1.0),
+                          slowest: int = Query(20, ge=0, le=200),
+                          _: Principal = Depends(viewer)) -> dict[str, Any]:
+        try:
+            parsed = Scope.parse(scope)
+        except ValueError as exc:
+            raise _Refused(400, f"scope: {exc}") from exc
+        since = time.time() - window_s
+        stored = services.store.traces(since=since, limit=MAX_BREAKDOWN_TRACES)
+        traces = [t for t in stored if _in_scope(t, parsed)]
+        return {"scope": str(parsed), "window_s": window_s, **tail_attribution(traces, quantile),
+                "truncated": len(stored) == MAX_BREAKDOWN_TRACES,
+                "slowest": [asdict(t) for t in sorted(traces, key=lambda t: -t.e2e_s)[:slowest]]}
+
+    @app.get("/api/v1/metrics/range", tags=["observability"])
+    def metrics_range(metric: str = Query(pattern=r"^[A-Za-z_:][A-Za-z0-9_:]*$"),
+                      kind: str = Query("quantile", pattern="^(gauge|rate|quantile)$"),
+                      q: float | None = Query(None, ge=0, le=1), scope: str = "fleet",
+                      by: str = Query("", pattern="^(|replica|zone)$"),
+                      minutes: float = Query(10.0, gt=0, le=24 * 60),
+                      step_s: float = Query(5.0, ge=1, le=3600),
+                      _: Principal = Depends(viewer)) -> list[dict[str, Any]]:
+        telemetry = _telemetry()
+        try:
+            parsed = Scope.parse(scope)
+            end = time.time()
+            series = telemetry.range(kind, metric, start=end - minutes * 60, end=end,  # type: ignore[arg-type]
+                                     step=step_s, q=q, by=(by,) if by else (), match=parsed.matchers)
+        except ValueError as exc:
+            raise _Refused(400, str(exc)) from exc
+        except TelemetryError as exc:
+            raise _Refused(503, str(exc)) from exc
+        return [{"labels": s.labels, "points": [list(p) for p in s.points]} for s in series]
+
+    @app.get("/api/v1/metrics/replicas", tags=["observability"])
+    def replica_activity(_: Principal = Depends(viewer)) -> dict[str, dict[str, float | None]]:
+        telemetry = _telemetry()
+        try:
+            loads = telemetry.replica_loads()
+            qps = telemetry.rate(REQUEST_SUCCESS)
+            tokens = telemetry.rate(GENERATION_TOKENS)
+        except TelemetryError as exc:
+            raise _Refused(503, str(exc)) from exc
+        return {rid: {"waiting": load.num_waiting, "running": load.num_running,
+                      "kv_usage": load.kv_cache_usage,
+                      "qps": qps.get((rid,)), "tokens_per_s": tokens.get((rid,))}
+                for rid, load in loads.items()}
+
+    def _telemetry() -> Telemetry:
+        if services.telemetry is None:
+            raise _Refused(503, "telemetry is not running")
+        return services.telemetry
+
     return app
 
 
@@ -174,3 +260,61 @@ class _Refused(Exception):
 def _endpoint_json(e: Any) -> dict[str, Any]:
     return {"replica_id": e.replica_id, "zone": e.zone, "url": e.base_url, "state": e.state.value,
             "model": e.model, "pid": e.pid, "generation": e.generation}
+
+
+# ---- tail attribution ------------------------------------------------------------------------------
+MAX_BREAKDOWN_TRACES = 20_000  # at most this many (the window's oldest) per breakdown; "truncated" says so
+STAGES = ("gateway", "queue", "prefill", "decode", "serialization")
+MEDIAN_BAND = (0.4, 0.6)  # "typical" requests: end-to-end latency between these quantiles
+
+
+def _in_scope(trace: TraceRecord, scope: Scope) -> bool:
+    if scope.kind == "zone":
+        return trace.zone == scope.name
+    return scope.kind == "fleet" or trace.replica_id == scope.name
+
+
+def stage_times(trace: TraceRecord) -> dict[str, float]:
+    """Where one request's end-to-end time went; the stages add up to ``e2e_s`` (the gateway's share is
+    what the replica's timings leave)."""
+    return {"gateway": trace.gateway_s, "queue": trace.queue_s or 0.0, "prefill": trace.prefill_s or 0.0,
+            "decode": trace.decode_s or 0.0,
+            "serialization": (trace.detokenize_s or 0.0) + (trace.serialize_s or 0.0)}
+
+
+def _nearest_rank(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _mean_stages(traces: list[TraceRecord]) -> dict[str, Any] | None:
+    if not traces:
+        return None
+    sums = dict.fromkeys(STAGES, 0.0)
+    for trace in traces:
+        for stage, seconds in stage_times(trace).items():
+            sums[stage] += seconds
+    means = {s: v / len(traces) for s, v in sums.items()}
+    total = sum(means.values())
+    return {"count": len(traces), "e2e_s": sum(t.e2e_s for t in traces) / len(traces), "stages_s": means,
+            "shares": {s: (v / total if total > 0 else 0.0) for s, v in means.items()}}
+
+
+def tail_attribution(traces: list[TraceRecord], quantile: float) -> dict[str, Any]:
+    """Mean stage times of the successful requests at and above the ``quantile`` of end-to-end latency
+    ("tail"), next to those of typical requests around the median, and per replica. Per-stage quantiles
+    do not add up to the end-to-end quantile; means over the same requests do."""
+    ok = [t for t in traces if t.error is None and t.status < 400]
+    if not ok:
+        return {"quantile": quantile, "num_traces": 0, "threshold_s": None, "tail": None, "median": None,
+                "by_replica": {}}
+    ordered = sorted(t.e2e_s for t in ok)
+    threshold = _nearest_rank(ordered, quantile)
+    low, high = (_nearest_rank(ordered, q) for q in MEDIAN_BAND)
+    by_replica: dict[str, Any] = {}
+    for rid in sorted({t.replica_id for t in ok if t.replica_id}):
+        mine = [t for t in ok if t.replica_id == rid]
+        cut = _nearest_rank(sorted(t.e2e_s for t in mine), quantile)
+        by_replica[rid] = {"threshold_s": cut, "tail": _mean_stages([t for t in mine if t.e2e_s >= cut])}
+    return {"quantile": quantile, "num_traces": len(ok), "threshold_s": threshold,
+            "tail": _mean_stages([t for t in ok if t.e2e_s >= threshold]),
+            "median": _mean_stages([t for t in ok if low <= t.e2e_s <= high]), "by_replica": by_replica}

@@ -11,7 +11,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import signal
+import socket
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,15 +22,23 @@ from dataclasses import dataclass, field
 import uvicorn
 
 from chaos.catalogue import default_catalogue
+from chaos.drills import DrillRunner
 from chaos.safety import FaultManager
+from controlplane.alerts import alert_delegation, build_engine
 from controlplane.api import Services, create_api
 from controlplane.auth import Auditor, TokenAuthority
+from controlplane.auth_api import ADMIN_PASSWORD_ENV, FIRST_ADMIN_NAME, USERS_ENV, ensure_users, parse_users
+from controlplane.autoscaler import Autoscaler
 from controlplane.backends.local import LocalProcessBackend
-from controlplane.config import Config
+from controlplane.client import TOKEN_ENV
+from controlplane.config import Config, ConfigError
+from controlplane.drills_api import DrillService, FleetDrillPort
 from controlplane.fleet import Fleet, load_or_create_secret
-from controlplane.gateway import Gateway, create_gateway_app
+from controlplane.gateway import Gateway
+from controlplane.gateway_app import create_gateway_app
 from controlplane.prometheus import PrometheusServer
 from controlplane.replicas import ReplicaLoad
+from controlplane.schedules import drill_scheduler
 from controlplane.store import Store
 from controlplane.telemetry import Regex, Telemetry, TelemetryError, select_source
 from controlplane.traces import TraceSampler
@@ -35,6 +46,7 @@ from controlplane.traces import TraceSampler
 logger = logging.getLogger(__name__)
 
 ADMIN_TOKEN_ENV = "CONTROLPLANE_ADMIN_TOKEN"
+CONSOLE_SECRET_ENV = "CONTROLPLANE_CONSOLE_SECRET"  # read by ``python -m dashboards``
 
 
 @dataclass
@@ -48,6 +60,8 @@ class ControlPlane:
     loads: LoadCache
     servers: list[uvicorn.Server] = field(default_factory=list)
     admin_token: str | None = None  # set only when this start created it
+    admin_password: str | None = None  # the first console admin's password, set only when generated now
+    console: subprocess.Popen[bytes] | None = None
 
 
 def build(config: Config) -> ControlPlane:
@@ -68,7 +82,63 @@ def build(config: Config) -> ControlPlane:
                       on_event=lambda kind, rid, detail: _noted(store.add_event(f"gateway.{kind}", rid,
                                                                                 {"detail": detail})))
     return ControlPlane(config, store, fleet, gateway, telemetry, prometheus, loads,
-                        admin_token=secret if created else None)
+                        admin_token=secret if created else None, admin_password=_console_users(config, store))
+
+
+def _console_users(config: Config, store: Store) -> str | None:
+    """Configured console users into the store, and a first admin user (its password when generated)."""
+    try:
+        entries = parse_users(config.console.users, os.environ)
+    except ValueError as exc:
+        raise ConfigError(f"console.users: {exc}") from exc
+    return ensure_users(store, entries, os.environ.get(ADMIN_PASSWORD_ENV) or config.console.admin_password
+                        or None)
+
+
+def start_console(cp: ControlPlane) -> subprocess.Popen[bytes] | None:
+    """The console as a child process (``python -m dashboards``): it talks to the API like any client, and
+    the layers forbid the control plane to import it. Its session secret is fresh for every start."""
+    cfg = cp.config
+    if not cfg.console.enabled:
+        return None
+    if not _port_is_free(cfg.console.host, cfg.console.port):
+        logger.warning("console not started: %s:%s is in use", cfg.console.host, cfg.console.port)
+        return None
+    api_host = "127.0.0.1" if cfg.api.host in ("0.0.0.0", "") else cfg.api.host
+    command = [sys.executable, "-m", "dashboards", "--api", f"http://{api_host}:{cfg.api.port}",
+               "--host", cfg.console.host, "--port", str(cfg.console.port),
+               "--refresh-s", str(cfg.console.refresh_s), "--session-ttl-s", str(cfg.console.session_ttl_s)]
+    # The secret goes in the environment (ps shows argv); the operator's own tokens and passwords do not:
+    # the console acts only with each logged-in user's token.
+    withheld = {TOKEN_ENV, ADMIN_TOKEN_ENV, ADMIN_PASSWORD_ENV, USERS_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in withheld}
+    env[CONSOLE_SECRET_ENV] = secrets.token_urlsafe(32)
+    log_dir = cfg.state_path / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / "console.log", "ab") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def stop_console(process: subprocess.Popen[bytes] | None, timeout_s: float = 5.0) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout_s)
 
 
 def _noted(_: object) -> None:
@@ -89,7 +159,8 @@ def _prometheus(config: Config) -> PrometheusServer | None:
     api, gw = config.api, config.gateway
     server = PrometheusServer(config.prometheus, config.state_path / "prometheus",
                               static_jobs={"controlplane": [f"{api.host}:{api.port}"],
-                                           "gateway": [f"{gw.host}:{gw.port}"]})
+                                           "gateway": [f"{gw.host}:{gw.port}"]},
+                              **alert_delegation(config))
     if not server.is_available():
         if config.prometheus.enabled == "on":
             raise RuntimeError("unavailable: prometheus binary not found (install Debian's prometheus)")
@@ -139,12 +210,23 @@ async def serve(cp: ControlPlane) -> None:
     cp.telemetry.start()
     await cp.fleet.start()
     await cp.gateway.start()
-    chaos = FaultManager(default_catalogue(admin_tokens=cp.fleet.admin_token), cp.store)
+    chaos = FaultManager(default_catalogue(admin_tokens=cp.fleet.admin_token, link=cp.gateway.toxics),
+                         cp.store)
     leftovers = await chaos.revert_leftovers()  # a crash mid-drill leaves nothing paused or partitioned
     if leftovers:
         logger.warning("reverted %d faults left active by an earlier control plane", len(leftovers))
+    drill_port = FleetDrillPort(cfg, cp.fleet, cp.store, inflight=cp.gateway.inflight)
+    drills = DrillService(DrillRunner(drill_port, chaos), cp.store, cfg.state_path,
+                          loop=asyncio.get_running_loop())
+    drills.mark_interrupted()  # a report left "running" by a crash mid-drill
+    alerts = build_engine(cfg.alerts, store=cp.store, auditor=Auditor(cp.store), telemetry=cp.telemetry,
+                          fleet=cp.fleet, abort_drill=abort_running_drill(drills))
     services = Services(cp.fleet, cp.store, TokenAuthority(cp.store), Auditor(cp.store), cp.telemetry,
-                        chaos)
+                        chaos, alerts=alerts, drills=drills)
+    autoscaler = services.autoscaler = Autoscaler(cfg.autoscaler, cp.fleet, cp.telemetry, cp.store)
+    schedules = services.schedules = drill_scheduler(cfg.drills, cp.store, drills,
+                                                     loop=asyncio.get_running_loop())
+    await asyncio.to_thread(schedules.start)  # before the API answers, so it lists the stored schedules
     api = create_api(services)
     gateway_app = create_gateway_app(cp.gateway)
     cp.servers = [
@@ -153,6 +235,7 @@ async def serve(cp: ControlPlane) -> None:
         _Server(uvicorn.Config(gateway_app, host=cfg.gateway.host, port=cfg.gateway.port,
                                log_level="warning", lifespan="off", timeout_graceful_shutdown=5)),
     ]
+    cp.console = start_console(cp)
     _announce(cp)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -160,10 +243,20 @@ async def serve(cp: ControlPlane) -> None:
         loop.add_signal_handler(sig, stop.set)
     tasks = [asyncio.create_task(s.serve()) for s in cp.servers]
     tasks.append(asyncio.create_task(_refresh_loads(cp)))
+    if cfg.alerts.enabled:
+        tasks.append(asyncio.create_task(alerts.run(), name="alerts"))
+    if cfg.autoscaler.enabled:
+        autoscaler.start()
     await stop.wait()
+    alerts.stop()  # no alert action (a replica restart) while the fleet drains
+    # no scheduled drill while the fleet drains; a firing waiting for a running drill gives up
+    await asyncio.to_thread(schedules.shutdown, cfg.drills.schedule_shutdown_timeout_s)
+    await autoscaler.stop()  # no scaling while the fleet drains
     logger.warning("stopping: draining replicas")
+    await asyncio.to_thread(stop_console, cp.console)
     for server in cp.servers:
         server.should_exit = True
+    await drills.aclose()  # a running drill aborts: its load stops and its faults are reverted
     await chaos.halt_all()  # nothing injected outlives the control plane
     await chaos.aclose()
     await cp.gateway.stop()
@@ -175,6 +268,18 @@ async def serve(cp: ControlPlane) -> None:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     logger.warning("stopped")
+
+
+def abort_running_drill(drills: DrillService) -> Callable[[str], str]:
+    """The alert action ``abort_drill``: abort whatever drill runs now (its faults are reverted)."""
+    def abort(reason: str) -> str:
+        drill_id = drills.running_id
+        if drill_id is None or not drills.abort(drill_id):
+            return "no drill was running"
+        logger.warning("aborting drill %s: %s", drill_id, reason)
+        return f"drill {drill_id}"
+
+    return abort
 
 
 async def _refresh_loads(cp: ControlPlane) -> None:
@@ -195,6 +300,10 @@ def _announce(cp: ControlPlane) -> None:
     ]
     if cp.admin_token:
         lines.append(f"admin token (shown once; export CONTROLPLANE_TOKEN=...): {cp.admin_token}")
+    if cp.console is not None:
+        lines.append(f"console:              http://{cfg.console.host}:{cfg.console.port}")
+    if cp.admin_password:
+        lines.append(f"console user {FIRST_ADMIN_NAME}, password (shown once): {cp.admin_password}")
     print("\n".join(lines), flush=True)
 
 

@@ -8,7 +8,9 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
+from controlplane import cli_alerts, cli_autoscaler, cli_drill, cli_simulate
 from controlplane.client import DEFAULT_URL, TOKEN_ENV, ApiError, ControlPlaneClient
 from controlplane.config import ConfigError, load_config
 
@@ -71,7 +73,23 @@ def _token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hash_password(args: argparse.Namespace) -> int:
+    """A console user's password hash (or whole NAME:ROLE:HASH entry) for [console] users."""
+    import getpass
+
+    from controlplane.auth import hash_password
+
+    password = getpass.getpass("password: ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
+    if not password:
+        raise ApiError("hash-password: the password must not be empty")
+    hashed = hash_password(password)
+    print(f"{args.user}:{args.role}:{hashed}" if args.user else hashed)
+    return 0
+
+
 def _chaos(args: argparse.Namespace) -> int:
+    if args.action == "run":
+        return _chaos_run(args)
     with _client(args) as client:
         if args.action == "catalogue":
             for kind in client.chaos_catalogue():
@@ -96,6 +114,72 @@ def _chaos(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chaos_run(args: argparse.Namespace) -> int:
+    """Run a Chaos Toolkit-format experiment here with the native runner; its ``chaos.ctk`` activities and the
+    stop conditions talk to the control plane at --url. Exit 0 when it completed, 1 otherwise."""
+    import asyncio
+
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    from chaos.experiment import ExperimentRunner, InvalidExperiment, load_experiment, validate_experiment
+    from chaos.safety import StopCondition, error_rate_above, p99_ttft_above, ready_replicas_below
+
+    os.environ.setdefault("CONTROLPLANE_URL", args.url)  # chaos.ctk's fallback when the experiment has none
+    if args.token:
+        os.environ[TOKEN_ENV] = args.token  # never into the experiment's configuration (it is journaled)
+    with _client(args) as client:
+        conditions: list[StopCondition] = []
+        if args.max_error_rate is not None:
+            conditions.append(error_rate_above(lambda: client.summary().get("error_rate"),
+                                               args.max_error_rate))
+        if args.max_p99_ttft is not None:
+            conditions.append(p99_ttft_above(lambda: (client.summary().get("ttft") or {}).get("p99"),
+                                             args.max_p99_ttft))
+        if args.min_ready is not None:
+            conditions.append(ready_replicas_below(lambda: client.fleet().ready_replicas, args.min_ready))
+        try:
+            experiment = load_experiment(args.experiment)
+            validate_experiment(experiment)  # before the progress bar: a refusal is one line
+            with tqdm(desc=str(experiment.get("title", "experiment"))[:40], unit="step",
+                      disable=args.json) as bar:
+                def progress(done: int, total: int, name: str) -> None:
+                    bar.total = total
+                    bar.set_postfix_str(name[:30])
+                    bar.update(done - bar.n)
+
+                runner = ExperimentRunner(progress=progress)
+                journal = asyncio.run(runner.run(experiment, dry_run=args.dry_run, stop_conditions=conditions,
+                                                 check_interval_s=args.check_interval,
+                                                 rollback_strategy=args.rollback_strategy))
+        except InvalidExperiment as exc:
+            print(f"controlplane: {exc}", file=sys.stderr)
+            return 2
+    if args.journal:
+        with open(args.journal, "w") as out:
+            json.dump(journal, out, indent=2, default=str)
+    if args.json:
+        print(json.dumps(journal, indent=2, default=str))
+    else:
+        _print_journal(journal)
+    return 0 if journal["status"] == "completed" else 1
+
+
+def _print_journal(journal: dict[str, Any]) -> None:
+    print(f"status: {journal['status']}  deviated: {journal['deviated']}  duration: {journal['duration']}s"
+          + ("  (dry run)" if journal["dry"] else ""))
+    if journal["dry"]:
+        for step in journal["plan"]:
+            arguments = json.dumps(step["arguments"])
+            print(f"  {step['phase']:<20} {step['name']:<24} {step['provider']}  {arguments}")
+    for phase in ("run", "rollbacks"):
+        for record in journal[phase]:
+            error = f"  {record['exception'][-1].strip()}" if record.get("exception") else ""
+            print(f"  {phase:<9} {record['activity']['name']:<24} {record['status']}{error}")
+    trip = journal.get("stop_condition")
+    if trip:
+        print(f"stopped by: {trip['description']}; reverted faults {journal['fault_ids']}")
+
+
 def _param(text: str) -> tuple[str, float | str]:
     name, sep, value = text.partition("=")
     if not sep or not name:
@@ -114,7 +198,12 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
     "rollout": ("rolling update to another model folder", _rollout),
     "events": ("print fleet events as JSON lines", _events),
     "token": ("issue an API token (admin)", _token),
-    "chaos": ("fault injection: catalogue, inject, list, revert, halt, release", _chaos),
+    "hash-password": ("hash a console user's password (read from the terminal or stdin)", _hash_password),
+    "chaos": ("fault injection: catalogue, inject, list, revert, halt, release; run an experiment", _chaos),
+    "alerts": (cli_alerts.SUMMARY, cli_alerts.run),
+    "autoscaler": (cli_autoscaler.SUMMARY, cli_autoscaler.run),
+    "simulate": (cli_simulate.SUMMARY, cli_simulate.run),
+    "drill": (cli_drill.SUMMARY, cli_drill.run),
 }
 
 
@@ -154,10 +243,32 @@ def parser() -> argparse.ArgumentParser:
             revert.add_argument("id", type=int)
             actions.add_parser("halt", help="revert every fault and refuse new ones until release")
             actions.add_parser("release", help="accept new faults again after a halt")
+            run = actions.add_parser("run", help="run a Chaos Toolkit-format experiment (JSON or YAML)")
+            run.add_argument("experiment", help="experiment file; chaos.ctk activities reach --url")
+            run.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+            run.add_argument("--journal", default=None, help="write the journal (JSON) to this file")
+            run.add_argument("--json", action="store_true", help="print the whole journal as JSON")
+            run.add_argument("--max-error-rate", type=float, default=None, help="stop condition (0..1)")
+            run.add_argument("--max-p99-ttft", type=float, default=None, help="stop condition (seconds)")
+            run.add_argument("--min-ready", type=int, default=None, help="stop condition: ready replicas")
+            run.add_argument("--check-interval", type=float, default=1.0, help="stop-condition period (s)")
+            run.add_argument("--rollback-strategy", default="always",
+                             choices=["always", "never", "deviated", "default"])
         elif name == "token":
             cmd.add_argument("name")
             cmd.add_argument("--role", choices=["viewer", "operator", "admin"], default="viewer")
             cmd.add_argument("--ttl", type=float, default=None, help="seconds until it expires")
+        elif name == "hash-password":
+            cmd.add_argument("--user", default=None, help="print a whole NAME:ROLE:HASH entry for this user")
+            cmd.add_argument("--role", choices=["viewer", "operator", "admin"], default="viewer")
+        elif name == "alerts":
+            cli_alerts.add_arguments(cmd)
+        elif name == "autoscaler":
+            cli_autoscaler.add_arguments(cmd)
+        elif name == "drill":
+            cli_drill.add_arguments(cmd)
+        elif name == "simulate":
+            cli_simulate.add_arguments(cmd)
     return p
 
 

@@ -122,6 +122,184 @@ class ControlPlaneClient:
     def chaos_release(self) -> dict[str, Any]:
         return dict(self._call("POST", "/api/v1/chaos/release"))
 
+    def chaos_run_experiment(self, experiment: dict[str, Any], *, dry_run: bool = False,
+                             min_ready: int | None = None, max_error_rate: float | None = None,
+                             max_p99_ttft_s: float | None = None, check_interval_s: float = 1.0,
+                             rollback_strategy: str = "always") -> dict[str, Any]:
+        """Start an experiment in the control plane: ``{"id", "status"}`` (and ``journal`` for a dry run);
+        follow it with :meth:`chaos_experiment`."""
+        body = {"experiment": experiment, "dry_run": dry_run, "min_ready": min_ready,
+                "max_error_rate": max_error_rate, "max_p99_ttft_s": max_p99_ttft_s,
+                "check_interval_s": check_interval_s, "rollback_strategy": rollback_strategy}
+        return dict(self._call("POST", "/api/v1/chaos/experiments", json=body))
+
+    def chaos_experiments(self, limit: int = 50) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/api/v1/chaos/experiments", params={"limit": limit}))
+
+    def chaos_experiment(self, experiment_id: int) -> dict[str, Any]:
+        """One experiment's journal (``status`` is "running" until it ends)."""
+        return dict(self._call("GET", f"/api/v1/chaos/experiments/{experiment_id}"))
+
+    # ---- autoscaler ----------------------------------------------------------------------------
+    def autoscaler_status(self) -> dict[str, Any]:
+        """Mode (active, observe_only, paused), the last decision record and the configuration."""
+        return dict(self._call("GET", "/api/v1/autoscaler/status"))
+
+    def autoscaler_decisions(self, *, since: float | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Decision records, newest first; ``since`` in POSIX seconds."""
+        params: dict[str, Any] = {"limit": limit}
+        if since is not None:
+            params["since"] = since
+        return list(self._call("GET", "/api/v1/autoscaler/decisions", params=params))
+
+    def autoscaler_configure(self, **changes: Any) -> dict[str, Any]:
+        """Change run-time settings: observe_only, min_replicas, max_replicas, tolerance,
+        scale_down_stabilization_s, targets={metric: value}; answers the new status."""
+        return dict(self._call("PUT", "/api/v1/autoscaler/config", json=changes))
+
+    def autoscaler_pause(self) -> dict[str, Any]:
+        return dict(self._call("POST", "/api/v1/autoscaler/pause"))
+
+    def autoscaler_resume(self) -> dict[str, Any]:
+        return dict(self._call("POST", "/api/v1/autoscaler/resume"))
+
+    def autoscaler_windows(self) -> dict[str, Any]:
+        """The cron windows: ``{"now", "source", "active", "windows": [{name, cron, ..., next_start,
+        next_end, active}]}`` (times in POSIX seconds)."""
+        return dict(self._call("GET", "/api/v1/autoscaler/windows"))
+
+    def autoscaler_set_windows(self, windows: list[dict[str, Any]]) -> dict[str, Any]:
+        """Replace every cron window (operator); answers as :meth:`autoscaler_windows`."""
+        return dict(self._call("PUT", "/api/v1/autoscaler/windows", json={"windows": windows}))
+
+    # ---- console: login, latency attribution, charts ---------------------------------------------
+    def login(self, user: str, password: str, ttl_s: float | None = None) -> dict[str, Any]:
+        """A short-lived token of the user's role: ``{"user", "role", "token", "ttl_s"}``."""
+        body: dict[str, Any] = {"user": user, "password": password}
+        if ttl_s is not None:
+            body["ttl_s"] = ttl_s
+        return dict(self._call("POST", "/api/v1/auth/login", json=body))
+
+    def logout(self) -> dict[str, Any]:
+        return dict(self._call("POST", "/api/v1/auth/logout"))
+
+    def latency_breakdown(self, *, window_s: float = 300.0, scope: str = "fleet", quantile: float = 0.99,
+                          slowest: int = 20) -> dict[str, Any]:
+        params = {"window_s": window_s, "scope": scope, "quantile": quantile, "slowest": slowest}
+        return dict(self._call("GET", "/api/v1/latency/breakdown", params=params))
+
+    def metrics_range(self, metric: str, *, kind: str = "quantile", q: float | None = None,
+                      scope: str = "fleet", by: str = "", minutes: float = 10.0,
+                      step_s: float = 5.0) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"metric": metric, "kind": kind, "scope": scope, "by": by,
+                                  "minutes": minutes, "step_s": step_s}
+        if q is not None:
+            params["q"] = q
+        return list(self._call("GET", "/api/v1/metrics/range", params=params))
+
+    def replica_activity(self) -> dict[str, dict[str, float | None]]:
+        return dict(self._call("GET", "/api/v1/metrics/replicas"))
+
+    def active_alerts(self) -> list[dict[str, Any]]:
+        """Alerts (pending and firing); ApiError 404 when the control plane has no alerts API."""
+        raw = self._call("GET", "/api/v1/alerts")
+        return list(raw.get("alerts", []) if isinstance(raw, dict) else raw)
+
+    # ---- alerts --------------------------------------------------------------------------------
+    def alert_rules(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/api/v1/alerts/rules"))
+
+    def alert_rules_yml(self) -> str:
+        """The rules as a Prometheus rule file."""
+        return self._text("GET", "/api/v1/alerts/rules.yml")
+
+    def alert_history(self, *, limit: int = 200, rule: str | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit}
+        if rule:
+            params["rule"] = rule
+        return list(self._call("GET", "/api/v1/alerts/history", params=params))
+
+    def set_alert_rule(self, name: str, *, enabled: bool) -> dict[str, Any]:
+        return dict(self._call("PUT", f"/api/v1/alerts/rules/{name}", json={"enabled": enabled}))
+
+    # ---- drill schedules -----------------------------------------------------------------------
+    def drill_schedules(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/api/v1/drills/schedules"))
+
+    def drill_schedule(self, schedule_id: str) -> dict[str, Any]:
+        return dict(self._call("GET", f"/api/v1/drills/schedules/{schedule_id}"))
+
+    def add_drill_schedule(self, *, name: str, scenario_id: str, cron: str, timezone: str | None = None,
+                           overrides: dict[str, float] | None = None, overlap: str | None = None,
+                           max_wait_s: float | None = None, misfire_grace_s: float | None = None,
+                           coalesce: bool = True, paused: bool = False) -> dict[str, Any]:
+        body = {"name": name, "scenario_id": scenario_id, "cron": cron, "timezone": timezone,
+                "overrides": overrides or {}, "overlap": overlap, "max_wait_s": max_wait_s,
+                "misfire_grace_s": misfire_grace_s, "coalesce": coalesce, "paused": paused}
+        return dict(self._call("POST", "/api/v1/drills/schedules", json=body))
+
+    def edit_drill_schedule(self, schedule_id: str, **changes: Any) -> dict[str, Any]:
+        """Change only the given fields (name, scenario_id, cron, timezone, overrides, overlap, ...)."""
+        return dict(self._call("PATCH", f"/api/v1/drills/schedules/{schedule_id}", json=changes))
+
+    def pause_drill_schedule(self, schedule_id: str) -> dict[str, Any]:
+        return dict(self._call("POST", f"/api/v1/drills/schedules/{schedule_id}/pause"))
+
+    def resume_drill_schedule(self, schedule_id: str) -> dict[str, Any]:
+        return dict(self._call("POST", f"/api/v1/drills/schedules/{schedule_id}/resume"))
+
+    def run_drill_schedule(self, schedule_id: str) -> dict[str, Any]:
+        """Fire a schedule now (its cron continues afterwards)."""
+        return dict(self._call("POST", f"/api/v1/drills/schedules/{schedule_id}/run"))
+
+    def delete_drill_schedule(self, schedule_id: str) -> None:
+        self._call("DELETE", f"/api/v1/drills/schedules/{schedule_id}")
+
+    def drill_schedule_runs(self, schedule_id: str, *, limit: int = 100) -> list[dict[str, Any]]:
+        return list(self._call("GET", f"/api/v1/drills/schedules/{schedule_id}/runs",
+                               params={"limit": limit}))
+
+    # ---- drills --------------------------------------------------------------------------------
+    def drill_scenarios(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/api/v1/drills/scenarios"))
+
+    def drill_run(self, scenario: str, *, rate: float | None = None, duration_s: float | None = None,
+                  fault_at_s: float | None = None, max_tokens: int | None = None,
+                  targets: dict[str, float] | None = None, dry_run: bool = False,
+                  capacity_deadline_s: float | None = None) -> dict[str, Any]:
+        """Start a drill (its id comes back at once) or, with ``dry_run``, get its plan."""
+        body = {"scenario": scenario, "rate": rate, "duration_s": duration_s, "fault_at_s": fault_at_s,
+                "max_tokens": max_tokens, "targets": targets or {}, "dry_run": dry_run}
+        if capacity_deadline_s is not None:
+            body["capacity_deadline_s"] = capacity_deadline_s
+        return dict(self._call("POST", "/api/v1/drills/run", json=body))
+
+    def drills(self, limit: int = 50) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/api/v1/drills", params={"limit": limit}))
+
+    def drill(self, drill_id: int) -> dict[str, Any]:
+        """The report (with ``progress`` while it runs)."""
+        return dict(self._call("GET", f"/api/v1/drills/{drill_id}"))
+
+    def drill_markdown(self, drill_id: int) -> str:
+        return self._text("GET", f"/api/v1/drills/{drill_id}/report.md")
+
+    def drill_compare(self, ids: list[int]) -> dict[str, Any]:
+        return dict(self._call("GET", "/api/v1/drills/compare", params={"ids": ",".join(map(str, ids))}))
+
+    def drill_abort(self, drill_id: int) -> dict[str, Any]:
+        return dict(self._call("POST", f"/api/v1/drills/{drill_id}/abort"))
+
+    # ---- what-if simulator ---------------------------------------------------------------------
+    def simulate(self, *, trace: str = "synthetic-bursty", policies: list[str] | None = None,
+                 requests: list[dict[str, Any]] | None = None, timeout: float = 120.0,
+                 **options: Any) -> dict[str, Any]:
+        """Run policies on a trace in the fleet simulator (operator); options as in ``POST /api/v1/simulate``
+        (compress, token_scale, duration_s, seed, ttft_slo_s, tpot_slo_s, max_replicas, crashes)."""
+        body = {"trace": trace, "policies": policies or ["ours", "hpa"], "requests": requests or [],
+                **options}
+        return dict(self._call("POST", "/api/v1/simulate", json=body, timeout=timeout))
+
     # ---- transport -----------------------------------------------------------------------------
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -131,6 +309,16 @@ class ControlPlaneClient:
         if response.status_code >= 400:
             raise ApiError(_message(response), status=response.status_code)
         return response.json()
+
+    def _text(self, method: str, path: str, **kwargs: Any) -> str:
+        """Like ``_call`` for endpoints that answer plain text (the Prometheus rule file)."""
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ApiError(f"cannot reach the control plane at {self._http.base_url}: {exc}") from exc
+        if response.status_code >= 400:
+            raise ApiError(_message(response), status=response.status_code)
+        return response.text
 
 
 def _message(response: httpx.Response) -> str:

@@ -38,8 +38,13 @@ class Running:
         return ControlPlaneClient(self.api, self.token)
 
 
-def write_config(tmp: Path, *, replicas: int = 3) -> Path:
+def write_config(tmp: Path, *, replicas: int = 3, autoscaler: bool = False, alerts: bool = False) -> Path:
+    """A config on free ports. The autoscaler and the alert loop are off unless asked for (then their
+    tables are left for the caller to append): most tests assert exact replica counts and states, which a
+    loop resizing or restarting the fleet under their load or faults would change."""
     config = tmp / "controlplane.toml"
+    loops = {"autoscaler": autoscaler, "alerts": alerts}
+    off = "".join(f"[{name}]\nenabled = false\n" for name, on in loops.items() if not on)
     config.write_text(f"""
 state_dir = "{tmp / 'state'}"
 [api]
@@ -52,7 +57,7 @@ base_port = {free_port() + 100}
 [prometheus]
 port = {free_port()}
 scrape_interval_s = 1.0
-""")
+{off}""")
     return config
 
 
