@@ -18,8 +18,11 @@ Definitions (``derive_figures``; ``Thresholds`` are computed from the pre-fault 
   ``max(0.25, 3 * p99 baseline TTFT)`` for the first token. Baseline: requests that ended before t0.
 - *affected request*: a request that failed at or after t0, or one served by a replica the fault hit (by
   the ``x-replica-id`` the client got) that was in flight at t0, or sent after t0 and had a gap longer
-  than its disrupt threshold. Its *disruption* is that failure or gap (for a request in flight on a target
-  at t0: its longest gap ending at or after t0); it *recovered* at the gap's end when that end is a token.
+  than its disrupt threshold, or one the gateway sent to a replica the fault hit and moved elsewhere before
+  its first token (the ``x-gateway-tried`` header the client got: the client saw only a late first token).
+  Its *disruption* is that failure or gap (for a request in flight on a target at t0: its longest gap
+  ending at or after t0; for a moved request: send to first token); it *recovered* at the gap's end when
+  that end is a token.
   Requests on the survivors that merely slow down under the extra load are not affected: that is
   degradation, and ``t_slo`` measures it.
 - ``t_detect``: the earliest moment after t0 at which a client could tell: an affected request had waited
@@ -84,6 +87,7 @@ class ClientRequest:
     output_len: int
     completion_tokens: int | None
     error_kind: str | None = None
+    tried: tuple[str, ...] = ()  # replicas the gateway tried first (failed before the first byte)
 
     @property
     def points(self) -> list[float]:
@@ -104,7 +108,7 @@ def client_timeline(records: Iterable[RequestRecord]) -> list[ClientRequest]:
             index=r.index, send=r.send_wall, first_token=wall(r.first_token_time),
             token_times=tuple(r.send_wall + (t - r.send_time) for t in r.token_times), end=wall(r.end_time),
             ok=r.is_success, replica_id=r.replica, output_len=r.output_len,
-            completion_tokens=r.completion_tokens, error_kind=r.error_kind))
+            completion_tokens=r.completion_tokens, error_kind=r.error_kind, tried=tuple(r.tried)))
     return sorted(out, key=lambda c: c.send)
 
 
@@ -189,14 +193,18 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def disruption_of(request: ClientRequest, t0: float, th: Thresholds, *, on_target: bool) -> Disruption | None:
-    """The request's disruption after t0 (see the module docstring), or None when it had none."""
+def disruption_of(request: ClientRequest, t0: float, th: Thresholds, *, on_target: bool,
+                  moved: bool = False) -> Disruption | None:
+    """The request's disruption after t0 (see the module docstring), or None when it had none;
+    ``moved``: the gateway moved it off a replica the fault hit before its first token."""
     points = request.points
     gaps = [(a, b, i == 0) for i, (a, b) in enumerate(itertools.pairwise(points)) if b >= t0]
     failed_end = not request.ok and request.end is not None and request.end >= t0
     if failed_end:
         start = points[-2] if len(points) >= 2 else request.send
         return Disruption(request.index, start, points[-1], recovered=False)
+    if moved and request.first_token is not None and request.first_token >= t0:
+        return Disruption(request.index, request.send, request.first_token, recovered=True)
     if not on_target:
         return None
     long = [(a, b) for a, b, first in gaps if b - a > (th.disrupt_ttft_s if first else th.disrupt_gap_s)]
@@ -218,7 +226,8 @@ def derive_figures(requests: Sequence[ClientRequest], samples: Sequence[FleetSam
     hit = set(fault_targets)
     fig = Figures(t0=t0, thresholds=th, requests_total=len(requests))
     disruptions = [d for r in requests
-                   if (d := disruption_of(r, t0, th, on_target=r.replica_id in hit)) is not None]
+                   if (d := disruption_of(r, t0, th, on_target=r.replica_id in hit,
+                                          moved=not hit.isdisjoint(r.tried))) is not None]
     fig.requests_affected = len(disruptions)
     _service_times(fig, requests, disruptions, hit, th)
     fig.t_slo = slo_recovered_at(requests, disruptions, t0=t0, slo=slo)

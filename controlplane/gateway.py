@@ -60,6 +60,7 @@ logger = logging.getLogger(__name__)
 
 PRIORITY_HEADER = "x-priority"
 REPLICA_HEADER = "x-replica-id"
+TRIED_HEADER = "x-gateway-tried"  # replicas tried first that failed before the first byte (when any)
 PRIORITIES = {"interactive": 0, "standard": 1, "batch": 2}  # header class -> the replica's priority field
 DEFAULT_PRIORITY = "standard"
 PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -493,7 +494,7 @@ class Gateway:
             self._finish(job, 200, "client disconnected")
 
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                   REPLICA_HEADER: job.upstream.replica_id}
+                   REPLICA_HEADER: job.upstream.replica_id, **_tried(job)}
         return ClosingStreamingResponse(stream, on_close=close, headers=headers)
 
     async def _event_stream(self, job: _Job) -> AsyncGenerator[bytes, None]:
@@ -528,7 +529,7 @@ class Gateway:
                 await job.upstream.aclose()
         self._finish(job, 200, None)
         rid = job.replica.replica_id if job.replica else ""
-        return JSONResponse(job.assembly.full_response(), headers={REPLICA_HEADER: rid})
+        return JSONResponse(job.assembly.full_response(), headers={REPLICA_HEADER: rid, **_tried(job)})
 
     # ---- traces ----
     def _finish(self, job: _Job, status: int, error: str | None) -> None:
@@ -640,3 +641,8 @@ class Gateway:
         self.metrics.readmissions.labels(replica_id).inc()
         logger.warning("[%s] re-admitted: %s", replica_id, why)
         self._emit("readmitted", replica_id, why)
+
+
+def _tried(job: _Job) -> dict[str, str]:
+    """The replicas that failed this request before its first byte, for the client to see."""
+    return {TRIED_HEADER: ",".join(sorted(job.failed))} if job.failed else {}

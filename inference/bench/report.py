@@ -91,6 +91,7 @@ class RequestRecord:
     completion_tokens: int | None = None  # from usage
     finish_reason: str | None = None
     replica_id: str | None = None  # x-replica-id response header
+    tried: tuple[str, ...] = ()  # x-gateway-tried: replicas a gateway tried first, which failed
     timings: ServerTimings | None = None
 
     @property
@@ -141,6 +142,7 @@ class RequestRecord:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in obj.items() if k in known}
         values["timings"] = ServerTimings.from_json(values.get("timings"))
+        values["tried"] = tuple(str(r) for r in values.get("tried") or ())
         return cls(**values)
 
 

@@ -81,6 +81,7 @@ COMPLETIONS = "/v1/completions"
 CHAT_COMPLETIONS = "/v1/chat/completions"
 ENDPOINTS = (COMPLETIONS, CHAT_COMPLETIONS)
 REPLICA_HEADER = "x-replica-id"
+TRIED_HEADER = "x-gateway-tried"  # replicas the gateway tried first (they failed before any byte)
 REQUEST_ID_HEADER = "X-Request-Id"
 
 Progress = Callable[[int, int], None]
@@ -319,6 +320,7 @@ class _Runner:
         async with self.client.stream("POST", self.cfg.endpoint, json=payload, headers=headers) as resp:
             record.status = resp.status_code
             record.replica_id = resp.headers.get(REPLICA_HEADER)
+            record.tried = tuple(r for r in resp.headers.get(TRIED_HEADER, "").split(",") if r)
             record.retry_after = parse_retry_after(resp.headers.get("retry-after"))
             if resp.status_code != 200:
                 _fail_http(record, resp.status_code, await resp.aread())

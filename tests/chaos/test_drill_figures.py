@@ -201,3 +201,23 @@ def test_a_survivor_slowing_down_is_degradation_not_an_affected_request() -> Non
     assert fig.requests_affected == 3 and fig.rto_service_s == pytest.approx(0.5)
     # the SLO is about TTFT and errors: its TTFT (0.1 s at 100.2) leaves t_slo where it was
     assert fig.t_slo == pytest.approx(101.0)
+
+
+def test_a_request_the_gateway_moved_off_the_target_before_its_first_token_is_affected() -> None:
+    """It reached the client from a survivor, only late: the gateway said which replica it tried first."""
+    moved = ClientRequest(index=9, send=100.1, first_token=101.2, token_times=(101.2, 101.3), end=101.35,
+                          ok=True, replica_id="r2", output_len=2, completion_tokens=2, tried=("r1",))
+    fig = derive_figures([*TIMELINE, moved], SAMPLES, t0=T0, slo=SLO, fault_targets=["r1"])
+    assert fig.requests_affected == 4  # E, C, G and the moved one
+    assert fig.rto_service_s == pytest.approx(1.2)  # its first token is the last affected one to flow
+    assert fig.requests_failed == 1
+    untouched = derive_figures([*TIMELINE, moved], SAMPLES, t0=T0, slo=SLO, fault_targets=["r3"])
+    assert untouched.requests_affected == 1  # only the failure counts when r1 was not the target
+
+
+def test_client_timeline_carries_what_the_gateway_tried() -> None:
+    record = RequestRecord(index=0, request_id="r-0", prompt_len=4, output_len=2, send_time=1.0,
+                           send_wall=1000.0)
+    record.tried = ("az-a-1",)
+    assert client_timeline([record])[0].tried == ("az-a-1",)
+    assert RequestRecord.from_json(record.to_json()).tried == ("az-a-1",)

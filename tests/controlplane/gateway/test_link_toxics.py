@@ -27,9 +27,12 @@ class Replica:
 def test_refused_link_is_retried_elsewhere_and_ejects_the_replica() -> None:
     async def body(h: Harness) -> None:
         toxic = h.gateway.toxics.add("r0", {"kind": "refuse"})
+        tried = []
         for _ in range(3):
             response = await h.post(path_of("completion"), body_of("completion", stream=True))
             assert response.status_code == 200 and response.headers["x-replica-id"] != "r0"
+            tried.append(response.headers.get("x-gateway-tried"))
+        assert tried == ["r0", None, None]  # the client is told which replica failed it first
         assert "r0" in h.gateway.ejected()
         assert not h.fleet["r0"].requests  # nothing reached the replica itself
         assert h.gateway.toxics.remove(toxic) and not h.gateway.toxics
