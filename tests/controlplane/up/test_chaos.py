@@ -1,14 +1,17 @@
-"""Faults through the control plane's API: a pause is reverted by HALT ALL within 2 s, and one left active
-by a control plane killed with -9 is reverted by the next one at start."""
+"""Faults through the control plane's API: a pause is reverted by HALT ALL within 2 s, and a pause or an
+eBPF partition left active by a control plane killed with -9 is reverted by the next one at start."""
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import time
 from pathlib import Path
 
 import pytest
 
+from chaos.faults.network import PortPartition, availability
 from controlplane.client import ApiError
 
 from .conftest import Running, start, wait_ready
@@ -69,3 +72,45 @@ def test_pause_left_by_a_crashed_control_plane_is_reverted_at_the_next_start(mod
     finally:
         again.process.send_signal(signal.SIGTERM)
         assert again.process.wait(90) == 0
+
+
+def connects(port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def test_partition_left_by_a_crashed_control_plane_is_removed_at_the_next_start(model_state: Path,
+                                                                                running: Running) -> None:
+    ok, reason = availability()
+    if not ok:
+        if os.environ.get("CI"):
+            pytest.fail(f"eBPF network faults must run in CI: {reason}")
+        pytest.skip(reason or "eBPF unavailable")
+    wait_ready(running, 3)
+    with running.client() as client:
+        client.chaos_inject("partition", duration_s=600, replicas=["az-b-1"])
+        url = next(r.url for r in client.fleet().replicas if r.replica_id == "az-b-1")
+    port = int(url.rsplit(":", 1)[1])
+    partitions = PortPartition()
+    try:
+        assert [r["port"] for r in partitions.active()] == [port] and not connects(port)
+        running.process.send_signal(signal.SIGKILL)
+        running.process.wait(10)
+        assert [r["port"] for r in partitions.active()] == [port]  # nobody removed it yet
+
+        config = next(model_state.glob("controlplane.toml"))
+        again = start(config, model_state, running.token)
+        try:
+            wait_ready(again, 3)
+            assert partitions.active() == [] and connects(port)
+            with again.client() as client:
+                assert client.chaos_faults() == []
+        finally:
+            again.process.send_signal(signal.SIGTERM)
+            assert again.process.wait(90) == 0
+    finally:
+        for record in partitions.active():  # whatever happened, leave lo as it was
+            partitions.revert(record)
