@@ -13,8 +13,6 @@ import asyncio
 import os
 import re
 import shutil
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,6 +37,7 @@ from tests.controlplane.up.conftest import (  # noqa: F401 (model_state is a fix
     Running,
     model_state,
     replica_pids,
+    shutdown,
     start,
     wait_ready,
     write_config,
@@ -108,14 +107,7 @@ def console(model_state: Path) -> Iterator[Console]:  # noqa: F811 (the fixture 
         _wait_for_console(url, running)
         yield Console(running, url, port)
     finally:
-        if running.process.poll() is None:
-            running.process.send_signal(signal.SIGTERM)
-            try:
-                running.process.wait(60)
-            except subprocess.TimeoutExpired:
-                running.process.kill()
-        for pid in replica_pids(running.state_dir) | console_pids(port):
-            os.kill(pid, signal.SIGKILL)
+        shutdown(running, timeout=60, leftovers=lambda: console_pids(port))
 
 
 def _wait_for_console(url: str, running: Running, timeout_s: float = 60.0) -> None:

@@ -10,10 +10,7 @@ and the drill runs before the autoscaler tests, so the decisions they read saw i
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,8 +32,8 @@ from .conftest import (
     console_config,
     console_pids,
     log_in,
-    replica_pids,
     screenshot,
+    shutdown,
     start,
     wait_for,
     wait_ready,
@@ -83,14 +80,7 @@ def console(model_state: Path) -> Iterator[Console]:
         _wait_for_console(url, running)
         yield Console(running, url, port)
     finally:
-        if running.process.poll() is None:
-            running.process.send_signal(signal.SIGTERM)
-            try:
-                running.process.wait(60)
-            except subprocess.TimeoutExpired:
-                running.process.kill()
-        for pid in replica_pids(running.state_dir) | console_pids(port):
-            os.kill(pid, signal.SIGKILL)
+        shutdown(running, timeout=60, leftovers=lambda: console_pids(port))
 
 
 def _type(browser: WebDriver, element_id: str, text: str) -> None:

@@ -5,12 +5,13 @@ collide with a control plane already running on the default ports.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -112,6 +113,21 @@ def model_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp
 
 
+def shutdown(running: Running, *, timeout: float = 90.0,
+             leftovers: Callable[[], Iterable[int]] = lambda: ()) -> None:
+    """Stop a control plane as Ctrl-C would (SIGTERM), kill it if it hangs, then kill whatever replica (or
+    ``leftovers()`` process) survived it, so that a failing test still leaves no process behind."""
+    if running.process.poll() is None:
+        running.process.send_signal(signal.SIGTERM)
+        try:
+            running.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            running.process.kill()
+    for pid in replica_pids(running.state_dir) | set(leftovers()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture
 def running(model_state: Path) -> Iterator[Running]:
     config = write_config(model_state)
@@ -119,14 +135,7 @@ def running(model_state: Path) -> Iterator[Running]:
     try:
         yield proc
     finally:
-        if proc.process.poll() is None:
-            proc.process.send_signal(signal.SIGTERM)
-            try:
-                proc.process.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.process.kill()
-        for pid in replica_pids(proc.state_dir):
-            os.kill(pid, signal.SIGKILL)
+        shutdown(proc, timeout=60)
 
 
 

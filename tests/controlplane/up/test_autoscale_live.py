@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -22,7 +21,7 @@ import pytest
 from inference.launcher import free_port
 from tests.polling import wait_until
 
-from .conftest import Running, replica_pids, start, wait_ready
+from .conftest import Running, shutdown, start, wait_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -74,14 +73,7 @@ def fleet(model_state: Path, request: pytest.FixtureRequest) -> Iterator[Running
     try:
         yield proc
     finally:
-        if proc.process.poll() is None:
-            proc.process.send_signal(signal.SIGTERM)
-            try:
-                proc.process.wait(90)
-            except subprocess.TimeoutExpired:
-                proc.process.kill()
-        for pid in replica_pids(proc.state_dir):
-            os.kill(pid, signal.SIGKILL)
+        shutdown(proc)
 
 
 class Load:
