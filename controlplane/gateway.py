@@ -163,6 +163,7 @@ class Gateway:
         # waiting there for a first byte go elsewhere at once (see _prime). Cleared by a token.
         self._suspects: set[str] = set()
         self._stall_watch: dict[str, asyncio.Event] = {}  # set when the replica next stalls
+        self._last_heard: dict[str, float] = {}  # monotonic time of the replica's latest token
         self._inflight: dict[str, int] = defaultdict(int)
         self._probe_task: asyncio.Task[None] | None = None
         self._client = self._new_client(transport)
@@ -313,19 +314,27 @@ class Gateway:
             raise
 
     async def _prime(self, upstream: Upstream) -> None:
-        """Wait for the first token, but not on a replica found stalled meanwhile: a replica whose
-        streams stopped is hung, and a request still waiting there has sent nothing to its client yet,
-        so it may go elsewhere now instead of after the whole first-byte timeout."""
-        rid, timeout = upstream.replica_id, self.config.first_byte_timeout_s
+        """Wait for the first token, but not on a replica found stalled meanwhile. A replica is stalled
+        when one of its streams stopped, or when it produced nothing at all (no token on any stream) for
+        the stall timeout while this request waited: with continuous batching every running stream gets a
+        token each step and prefill comes in chunks, so a live replica is never silent that long. The
+        request has sent nothing to its client yet, so it goes elsewhere now rather than after the whole
+        first-byte timeout. Silence is timed on the real clock, like every other upstream timeout."""
+        rid, stall = upstream.replica_id, self.config.stall_timeout_s
+        timeout = self.config.first_byte_timeout_s
         if rid in self._suspects:  # routed here anyway (no other replica left): wait it out
             await upstream.prime(timeout)
-            self._cleared(rid)
+            self._heard(rid)
             return
         stalled = self._stall_event(rid)
         priming = asyncio.ensure_future(upstream.prime(timeout))
         watching = asyncio.ensure_future(stalled.wait())
+        sent = time.monotonic()
         try:
-            await asyncio.wait((priming, watching), return_when=asyncio.FIRST_COMPLETED)
+            while not (await asyncio.wait((priming, watching), timeout=stall / 2,
+                                          return_when=asyncio.FIRST_COMPLETED))[0]:
+                if time.monotonic() - max(self._last_heard.get(rid, sent), sent) >= stall:
+                    self._suspect(rid)  # silent: this request and every other waiting there move
         finally:
             watching.cancel()
             if not priming.done():
@@ -334,10 +343,15 @@ class Gateway:
                     await priming
         if not priming.cancelled():
             priming.result()  # the first token, or its UpstreamError
-            self._cleared(rid)
+            self._heard(rid)
             return
-        raise UpstreamError(rid, "stall", "another stream on this replica stalled; not waiting for a first "
-                                          "token there")
+        raise UpstreamError(rid, "stall", f"the replica produced no token for {stall:g}s; not waiting for "
+                                          "a first token there")
+
+    def _heard(self, replica_id: str) -> None:
+        """A token came from ``replica_id``: it is alive."""
+        self._last_heard[replica_id] = time.monotonic()
+        self._suspects.discard(replica_id)
 
     def _stall_event(self, replica_id: str) -> asyncio.Event:
         """The event set when ``replica_id`` next stalls."""
@@ -353,9 +367,6 @@ class Gateway:
         watch = self._stall_watch.pop(replica_id, None)
         if watch is not None:
             watch.set()  # requests waiting there for a first token go elsewhere
-
-    def _cleared(self, replica_id: str) -> None:
-        self._suspects.discard(replica_id)
 
     async def _through_toxics(self, replica_id: str) -> None:
         if self.toxics.refuses(replica_id):
@@ -450,6 +461,7 @@ class Gateway:
             while (event := await upstream.next_event(self.config.stall_timeout_s)) is not None:
                 if self.toxics and self.toxics.reset_due(upstream.replica_id, opened):
                     raise UpstreamError(upstream.replica_id, "broken", "link reset (link-abort fault)")
+                self._last_heard[upstream.replica_id] = time.monotonic()
                 chunks = assembly.accept(event)
                 if event.get("choices"):
                     job.replica = upstream.endpoint
@@ -460,7 +472,7 @@ class Gateway:
             if not assembly.is_finished:
                 raise UpstreamError(upstream.replica_id, "closed", "[DONE] before the last token")
             self.outliers.record_success(upstream.replica_id)
-            self._cleared(upstream.replica_id)
+            self._heard(upstream.replica_id)
         finally:
             await upstream.aclose()
 

@@ -7,9 +7,11 @@ that is gone, or a pid that now belongs to someone else, counts as already rever
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +40,9 @@ def process_start_time(pid: int, proc: Path = PROC) -> int | None:
     # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
     fields = stat[stat.rindex(")") + 2:].split()
     return int(fields[19])  # fields[0] is field 3 (state), so field 22 is fields[19]
+
+
+STOP_SETTLE_S = 5.0  # how long a SIGSTOP may take to stop a process on a busy machine
 
 
 def process_state(pid: int, proc: Path = PROC) -> str | None:
@@ -108,7 +113,18 @@ class ProcessFault(Fault):
         except PermissionError as exc:
             raise FaultError(f"{target.replica_id}: not allowed to signal process {pid}") from exc
         logger.warning("%s: sent %s to pid %d", target.replica_id, self._kind.sig.name, pid)
+        if self._kind.sig == signal.SIGSTOP:
+            await self._stopped(pid, target.replica_id)
         return token
+
+    async def _stopped(self, pid: int, replica_id: str) -> None:
+        """Return once the process is stopped: a signal takes effect when the process next runs, which on
+        a busy machine can be a while after kill() returned, and the fault is in place only then."""
+        deadline = time.monotonic() + STOP_SETTLE_S
+        while process_state(pid, self._proc) not in ("T", "t", None):
+            if time.monotonic() > deadline:
+                raise FaultError(f"{replica_id}: pid {pid} still running {STOP_SETTLE_S:g}s after SIGSTOP")
+            await asyncio.sleep(0.01)
 
     async def revert(self, token: RevertToken) -> None:
         if token.action == "none":

@@ -127,3 +127,19 @@ def test_requests_waiting_on_a_replica_that_stalls_go_elsewhere_before_their_fir
         assert {r.headers["x-replica-id"] for r in after} == {"r1", "r2"}
         assert len(r0.requests) == 2
     run(body, routing="round-robin", stall_timeout_s=0.3, first_byte_timeout_s=5.0, eject_after_failures=10)
+
+
+def test_a_replica_silent_for_the_stall_timeout_loses_the_requests_waiting_for_a_first_token() -> None:
+    """No stream under way to notice the hang: the request waiting there moves once the replica has been
+    silent (no token on any stream) for the stall timeout, not after the first-byte timeout."""
+    async def body(h: Harness) -> None:
+        h.fleet["r0"].behaviour.hang_after = 0
+        started = time.monotonic()
+        requests = [body_of("completion", prompt=f"p{i}") for i in range(3)]
+        responses = await asyncio.gather(*(h.post(path_of("completion"), r) for r in requests))
+        waited = time.monotonic() - started
+        assert all(r.status_code == 200 for r in responses)
+        assert {r.headers["x-replica-id"] for r in responses} == {"r1", "r2"}
+        assert [r.headers.get("x-gateway-tried") for r in responses].count("r0") == 1
+        assert 0.3 <= waited < 2.0  # stall timeout 0.3 s; first-byte timeout 5 s
+    run(body, routing="round-robin", stall_timeout_s=0.3, first_byte_timeout_s=5.0, eject_after_failures=10)
