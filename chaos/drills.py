@@ -7,11 +7,17 @@ and the :class:`~chaos.safety.FaultManager`; the runner starts the load client a
 ``ignore_eos`` so every stream owes exactly ``max_tokens`` tokens, per-request JSONL), injects the
 scenario's faults (``chaos.scenarios``) at t0 through the fault manager's ledger, polls the fleet until
 capacity is back or the deadline passes, reverts, and derives the figures from the CLIENT's JSONL, not
-from the control plane's own view. t0 is ``fault_at_s`` after the gateway first sees the load's
-requests in flight (and, at most ``STREAM_WAIT_S`` later, once a stream is in flight); a single-replica
-fault (``COUNT(1)``) is aimed at the replica with the most streams in flight then, and a zone fault at
-that replica's zone, so that the drill hits live streams. All times are wall-clock POSIX seconds on this
-host; the report gives them relative to t0.
+from the control plane's own view. The load is Poisson at the scenario's rate, or a window of an Azure LLM
+trace replayed with its own arrivals and token counts (``LoadProfile``); either way it lasts
+``duration_s``. t0 is ``fault_at_s`` after the gateway first sees the load's requests in flight (and, at
+most ``STREAM_WAIT_S`` later, once a stream is in flight).
+
+Aim (:func:`resolve_aim`): a single-replica fault (``COUNT(1)``) hits the replica the caller named, else the
+replica with the most streams in flight at t0 (in the zone the caller named, if any); a zone fault hits the
+zone the caller named, else the busiest replica's zone, so that by default the drill hits live streams.
+The caller's names are checked against the fleet when the drill starts (:meth:`DrillRunner.check`) and
+resolved again at t0; the report keeps both (``targets_requested``, ``targets_resolved``). All times are
+wall-clock POSIX seconds on this host; the report gives them relative to t0.
 
 The figures (t_detect, t_switch, t_first_ok, t_service, t_slo, t_capacity, RTO and RPO), the prediction and
 the verdict are pure functions of the client timeline and the fleet samples, defined and computed in
@@ -53,7 +59,7 @@ from chaos.drill_figures import (
 )
 from chaos.faults.base import FaultError, FaultSpec
 from chaos.safety import ActiveFault, FaultManager
-from chaos.scenarios import SCENARIOS, Scenario, scenario
+from chaos.scenarios import SCENARIOS, LoadProfile, Scenario, scenario
 from chaos.targets import Selector, Target
 from inference.bench.report import read_jsonl
 
@@ -106,6 +112,96 @@ class DrillPort(Protocol):
     def count_marks(self, ids: Sequence[int]) -> int: ...
 
 
+@dataclass(slots=True, frozen=True)
+class Aim:
+    """Where a drill's faults go: what the caller asked for, and what that is in the fleet now."""
+
+    requested_replicas: tuple[str, ...]
+    requested_zones: tuple[str, ...]
+    replicas: tuple[str, ...]  # resolved: the replicas the faults hit
+    zones: tuple[str, ...]
+    how: str
+
+    def requested(self) -> dict[str, Any]:
+        return {"replicas": list(self.requested_replicas), "zones": list(self.requested_zones)}
+
+    def resolved(self) -> dict[str, Any]:
+        return {"replicas": list(self.replicas), "zones": list(self.zones), "how": self.how}
+
+
+def check_aim(sc: Scenario, targets: Sequence[Target]) -> None:
+    """ValueError naming ``replicas`` or ``zones`` when the caller's names are not in the fleet."""
+    by_id = {t.replica_id: t for t in targets}
+    zones = sorted({t.zone for t in targets})
+    for replica_id in sc.replicas:
+        if replica_id not in by_id:
+            raise ValueError(f"replicas: no replica {replica_id!r} in the fleet "
+                             f"(running: {', '.join(sorted(by_id)) or 'none'})")
+    for zone in sc.zones:
+        if zone not in zones:
+            raise ValueError(f"zones: no replica of the fleet in zone {zone!r} "
+                             f"(zones: {', '.join(zones) or 'none'})")
+    for replica_id in sc.replicas:
+        if sc.zones and by_id[replica_id].zone not in sc.zones:
+            raise ValueError(f"zones: replica {replica_id} is in zone {by_id[replica_id].zone}, "
+                             f"not {', '.join(sc.zones)}")
+
+
+def resolve_aim(sc: Scenario, targets: Sequence[Target], inflight: Mapping[str, int]) -> Aim:
+    """The scenario's aim in the fleet ``targets`` with ``inflight`` streams per replica (see the module
+    docstring); ValueError when the caller's names are not in the fleet or the fleet is empty."""
+    check_aim(sc, targets)
+    asked = (sc.replicas, sc.zones)
+    if sc.action == "rollout":
+        ids = tuple(sorted(t.replica_id for t in targets))
+        return Aim(*asked, ids, tuple(sorted({t.zone for t in targets})), "every replica, one at a time")
+    if sc.replicas:
+        replica = next(t for t in targets if t.replica_id == sc.replicas[0])
+        how = f"replica {replica.replica_id} (named)"
+    elif sc.zones:
+        replica = _busiest([t for t in targets if t.zone == sc.zones[0]], inflight)
+        how = f"the busiest replica of zone {sc.zones[0]} (named): {replica.replica_id}"
+    else:
+        replica = _busiest(targets, inflight)
+        how = f"the busiest replica: {replica.replica_id}"
+    if not sc.takes_zone:
+        return Aim(*asked, (replica.replica_id,), (replica.zone,), how)
+    zone = sc.zones[0] if sc.zones else next((f.zone for f in sc.faults if f.zone and f.zone != "first"),
+                                               replica.zone)
+    how = f"zone {zone} (named)" if sc.zones else f"zone {zone}, of the busiest replica {replica.replica_id}"
+    ids = tuple(sorted(t.replica_id for t in targets if t.zone == zone))
+    return Aim(*asked, ids, (zone,), how)
+
+
+def load_command(sc: Scenario, gateway_url: str, workdir: Path) -> list[str]:
+    """The load client's command line (``python -m inference.bench serve``) for the scenario's load."""
+    cmd = [sys.executable, "-m", "inference.bench", "serve", "--base-url", gateway_url,
+           "--duration", f"{sc.duration_s:g}", "--grace", f"{LOAD_GRACE_S:g}", "--seed", "0",
+           "--request-timeout", "60", "--jsonl", str(workdir / "load.jsonl"),
+           "--result-json", str(workdir / "load-summary.json"), "--no-progress"]
+    profile = sc.load
+    if profile.is_trace:  # trace arrivals (no --request-rate) over the window the load lasts
+        return [*cmd, "--dataset", f"trace:{profile.path}", "--time-scale", repr(profile.compress),
+                "--token-scale", repr(profile.token_scale), "--trace-start", repr(profile.trace_start_s),
+                "--trace-duration", repr(sc.duration_s * profile.compress),
+                "--max-input-len", str(profile.max_input_len), "--max-output-len", str(sc.max_tokens)]
+    num = math.ceil(sc.rate * sc.duration_s * 2) + 10  # Poisson: enough never to run dry
+    return [*cmd, "--num-requests", str(num), "--request-rate", f"{sc.rate:g}",
+            "--input-len", str(sc.input_len), "--output-len", str(sc.max_tokens)]
+
+
+def describe_load(sc: Scenario) -> dict[str, Any]:
+    """The load as the plan and the report show it."""
+    profile: LoadProfile = sc.load
+    if not profile.is_trace:
+        return {"kind": "rate", "rate": sc.rate, "duration_s": sc.duration_s}
+    return {"kind": "trace", "trace": profile.trace, "path": profile.path, "compress": profile.compress,
+            "token_scale": profile.token_scale, "trace_start_s": profile.trace_start_s,
+            "trace_window_s": round(sc.duration_s * profile.compress, 4), "requests": profile.requests,
+            "mean_rate": sc.rate, "duration_s": sc.duration_s, "max_input_len": profile.max_input_len,
+            "max_output_len": sc.max_tokens}
+
+
 @dataclass(slots=True)
 class DrillOptions:
     dry_run: bool = False
@@ -125,33 +221,48 @@ class DrillRunner:
         self.faults = faults
 
     # -- plan (dry run) --------------------------------------------------------------------------
-    def fault_specs(self, sc: Scenario) -> list[tuple[FaultSpec, bool]]:
-        """The scenario's fault steps aimed at the fleet now: ``COUNT(1)`` at the replica with the most
-        streams in flight, ``zone="first"`` at that replica's zone (the first zone when nothing flows)."""
-        targets = self.port.targets()
-        busiest = _busiest(targets, self.port.inflight())
+    def check(self, sc: Scenario) -> None:
+        """ValueError (naming ``replicas`` or ``zones``) when the scenario's aim is not in the fleet now."""
+        check_aim(sc, self.port.targets())
+
+    def aim(self, sc: Scenario) -> Aim:
+        """The scenario's aim resolved against the fleet and its streams in flight now."""
+        return resolve_aim(sc, self.port.targets(), self.port.inflight())
+
+    def fault_specs(self, sc: Scenario, aim: Aim | None = None) -> list[tuple[FaultSpec, bool]]:
+        """The scenario's fault steps aimed at ``aim`` (default: resolved now): a single-replica step at
+        its replica, a zone step at its zone."""
+        if not sc.faults:
+            return []
+        aim = aim or self.aim(sc)
         out = []
         for step in sc.faults:
-            zones = [busiest.zone] if step.zone == "first" else [step.zone] if step.zone else []
-            ids = [busiest.replica_id] if step.selector.replace(" ", "").upper() == "COUNT(1)" \
-                and not step.zone else []
+            if step.zone:
+                zones, ids = list(aim.zones), []
+            elif step.is_single:
+                zones, ids = [], list(aim.replicas)
+            else:
+                zones, ids = list(sc.zones), list(sc.replicas)
             selector = Selector.parse(step.selector, zones=zones, replica_ids=ids)
             out.append((FaultSpec(step.kind, dict(step.params), step.duration_s, selector), step.allow_all))
         return out
 
     def plan(self, sc: Scenario) -> dict[str, Any]:
-        """What the drill would do: the load, the faults with their resolved targets, the prediction."""
+        """What the drill would do: the load, the aim, the faults with their resolved targets, the
+        prediction. Targets resolved from streams in flight are resolved again at t0."""
         targets = self.port.targets()
+        aim = self.aim(sc)
         faults: list[dict[str, Any]] = []
         num_hit = 0
-        for spec, allow_all in self.fault_specs(sc):
+        for spec, allow_all in self.fault_specs(sc, aim):
             p = self.faults.plan(spec, targets, allow_all=allow_all)
             faults.append({"kind": spec.kind, "selector": spec.selector.describe(),
                            "duration_s": spec.duration_s, "targets": [t.replica_id for t in p.targets],
                            "allowed": p.allowed, "reasons": list(p.reasons)})
             num_hit += len(p.targets)
         pred = predict(sc, self.port.timings(), num_hit=num_hit, ttft_s=0.0, e2e_s=0.0)
-        return {"scenario": sc.describe(), "faults": faults, "prediction": dataclasses.asdict(pred)}
+        return {"scenario": sc.describe(), "load": describe_load(sc), "targets_requested": aim.requested(),
+                "targets_resolved": aim.resolved(), "faults": faults, "prediction": dataclasses.asdict(pred)}
 
     # -- run -------------------------------------------------------------------------------------
     async def run(self, drill_id: str, sc: Scenario, *, workdir: Path, progress: Progress | None = None,
@@ -181,6 +292,8 @@ class _Run:
         self.load: asyncio.subprocess.Process | None = None
         self.report: dict[str, Any] = {"id": drill_id, "scenario": sc.id, "title": sc.title,
                                        "config": sc.describe(), "status": "running",
+                                       "targets_requested": {"replicas": list(sc.replicas),
+                                                             "zones": list(sc.zones)},
                                        "started_at": time.time(), "events": []}
         self.jsonl = workdir / "load.jsonl"
 
@@ -263,22 +376,17 @@ class _Run:
 
     async def _start_load(self) -> None:
         sc = self.sc
-        num = math.ceil(sc.rate * sc.duration_s * 2) + 10  # Poisson: enough never to run dry
-        cmd = [sys.executable, "-m", "inference.bench", "serve", "--base-url", self.port.gateway_url,
-               "--num-requests", str(num), "--request-rate", f"{sc.rate:g}",
-               "--duration", f"{sc.duration_s:g}", "--grace", f"{LOAD_GRACE_S:g}",
-               "--input-len", str(sc.input_len), "--output-len", str(sc.max_tokens),
-               "--seed", "0", "--request-timeout", "60",
-               "--jsonl", str(self.jsonl), "--result-json", str(self.workdir / "load-summary.json"),
-               "--no-progress"]
+        cmd = load_command(sc, self.port.gateway_url, self.workdir)
         log = (self.workdir / "load.log").open("wb")
         try:
             self.load = await asyncio.create_subprocess_exec(
                 *cmd, stdout=log, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         finally:
             log.close()
-        self.report["load"] = {"command": " ".join(cmd[1:]), "pid": self.load.pid, "jsonl": str(self.jsonl)}
-        self.note("load started", pid=self.load.pid, rate=sc.rate, duration_s=sc.duration_s)
+        load = describe_load(sc)
+        self.report["load"] = {**load, "command": " ".join(cmd[1:]), "pid": self.load.pid,
+                               "jsonl": str(self.jsonl)}
+        self.note("load started", pid=self.load.pid, **load)
 
     async def _load_flowing(self) -> float:
         """When the gateway first sees the load's streams in flight (the load client takes a while to
@@ -322,12 +430,17 @@ class _Run:
         self.phase(name, 0.05 + 0.8 * min((time.time() - load_start) / total, 1.0))
 
     async def _strike(self) -> None:
+        targets = self.port.targets()
+        try:
+            aim = self.runner.aim(self.sc)
+        except ValueError as exc:  # a named replica or zone left the fleet since the drill started
+            raise RuntimeError(f"no target at t0: {exc}") from exc
+        self.report["targets_resolved"] = aim.resolved()
         if self.sc.action == "rollout":
             model = self.port.start_rollout()
             self.note("rollout started", model=model)
             return
-        targets = self.port.targets()
-        for spec, allow_all in self.runner.fault_specs(self.sc):
+        for spec, allow_all in self.runner.fault_specs(self.sc, aim):
             try:
                 faults = await self.faults.inject(spec, targets, allow_all=allow_all)
             except (FaultError, ValueError, KeyError) as exc:

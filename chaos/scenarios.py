@@ -1,20 +1,28 @@
 """The shipped drill scenarios, by id: what each one breaks, under what load, and what it must meet.
 
 A :class:`Scenario` is a frozen value: the fault steps (or the rolling update) to start at t0, the load to
-run around them, the SLO that says when service is back, and the targets the verdict is judged against.
-:func:`scenario` looks one up by id and :meth:`Scenario.with_overrides` returns a copy with the caller's
-load and target overrides checked (a ValueError names the field). ``chaos.drills`` runs them.
+run around them (:class:`LoadProfile`: Poisson at a rate, or a window of an Azure LLM trace replayed), the
+replicas or zone the caller aimed it at, the SLO that says when service is back, and the targets the verdict
+is judged against. :func:`scenario` looks one up by id and :meth:`Scenario.with_overrides` returns a copy with
+the caller's load, aim and target overrides checked (a ValueError names the field). ``chaos.drills`` runs
+them and checks the aim against the fleet.
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
+from inference.bench.datasets import read_trace
+
 Action = Literal["fault", "rollout"]
+LoadKind = Literal["rate", "trace"]
 # How the fault reaches the client: a process dies (connections reset at once), a replica stops answering
 # (only a stall timeout notices), or a replica keeps serving, degraded.
 Detection = Literal["reset", "stall", "degraded", "none"]
@@ -62,6 +70,55 @@ class FaultStep:
     zone: str | None = None
     allow_all: bool = False
 
+    @property
+    def is_single(self) -> bool:
+        """Aimed at one replica: ``COUNT(1)`` with no zone."""
+        return self.selector.replace(" ", "").upper() == "COUNT(1)" and not self.zone
+
+
+# "azure" as a trace: this environment variable, else this file relative to the working directory (the
+# repository's data folder is not shipped in the package).
+AZURE_TRACE = "azure"
+AZURE_TRACE_ENV = "CONTROLPLANE_AZURE_TRACE"
+AZURE_TRACE_FALLBACK = Path("../shared/data/azure_llm_conv_2023.csv")
+# Trace prompts are capped here: the Azure conversation trace asks for up to 14k context tokens, more than the
+# default model's 2048 positions, and long prefills on a busy CPU would measure prefill, not a failover.
+TRACE_MAX_INPUT_LEN = 512
+
+
+@dataclass(slots=True, frozen=True)
+class LoadProfile:
+    """How the load client sends requests: ``rate`` (Poisson arrivals at the scenario's ``rate``) or
+    ``trace`` (the window ``[trace_start_s, trace_start_s + duration_s * compress)`` of an Azure LLM trace
+    replayed ``compress`` times faster, token counts times ``token_scale``, prompts capped at
+    ``max_input_len`` and outputs at the scenario's ``max_tokens``). Either way the load lasts the
+    scenario's ``duration_s``. ``trace`` is what was asked ("azure" or a path), ``path`` the file read and
+    ``requests`` the number of trace requests in the window."""
+
+    kind: LoadKind = "rate"
+    trace: str | None = None
+    path: str | None = None
+    compress: float = 1.0
+    token_scale: float = 1.0
+    trace_start_s: float = 0.0
+    max_input_len: int = TRACE_MAX_INPUT_LEN
+    requests: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("rate", "trace"):
+            raise ValueError(f"load.kind: must be 'rate' or 'trace', got {self.kind!r}")
+        _positive(**{"load.compress": self.compress, "load.token_scale": self.token_scale})
+        if self.trace_start_s < 0:
+            raise ValueError(f"load.trace_start_s: must be >= 0, got {self.trace_start_s!r}")
+        if self.max_input_len < 1:
+            raise ValueError(f"load.max_input_len: must be >= 1, got {self.max_input_len!r}")
+        if self.kind == "trace" and not self.path:
+            raise ValueError("load.trace: a trace load needs a trace file ('azure' or a path)")
+
+    @property
+    def is_trace(self) -> bool:
+        return self.kind == "trace"
+
 
 @dataclass(slots=True, frozen=True)
 class Scenario:
@@ -71,7 +128,7 @@ class Scenario:
     detection: Detection
     faults: tuple[FaultStep, ...] = ()
     action: Action = "fault"
-    rate: float = 4.0  # requests per second (Poisson)
+    rate: float = 4.0  # requests per second (Poisson); a trace load: the window's mean, for the prediction
     duration_s: float = 14.0  # load duration
     fault_at_s: float = 4.0  # t0, seconds into the load
     max_tokens: int = 24
@@ -80,6 +137,11 @@ class Scenario:
     slo: SloTarget = field(default_factory=SloTarget)
     targets: Targets = field(default_factory=Targets)
     fleet_repairs: bool = True  # the fleet restarts what the fault took (else capacity returns at revert)
+    load: LoadProfile = field(default_factory=LoadProfile)
+    # Aim (empty: the default): the replica a single-replica fault hits, or the zone whose busiest replica
+    # it hits; the zone a zone fault takes. Checked against the fleet by ``chaos.drills`` at the start.
+    replicas: tuple[str, ...] = ()
+    zones: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _positive(rate=self.rate, duration_s=self.duration_s, capacity_deadline_s=self.capacity_deadline_s)
@@ -90,6 +152,33 @@ class Scenario:
             raise ValueError("max_tokens and input_len: must be >= 1")
         if self.action == "fault" and not self.faults:
             raise ValueError(f"{self.id}: a fault scenario needs at least one fault step")
+        self._check_aim()
+
+    @property
+    def takes_zone(self) -> bool:
+        """A zone fault (every replica of one zone)."""
+        return any(f.zone for f in self.faults)
+
+    @property
+    def takes_replica(self) -> bool:
+        """A single-replica fault (``COUNT(1)``, no zone)."""
+        return any(f.is_single for f in self.faults)
+
+    def _check_aim(self) -> None:
+        field_given = "replicas" if self.replicas else "zones"
+        if (self.replicas or self.zones) and not (self.takes_zone or self.takes_replica):
+            raise ValueError(f"{field_given}: {self.id} takes no target (it acts on the whole fleet)")
+        if self.takes_zone:
+            if self.replicas:
+                raise ValueError(f"replicas: {self.id} takes one zone (zones), not replicas")
+            if len(self.zones) > 1:
+                raise ValueError(f"zones: {self.id} takes one zone, got {len(self.zones)}")
+        if self.takes_replica:
+            if len(self.replicas) > 1:
+                raise ValueError(f"replicas: {self.id} takes one replica, got {len(self.replicas)}")
+            if len(self.zones) > 1:
+                raise ValueError(f"zones: {self.id} takes one zone (its busiest replica is hit), "
+                                 f"got {len(self.zones)}")
 
     @property
     def fault_duration_s(self) -> float:
@@ -97,9 +186,14 @@ class Scenario:
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> Scenario:
         """A copy with load fields (rate, duration_s, fault_at_s, max_tokens, input_len,
-        capacity_deadline_s) and target fields (``targets.<name>`` or the bare name) replaced."""
+        capacity_deadline_s), the load profile (``load``: ``{"kind": "rate", "rate": R}`` or ``{"kind":
+        "trace", "trace": "azure" | PATH, "compress": X, "token_scale": Y, "trace_start_s": S,
+        "max_input_len": N}``), the aim (``replicas``, ``zones``: lists of names) and target fields
+        (``targets.<name>`` or the bare name) replaced. A trace is read here: a missing or malformed file
+        is a ValueError naming ``load.trace``."""
         load: dict[str, Any] = {}
         targets: dict[str, Any] = {}
+        profile: Mapping[str, Any] | None = None
         target_names = {f.name for f in dataclasses.fields(Targets)}
         for name, value in overrides.items():
             if value is None:
@@ -107,17 +201,42 @@ class Scenario:
             bare = name.removeprefix("targets.")
             if name in _LOAD_FIELDS:
                 load[name] = _number(name, value)
+            elif name == "load":
+                if not isinstance(value, Mapping):
+                    raise ValueError(f"load: expected an object with a kind, got {value!r}")
+                profile = value
+            elif name in ("replicas", "zones"):
+                load[name] = _names(name, value)
             elif bare in target_names:
                 targets[bare] = _number(name, value)
             else:
-                allowed = ", ".join(sorted(_LOAD_FIELDS | target_names))
+                allowed = ", ".join(sorted(_LOAD_FIELDS | _AIM_FIELDS | target_names))
                 raise ValueError(f"{name}: unknown override (allowed: {allowed})")
         for name in ("max_tokens", "input_len"):
             if name in load:
                 load[name] = int(load[name])
+        if profile is not None:
+            load.update(_load_profile(profile, rate=load.get("rate")))
         if targets:
             load["targets"] = dataclasses.replace(self.targets, **targets)
-        return dataclasses.replace(self, **load)
+        changed = dataclasses.replace(self, **load)
+        return changed._with_trace_window() if changed.load.is_trace else changed
+
+    def _with_trace_window(self) -> Scenario:
+        """The trace window's request count and mean rate (requests per second of load) filled in."""
+        profile = self.load
+        assert profile.path is not None  # LoadProfile requires it for a trace
+        start = profile.trace_start_s
+        end = start + self.duration_s * profile.compress
+        try:
+            count = sum(1 for t in _trace_offsets(Path(profile.path)) if start <= t < end)
+        except (OSError, ValueError, csv.Error) as exc:
+            raise ValueError(f"load.trace: {exc}") from exc
+        if count == 0:
+            raise ValueError(f"load.trace_start_s: {profile.path} has no request in the window "
+                             f"[{start:g}, {end:g}) s of the trace")
+        return dataclasses.replace(self, rate=round(count / self.duration_s, 4),
+                                   load=dataclasses.replace(profile, requests=count))
 
     def describe(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -125,6 +244,89 @@ class Scenario:
 
 _LOAD_FIELDS = frozenset({"rate", "duration_s", "fault_at_s", "max_tokens", "input_len",
                           "capacity_deadline_s"})
+_AIM_FIELDS = frozenset({"load", "replicas", "zones"})
+_RATE_KEYS = frozenset({"kind", "rate"})
+_TRACE_KEYS = frozenset({"kind", "trace", "compress", "token_scale", "trace_start_s", "max_input_len"})
+
+
+def _load_profile(spec: Mapping[str, Any], *, rate: float | None) -> dict[str, Any]:
+    """The scenario fields a ``load`` override sets: ``load`` and, for a rate load, ``rate``."""
+    kind = spec.get("kind")
+    if kind not in ("rate", "trace"):
+        raise ValueError(f"load.kind: must be 'rate' or 'trace', got {kind!r}")
+    allowed = _RATE_KEYS if kind == "rate" else _TRACE_KEYS
+    for key in spec:
+        if key not in allowed:
+            raise ValueError(f"load.{key}: unknown for a {kind} load (allowed: {', '.join(sorted(allowed))})")
+    if kind == "rate":
+        out: dict[str, Any] = {"load": LoadProfile()}
+        if spec.get("rate") is not None:
+            given = _number("load.rate", spec["rate"])
+            if rate is not None and rate != given:
+                raise ValueError(f"rate: {rate:g} disagrees with load.rate {given:g}; give one")
+            _positive(**{"load.rate": given})
+            out["rate"] = given
+        return out
+    if rate is not None:
+        raise ValueError("rate: a trace load takes its arrivals from the trace; leave rate out")
+    name = spec.get("trace")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"load.trace: give {AZURE_TRACE!r} or the path of an Azure LLM trace CSV, "
+                         f"got {name!r}")
+    defaults = LoadProfile()
+    number = {key: _number(f"load.{key}", spec.get(key, getattr(defaults, key)))
+              for key in ("compress", "token_scale", "trace_start_s", "max_input_len")}
+    return {"load": LoadProfile(kind="trace", trace=name.strip(), path=str(resolve_trace(name.strip())),
+                                compress=number["compress"], token_scale=number["token_scale"],
+                                trace_start_s=number["trace_start_s"],
+                                max_input_len=int(number["max_input_len"]))}
+
+
+def resolve_trace(name: str, *, cwd: Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """The trace file ``name`` stands for, absolute: ``azure`` is ``$CONTROLPLANE_AZURE_TRACE`` or
+    ``../shared/data/azure_llm_conv_2023.csv`` from the working directory; anything else is a path
+    (relative to the working directory). ValueError (naming ``load.trace``) when there is no such file or it
+    is not an Azure LLM trace."""
+    here = cwd if cwd is not None else Path.cwd()
+    env = os.environ if environ is None else environ
+    if name == AZURE_TRACE:
+        from_env = env.get(AZURE_TRACE_ENV, "").strip()
+        path = Path(from_env).expanduser() if from_env else AZURE_TRACE_FALLBACK
+        where = (f"{AZURE_TRACE!r}: from ${AZURE_TRACE_ENV}" if from_env else
+                 f"{AZURE_TRACE!r}: ${AZURE_TRACE_ENV} is not set, so {AZURE_TRACE_FALLBACK} from the "
+                 f"control plane's working directory {here}; give the trace's path instead")
+    else:
+        path = Path(name).expanduser()
+        where = "the path given"
+    path = (here / path).resolve()
+    if not path.is_file():
+        raise ValueError(f"load.trace: no trace file at {path} ({where})")
+    try:
+        _trace_offsets(path)
+    except (OSError, ValueError, KeyError, csv.Error) as exc:
+        raise ValueError(f"load.trace: {exc}") from exc
+    return path
+
+
+_TRACES: dict[tuple[str, int, int], tuple[float, ...]] = {}
+
+
+def _trace_offsets(path: Path) -> tuple[float, ...]:
+    """The arrival offsets of a trace file, read once per (path, size, mtime)."""
+    stat = path.stat()
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _TRACES:
+        _TRACES.clear()  # one trace at a time is plenty; a changed file is read again
+        _TRACES[key] = tuple(r.offset for r in read_trace(path))
+    return _TRACES[key]
+
+
+def _names(name: str, value: Any) -> tuple[str, ...]:
+    """A list of replica ids or zone names, deduplicated in order."""
+    if isinstance(value, str) or not isinstance(value, Sequence) or \
+            not all(isinstance(v, str) and v.strip() for v in value):
+        raise ValueError(f"{name}: expected a list of names, got {value!r}")
+    return tuple(dict.fromkeys(v.strip() for v in value))
 
 
 def _number(name: str, value: Any) -> float:

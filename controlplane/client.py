@@ -266,12 +266,19 @@ class ControlPlaneClient:
     def drill_run(self, scenario: str, *, rate: float | None = None, duration_s: float | None = None,
                   fault_at_s: float | None = None, max_tokens: int | None = None,
                   targets: dict[str, float] | None = None, dry_run: bool = False,
-                  capacity_deadline_s: float | None = None) -> dict[str, Any]:
-        """Start a drill (its id comes back at once) or, with ``dry_run``, get its plan."""
-        body = {"scenario": scenario, "rate": rate, "duration_s": duration_s, "fault_at_s": fault_at_s,
-                "max_tokens": max_tokens, "targets": targets or {}, "dry_run": dry_run}
+                  capacity_deadline_s: float | None = None, replicas: list[str] | None = None,
+                  zones: list[str] | None = None, load: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Start a drill (its id comes back at once) or, with ``dry_run``, get its plan. ``replicas`` /
+        ``zones`` aim it; ``load`` is ``{"kind": "rate", "rate": R}`` or ``{"kind": "trace", "trace":
+        "azure" | PATH, "compress": X, "token_scale": Y}``."""
+        body: dict[str, Any] = {"scenario": scenario, "rate": rate, "duration_s": duration_s,
+                                "fault_at_s": fault_at_s, "max_tokens": max_tokens, "targets": targets or {},
+                                "dry_run": dry_run}
         if capacity_deadline_s is not None:
             body["capacity_deadline_s"] = capacity_deadline_s
+        for name, value in (("replicas", replicas), ("zones", zones), ("load", load)):
+            if value:
+                body[name] = value
         return dict(self._call("POST", "/api/v1/drills/run", json=body))
 
     def drills(self, limit: int = 50) -> list[dict[str, Any]]:

@@ -6,21 +6,26 @@ surface for schedules (call them on the control plane's event loop). Reports are
 ``drills`` collection (key: the scenario id); a report still ``running`` when the control plane starts was
 cut short by a crash and is marked ``interrupted``. Reads need a viewer token, run and abort an operator
 token, and both are audited.
+
+A run request may aim the drill (``replicas``, ``zones``: checked against the fleet when it starts) and pick
+its load (``load``: Poisson at a rate, or an Azure LLM trace replayed; the bare ``rate`` still works). Bad
+input is a 400 in the OpenAI error shape whose ``param`` names the field.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query
-from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel, Field
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field
 
 from chaos.drills import DrillError, DrillRunner, FleetSample, Timings
 from chaos.scenarios import SCENARIOS, scenario
@@ -39,6 +44,7 @@ COLLECTION = "drills"
 MARKS = "drill_marks"
 KEEP_REPORTS = 500
 START_TIME_EVENTS = 50  # the latest replica.ready events that give the measured start time
+_FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*): ")  # "load.trace: no trace file ..." names load.trace
 
 
 class FleetDrillPort:
@@ -143,7 +149,8 @@ class DrillService:
         return len(stale)
 
     def plan(self, scenario_id: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The dry run: KeyError for an unknown scenario, ValueError for a bad override or selector."""
+        """The dry run: KeyError for an unknown scenario, ValueError for a bad override, selector or aim
+        (a replica or zone not in the fleet)."""
         return self.runner.plan(scenario(scenario_id).with_overrides(overrides or {}))
 
     def start(self, scenario_id: str, overrides: Mapping[str, Any] | None = None) -> str:
@@ -168,11 +175,15 @@ class DrillService:
     def start_here(self, scenario_id: str, overrides: Mapping[str, Any] | None = None) -> int:
         """``start`` on the running event loop; returns the drill id."""
         sc = scenario(scenario_id).with_overrides(overrides or {})
+        self.runner.check(sc)  # a named replica or zone must be in the fleet now
         if self.is_running():
             raise DrillError(f"drill {self._running_id} is running; one drill at a time")
         record = self.store.add_record(COLLECTION, {"scenario": sc.id, "title": sc.title, "status": "running",
                                                     "started_at": time.time(), "config": sc.describe(),
-                                                    "overrides": dict(overrides or {})}, key=sc.id)
+                                                    "overrides": dict(overrides or {}),
+                                                    "targets_requested": {"replicas": list(sc.replicas),
+                                                                          "zones": list(sc.zones)}},
+                                       key=sc.id)
         self._running_id = record.id
         self._progress = {"phase": "starting", "fraction": 0.0}
         self._abort = asyncio.Event()
@@ -228,9 +239,32 @@ class DrillService:
         return out
 
 
+class LoadRequest(BaseModel):
+    """``{"kind": "rate", "rate": R}`` (Poisson) or ``{"kind": "trace", "trace": "azure" | PATH, "compress":
+    X, "token_scale": Y}`` (an Azure LLM trace replayed X times faster from ``trace_start_s``, token counts
+    times Y, prompts capped at ``max_input_len`` and outputs at ``max_tokens``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["rate", "trace"]
+    rate: float | None = Field(None, gt=0, le=100, description="requests per second (rate)")
+    trace: str | None = Field(None, min_length=1, description="'azure' or the path of an Azure LLM trace CSV")
+    compress: float | None = Field(None, gt=0, le=10_000, description="trace replay speed-up")
+    token_scale: float | None = Field(None, gt=0, le=100, description="multiplies trace token counts")
+    trace_start_s: float | None = Field(None, ge=0, description="seconds into the trace")
+    max_input_len: int | None = Field(None, ge=1, le=8192, description="cap on trace prompts (tokens)")
+
+    def override(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class RunRequest(BaseModel):
     scenario: str = Field(min_length=1)
-    rate: float | None = Field(None, gt=0, le=100, description="requests per second")
+    rate: float | None = Field(None, gt=0, le=100, description="requests per second (a rate load)")
+    load: LoadRequest | None = Field(None, description="the load profile: rate or trace")
+    replicas: list[str] | None = Field(None, description="the replica a single-replica fault hits")
+    zones: list[str] | None = Field(None, description="the zone a zone fault takes, or whose busiest "
+                                                      "replica a single-replica fault hits")
     duration_s: float | None = Field(None, gt=0, le=600, description="load duration")
     fault_at_s: float | None = Field(None, gt=0, description="t0, seconds into the load")
     max_tokens: int | None = Field(None, ge=1, le=1024)
@@ -239,8 +273,11 @@ class RunRequest(BaseModel):
     dry_run: bool = False
 
     def overrides(self) -> dict[str, Any]:
-        fields = ("rate", "duration_s", "fault_at_s", "max_tokens", "capacity_deadline_s")
+        fields = ("rate", "duration_s", "fault_at_s", "max_tokens", "capacity_deadline_s", "replicas",
+                  "zones")
         out: dict[str, Any] = {k: getattr(self, k) for k in fields if getattr(self, k) is not None}
+        if self.load is not None:
+            out["load"] = self.load.override()
         out.update({f"targets.{k}": v for k, v in self.targets.items()})
         return out
 
@@ -253,16 +290,17 @@ def drills_router(service: DrillService, auditor: Auditor) -> APIRouter:
     async def scenarios(_: Principal = Depends(viewer)) -> list[dict[str, Any]]:
         return [s.describe() for s in SCENARIOS.values()]
 
-    @router.post("/run")
-    async def run(body: RunRequest, who: Principal = Depends(operator)) -> dict[str, Any]:
+    @router.post("/run", response_model=None)
+    async def run(body: RunRequest, who: Principal = Depends(operator)) -> dict[str, Any] | JSONResponse:
         params = body.model_dump()
         try:
             if body.dry_run:
                 return {"dry_run": True, "plan": service.plan(body.scenario, body.overrides())}
             drill_id = service.start_here(body.scenario, body.overrides())
         except (KeyError, ValueError) as exc:
-            auditor.record(who, "drill.run", body.scenario, params, "error", str(exc).strip("'\""))
-            raise ChaosRefused(400, str(exc).strip("'\"")) from exc
+            message = str(exc).strip("'\"")
+            auditor.record(who, "drill.run", body.scenario, params, "error", message)
+            return _invalid(message)
         except DrillError as exc:
             auditor.record(who, "drill.run", body.scenario, params, "denied", str(exc))
             raise ChaosRefused(409, str(exc)) from exc
@@ -303,6 +341,14 @@ def drills_router(service: DrillService, auditor: Auditor) -> APIRouter:
         return {"id": drill_id, "aborting": True}
 
     return router
+
+
+def _invalid(message: str) -> JSONResponse:
+    """A 400 in the OpenAI error shape; ``param`` is the field the message starts with."""
+    named = _FIELD.match(message)
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error",
+                                   "param": named.group(1) if named else None, "code": None}},
+                        status_code=400)
 
 
 def _report(service: DrillService, drill_id: int) -> dict[str, Any]:

@@ -1,6 +1,8 @@
-"""Drills: pick a scenario, its load and its RTO/RPO targets; preview it (the API's dry run: resolved fault
-targets and the predicted RTO); run it and follow its progress; read its report (RTO and RPO against the
-targets, predicted against measured, the verdict) over its timeline; compare past runs; manage schedules.
+"""Drills: pick a scenario, what it hits (a replica or a zone of the fleet; default: the busiest at t0), its
+load (Poisson at a rate, or an Azure LLM trace replayed) and its RTO/RPO targets; preview it (the API's dry
+run: the resolved aim and fault targets, the load and the predicted RTO); run it and follow its progress;
+read its report (RTO and RPO against the targets, predicted against measured, the verdict) over its
+timeline; compare past runs; manage schedules.
 
 A drill runs in the control plane (``POST /api/v1/drills/run`` answers its id at once); the page keeps the
 id in a ``dcc.Store`` and polls the drill on the refresh clock, so a closed browser loses nothing.
@@ -20,6 +22,8 @@ from dashboards.figures import drill_timeline, number, progress, when
 from dashboards.shell import REFRESH
 
 HISTORY = 30
+LOAD_KINDS = (("rate", "Poisson at a rate"), ("trace", "Azure LLM trace replay"))
+TRACE_DEFAULT = "azure"  # the control plane's $CONTROLPLANE_AZURE_TRACE or ../shared/data copy
 # (field, label, default) of the load; None: the scenario's own value
 LOAD = (
     ("rate", "Rate (req/s)", None),
@@ -47,11 +51,13 @@ SCHEDULE_OVERRIDES = ("rate", "duration_s", "fault_at_s", "max_tokens")
 def layout(**_: Any) -> html.Div:
     operate = session.can_operate()
     scenarios: list[dict[str, Any]] = []
+    fleet: list[tuple[str, str]] = []  # (replica id, zone)
     current: int | None = None
     error = ""
     try:
         api = session.client()
         scenarios = api.drill_scenarios()
+        fleet = sorted((r.replica_id, r.zone) for r in api.fleet().replicas)
         latest = api.drills(limit=1)
         current = int(latest[0]["id"]) if latest else None
     except ApiError as exc:
@@ -69,7 +75,8 @@ def layout(**_: Any) -> html.Div:
             html.Div(
                 className="grid2",
                 children=[
-                    html.Div(className="panel", children=[html.H3("Run a drill"), _form(scenarios, operate),
+                    html.Div(className="panel", children=[html.H3("Run a drill"),
+                                                          _form(scenarios, fleet, operate),
                                                           html.Div(id="drills-plan"),
                                                           html.Div(id="drills-run-result")]),
                     html.Div(className="panel", children=[html.H3("Drill"), html.Div(id="drills-progress"),
@@ -116,8 +123,9 @@ def _scenario_options(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"label": f"{s['id']}: {s.get('title', '')}", "value": s["id"]} for s in scenarios]
 
 
-def _form(scenarios: list[dict[str, Any]], operate: bool) -> html.Div:
+def _form(scenarios: list[dict[str, Any]], fleet: list[tuple[str, str]], operate: bool) -> html.Div:
     first = scenarios[0]["id"] if scenarios else None
+    zones = sorted({zone for _, zone in fleet})
     return html.Div(
         [
             html.Div(className="form-row", children=[
@@ -126,7 +134,28 @@ def _form(scenarios: list[dict[str, Any]], operate: bool) -> html.Div:
                     clearable=False, disabled=not operate, style={"minWidth": "22rem"})]),
             ]),
             html.Div(id="drills-scenario-info", className="muted"),
-            html.Div("Load (Poisson arrivals; empty: the scenario's value)", className="muted"),
+            html.Div("Aim (empty: the busiest replica at t0, or its zone)", className="muted"),
+            html.Div(className="form-row", children=[
+                html.Div([html.Label("Zone"), dcc.Dropdown(
+                    id="drills-aim-zone", options=[{"label": z, "value": z} for z in zones], value=None,
+                    placeholder="busiest", disabled=not operate, style={"minWidth": "10rem"})]),
+                html.Div([html.Label("Replica"), dcc.Dropdown(
+                    id="drills-aim-replica", value=None, placeholder="busiest", disabled=not operate,
+                    options=[{"label": f"{rid} ({zone})", "value": rid} for rid, zone in fleet],
+                    style={"minWidth": "14rem"})]),
+            ]),
+            html.Div("Load (empty: the scenario's value)", className="muted"),
+            html.Div(className="form-row", children=[
+                html.Div([html.Label("Load kind"), dcc.RadioItems(
+                    id="drills-load-kind", options=[{"label": label, "value": kind, "disabled": not operate}
+                                                    for kind, label in LOAD_KINDS],
+                    value="rate", inline=True)]),
+                html.Div([html.Label("Trace ('azure' or a path on the control plane)"), dcc.Input(
+                    id="drills-trace", type="text", value=TRACE_DEFAULT, disabled=not operate,
+                    style={"width": "14rem"})]),
+                _number_input("drills-compress", "Compress (x faster)", None, operate),
+                _number_input("drills-token-scale", "Token scale", None, operate),
+            ]),
             html.Div([_number_input(f"drills-{name}", label, default, operate)
                       for name, label, default in LOAD], className="form-row"),
             html.Div("Targets (empty: the scenario's value)", className="muted"),
@@ -162,7 +191,7 @@ def scenario_info(scenario_id: str | None) -> tuple[Any, ...]:
     faults = ", ".join(f"{f['kind']} ({f.get('selector')}{', zone ' + f['zone'] if f.get('zone') else ''})"
                        for f in s.get("faults") or []) or s.get("action", "")
     info = (f"{s.get('description', '')} Fault: {faults}; detection: {s.get('detection')}. "
-            "Targets are resolved at t0: the busiest replica (or the first zone).")
+            "Unless aimed below, the fault goes to the busiest replica at t0 (or its zone).")
     targets = s.get("targets") or {}
     return (info, *[_placeholder(s.get(name)) for name, _, _ in LOAD],
             *[_placeholder(targets.get(name)) for name, _ in TARGETS])
@@ -182,12 +211,19 @@ def _placeholder(value: Any) -> str:
     Input({"type": "drills-show", "index": ALL}, "n_clicks"),
     State("drills-scenario", "value"),
     State("drills-current", "data"),
+    State("drills-aim-zone", "value"),
+    State("drills-aim-replica", "value"),
+    State("drills-load-kind", "value"),
+    State("drills-trace", "value"),
+    State("drills-compress", "value"),
+    State("drills-token-scale", "value"),
     *[State(f"drills-{name}", "value") for name, _, _ in LOAD],
     *[State(f"drills-target-{name}", "value") for name, _ in TARGETS],
     prevent_initial_call=True,
 )
 def act(_preview: int, _run: int, _abort: int, shows: list[int | None], scenario_id: str | None,
-        current: int | None, *values: Any) -> tuple[Any, Any, Any]:
+        current: int | None, zone: str | None, replica: str | None, kind: str | None, trace: str | None,
+        compress: float | None, token_scale: float | None, *values: Any) -> tuple[Any, Any, Any]:
     trigger = ctx.triggered_id
     if isinstance(trigger, dict):  # a history row's "Show" (or a redraw of the table: nobody clicked)
         return (dash.no_update, dash.no_update, int(trigger["index"])) if any(shows) else (
@@ -205,11 +241,13 @@ def act(_preview: int, _run: int, _abort: int, shows: list[int | None], scenario
         load = {name: float(v) for (name, _, _), v in zip(LOAD, values[:len(LOAD)], strict=True) if v}
         targets = {name: float(v) for (name, _), v in zip(TARGETS, values[len(LOAD):], strict=True)
                    if v is not None}
+        profile = _load_profile(kind, trace, compress, token_scale)
         answer = api.drill_run(
-            scenario_id, rate=load.get("rate"), duration_s=load.get("duration_s"),
+            scenario_id, rate=None if profile else load.get("rate"), duration_s=load.get("duration_s"),
             fault_at_s=load.get("fault_at_s"),
             max_tokens=int(load["max_tokens"]) if "max_tokens" in load else None,
             capacity_deadline_s=load.get("capacity_deadline_s"), targets=targets,
+            replicas=[replica] if replica else None, zones=[zone] if zone else None, load=profile,
             dry_run=trigger == "drills-preview")
     except ApiError as exc:
         refused = html.Div(f"refused: {exc}", className="notice", id="drills-refused")
@@ -218,6 +256,34 @@ def act(_preview: int, _run: int, _abort: int, shows: list[int | None], scenario
         return _plan(answer.get("plan") or {}), "", dash.no_update
     drill_id = int(answer["id"])
     return dash.no_update, html.Div(f"drill {drill_id} started: {scenario_id}", id="drills-started"), drill_id
+
+
+def _load_profile(kind: str | None, trace: str | None, compress: float | None,
+                  token_scale: float | None) -> dict[str, Any] | None:
+    """The request's ``load`` for a trace replay; None for a rate load (the rate field goes as is)."""
+    if kind != "trace":
+        return None
+    profile: dict[str, Any] = {"kind": "trace", "trace": (trace or "").strip() or TRACE_DEFAULT}
+    if compress:
+        profile["compress"] = float(compress)
+    if token_scale:
+        profile["token_scale"] = float(token_scale)
+    return profile
+
+
+def _describe_load(load: dict[str, Any]) -> str:
+    if load.get("kind") != "trace":
+        return f"Load: Poisson at {load.get('rate')} req/s"
+    return (f"Load: trace {load.get('trace')} ({load.get('path')}), {load.get('requests')} requests from "
+            f"{load.get('trace_start_s')} s of the trace, {load.get('trace_window_s')} s of it compressed "
+            f"{load.get('compress')}x (about {number(load.get('mean_rate'), 2)} req/s), token scale "
+            f"{load.get('token_scale')}")
+
+
+def _describe_aim(requested: dict[str, Any], resolved: dict[str, Any]) -> str:
+    asked = ", ".join([*(requested.get("replicas") or []), *(requested.get("zones") or [])])
+    asked = asked or "nothing named"
+    return f"Aim: {asked} -> {resolved.get('how') or ', '.join(resolved.get('replicas') or []) or '–'}"
 
 
 def _plan(plan: dict[str, Any]) -> html.Div:
@@ -236,6 +302,9 @@ def _plan(plan: dict[str, Any]) -> html.Div:
             html.Strong(f"Dry run of {sc.get('id')}: {sc.get('rate')} req/s for {sc.get('duration_s')} s, "
                         f"fault at {sc.get('fault_at_s')} s"),
             html.Ul(faults or [html.Li(f"action: {sc.get('action')}")]),
+            html.Div(_describe_aim(plan.get("targets_requested") or {}, plan.get("targets_resolved") or {}),
+                     id="drills-plan-aim"),
+            html.Div(_describe_load(plan.get("load") or {}), id="drills-plan-load"),
             html.Div(f"Predicted RTO service {number(pred.get('rto_service_s'), 2)} s, RTO capacity "
                      f"{number(pred.get('rto_capacity_s'), 2)} s ({parts})"),
         ],
@@ -301,10 +370,14 @@ def _report(report: dict[str, Any], markdown: str) -> html.Div:
             **_data(figure=name, measured=fig.get(name), predicted=predicted),
         ))
     marks = ", ".join(f"{m} {_fmt(fig.get(m))} s" for m in MARKS if fig.get(m) is not None)
+    aim = _describe_aim(report.get("targets_requested") or {}, report.get("targets_resolved") or {})
     return html.Div(
         [
             html.H4(f"Verdict: {verdict}", id="drills-verdict", **_data(status=status)),
             html.Div(report.get("error") or "", className="notice"),
+            html.Div(aim, className="muted", id="drills-report-aim"),
+            html.Div(_describe_load(report["load"]) if report.get("load") else "", className="muted",
+                     id="drills-report-load"),
             html.Div(f"Fault targets: {', '.join(report.get('fault_targets') or []) or '–'} · "
                      f"requests sent {fig.get('requests_total', '–')}, affected "
                      f"{fig.get('requests_affected', '–')}, resumed {fig.get('requests_resumed', '–')}",

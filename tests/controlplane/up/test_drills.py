@@ -23,6 +23,7 @@ import pytest
 from chaos.drill_bench import quiet_base_port
 from controlplane.client import ApiError, ControlPlaneClient
 from controlplane.drill_report import timeline_figure
+from inference.bench.datasets import read_trace
 from inference.bench.report import read_jsonl
 from inference.launcher import free_port
 
@@ -33,6 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 TOKEN = "admin-token-for-drill-tests"
 FINISHED = ("passed", "failed", "aborted", "error", "interrupted")
 LOAD: dict[str, Any] = {"rate": 4.0, "duration_s": 10.0, "fault_at_s": 3.0, "max_tokens": 16}
+AZURE = Path("/work/shared/data/azure_llm_conv_2023.csv")  # the Azure LLM conversation trace (2023)
 
 
 def write_drill_config(tmp: Path) -> Path:
@@ -239,3 +241,45 @@ def test_one_drill_at_a_time_abort_reverts_and_reports_are_listed_compared_and_r
                             "show", str(done[0]), "--markdown"], capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0 and shown.stdout.startswith(f"# Drill {done[0]}")
     json.dumps(figure)  # the console gets it through JSON
+
+
+def test_replica_crash_aimed_at_a_named_replica_under_trace_load_hits_it_and_replays_the_trace(
+        cp: Running) -> None:
+    """Aimed at the last replica by id (with no traffic the default would pick the first zone's), under 10 s
+    of load replaying the first 20 s of the Azure trace twice as fast (31 requests, about 3 a second), token
+    counts a tenth of the trace's, capped at max_tokens."""
+    with cp.client() as client:
+        wait_ready(cp, 2)
+        named = max(r.replica_id for r in client.fleet().replicas if r.state == "ready")
+    load = {"kind": "trace", "trace": str(AZURE), "compress": 2.0, "token_scale": 0.1}
+    cli = subprocess.run([sys.executable, "-m", "controlplane", "--url", cp.api, "--token", TOKEN, "drill",
+                          "run", "replica-crash", "--replica", named, "--trace", str(AZURE),
+                          "--compress", "2", "--token-scale", "0.1", "--duration", "10", "--dry-run"],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    plan = json.loads(cli.stdout)
+    assert plan["targets_resolved"]["replicas"] == [named] and plan["faults"][0]["targets"] == [named]
+    window = [r for r in read_trace(AZURE) if r.offset < 10.0 * 2.0]
+    assert plan["load"]["kind"] == "trace" and plan["load"]["requests"] == len(window) == 31
+
+    report = run_drill(cp, "replica-crash", rate=None, replicas=[named], load=load)
+    assert report["targets_requested"] == {"replicas": [named], "zones": []}
+    assert report["targets_resolved"]["replicas"] == [named]
+    assert report["fault_targets"] == [named]
+    kills = [e for e in report["events"] if e["what"] == "fault injected"]
+    assert [e["targets"] for e in kills] == [[named]]
+    assert report["load"]["kind"] == "trace" and report["load"]["path"] == str(AZURE.resolve())
+    assert f"--dataset trace:{AZURE.resolve()}" in report["load"]["command"]
+    # the load client sent the trace's requests: its arrivals (compressed) and token counts (scaled)
+    records = sorted(read_jsonl(Path(report["load"]["jsonl"])), key=lambda r: r.index)
+    assert [r.index for r in records] == list(range(len(records)))
+    assert len(window) - 1 <= len(records) <= len(window)  # the last arrives 50 ms before the load's end
+    for r in records:
+        row = window[r.index]
+        assert r.scheduled_time == pytest.approx(row.offset / 2.0)
+        assert r.output_len == min(max(1, round(row.generated_tokens * 0.1)), LOAD["max_tokens"])
+        assert r.prompt_len == min(max(1, round(row.context_tokens * 0.1)), 512)
+    fig = report["figures"]
+    assert fig["requests_total"] == len(records)
+    assert fig["requests_failed"] == 0 and fig["tokens_lost"] == 0 and fig["tokens_duplicated"] == 0
+    assert report["status"] in ("passed", "failed")
