@@ -8,8 +8,6 @@ against the gateway; the test reads that client's JSONL itself and checks the re
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -27,7 +25,7 @@ from inference.bench.datasets import read_trace
 from inference.bench.report import read_jsonl
 from inference.launcher import free_port
 
-from .conftest import Running, replica_pids, start, wait_ready
+from .conftest import Running, shutdown, start, wait_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -69,14 +67,7 @@ def cp(model_state: Path) -> Iterator[Running]:
         wait_ready(running, 2)
         yield running
     finally:
-        if running.process.poll() is None:
-            running.process.send_signal(signal.SIGTERM)
-            try:
-                running.process.wait(90)
-            except subprocess.TimeoutExpired:
-                running.process.kill()
-        for pid in replica_pids(running.state_dir):
-            os.kill(pid, signal.SIGKILL)
+        shutdown(running)
 
 
 def wait_finished(client: ControlPlaneClient, drill_id: int, *, timeout: float = 300.0) -> dict[str, Any]:
