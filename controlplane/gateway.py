@@ -17,8 +17,8 @@ delivered. Non-streaming requests run as streams too and are assembled at the en
 Upstream streams go through a pooled keep-alive HTTP/1.1 client (:mod:`controlplane.upstream_http`);
 transport failures become an :class:`UpstreamError` in one place (:meth:`Gateway._send` and
 :class:`Upstream`); what a client is refused with is a :class:`GatewayError` in the OpenAI error shape.
-Link faults (:mod:`controlplane.toxics`) apply on the way to a replica. The HTTP app around the gateway is
-:mod:`controlplane.gateway_app`.
+Stalled replicas are routed around (:mod:`controlplane.liveness`); link faults
+(:mod:`controlplane.toxics`) apply on the way to a replica; the HTTP app is :mod:`controlplane.gateway_app`.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from .assembly import RequestParams, StreamAssembly
 from .config import GatewayConfig
 from .gateway_errors import GatewayError, UpstreamError, bad_request
 from .gateway_metrics import GatewayMetrics
+from .liveness import Liveness
 from .replicas import ReplicaEndpoint, ReplicaLoad
 from .routing import Candidate, Router, routable
 from .toxics import LinkToxics
@@ -70,8 +71,6 @@ STALL_REASONS = ("stall", "timeout")  # a replica that stops producing tokens, n
 MAX_RESUMES = 3  # mid-stream continuations per request
 PROBE_TIMEOUT_S = 5.0  # an ejected replica's /ready must answer within this (it runs a forward pass)
 MODELS_TIMEOUT_S = 5.0
-MAX_CONNECTIONS = 1024  # one per upstream stream; the replicas' queues are the real limit
-MAX_KEEPALIVE_CONNECTIONS = 256
 KEY_ID_CHARS = 12  # sha256 hex prefix that stands for an API key in traces
 
 Clock = Callable[[], float]
@@ -159,11 +158,7 @@ class Gateway:
         self.budget = RetryBudget(config.retry_budget_ratio, clock=clock)
         self.outliers = OutlierDetector(config.eject_after_failures)
         self.toxics = LinkToxics(clock=clock)  # link faults injected by chaos (chaos.faults.link)
-        # Replicas whose streams stalled: routed around while another replica is left, and requests
-        # waiting there for a first byte go elsewhere at once (see _prime). Cleared by a token.
-        self._suspects: set[str] = set()
-        self._stall_watch: dict[str, asyncio.Event] = {}  # set when the replica next stalls
-        self._last_heard: dict[str, float] = {}  # monotonic time of the replica's latest token
+        self.liveness = Liveness(config.stall_timeout_s)  # stalled replicas are routed around
         self._inflight: dict[str, int] = defaultdict(int)
         self._probe_task: asyncio.Task[None] | None = None
         self._client = self._new_client(transport)
@@ -175,8 +170,8 @@ class Gateway:
         t = self.config.first_byte_timeout_s
         # Reads have no httpx timeout: the first byte and stalls are timed per event by Upstream.
         timeout = httpx.Timeout(connect=t, read=None, write=t, pool=t)
-        limits = httpx.Limits(max_connections=MAX_CONNECTIONS,
-                              max_keepalive_connections=MAX_KEEPALIVE_CONNECTIONS)
+        # Probes and /v1/models only, unless a transport carries the streams too (no connection limit).
+        limits = httpx.Limits(max_connections=None if transport is not None else 100)
         return httpx.AsyncClient(transport=transport, timeout=timeout, limits=limits, trust_env=False)
 
     # ---- lifecycle ----
@@ -268,8 +263,9 @@ class Gateway:
         for attempt in range(self.config.max_retries + 1):
             candidates = self._candidates()
             avoid = job.failed
-            if self._suspects and routable(candidates, exclude=job.failed | self._suspects):
-                avoid = job.failed | self._suspects
+            suspects = self.liveness.suspects
+            if suspects and routable(candidates, exclude=job.failed | suspects):
+                avoid = job.failed | suspects
             decision = self.router.pick(candidates, block_hashes=job.params.block_hashes, exclude=avoid)
             if not decision.is_routed or (attempt and budgeted and not self.budget.try_spend()):
                 break
@@ -304,7 +300,7 @@ class Gateway:
                 await self._through_toxics(endpoint.replica_id)
             response = await self._send(endpoint, path, body)
             upstream = Upstream(endpoint, response, self._release)
-            await self._prime(upstream)
+            await self.liveness.first_token(upstream, self.config.first_byte_timeout_s)
             return upstream
         except BaseException:
             if upstream is None:
@@ -312,61 +308,6 @@ class Gateway:
             else:
                 await upstream.aclose()
             raise
-
-    async def _prime(self, upstream: Upstream) -> None:
-        """Wait for the first token, but not on a replica found stalled meanwhile. A replica is stalled
-        when one of its streams stopped, or when it produced nothing at all (no token on any stream) for
-        the stall timeout while this request waited: with continuous batching every running stream gets a
-        token each step and prefill comes in chunks, so a live replica is never silent that long. The
-        request has sent nothing to its client yet, so it goes elsewhere now rather than after the whole
-        first-byte timeout. Silence is timed on the real clock, like every other upstream timeout."""
-        rid, stall = upstream.replica_id, self.config.stall_timeout_s
-        timeout = self.config.first_byte_timeout_s
-        if rid in self._suspects:  # routed here anyway (no other replica left): wait it out
-            await upstream.prime(timeout)
-            self._heard(rid)
-            return
-        stalled = self._stall_event(rid)
-        priming = asyncio.ensure_future(upstream.prime(timeout))
-        watching = asyncio.ensure_future(stalled.wait())
-        sent = time.monotonic()
-        try:
-            while not (await asyncio.wait((priming, watching), timeout=stall / 2,
-                                          return_when=asyncio.FIRST_COMPLETED))[0]:
-                if time.monotonic() - max(self._last_heard.get(rid, sent), sent) >= stall:
-                    self._suspect(rid)  # silent: this request and every other waiting there move
-        finally:
-            watching.cancel()
-            if not priming.done():
-                priming.cancel()
-                with contextlib.suppress(asyncio.CancelledError, UpstreamError):
-                    await priming
-        if not priming.cancelled():
-            priming.result()  # the first token, or its UpstreamError
-            self._heard(rid)
-            return
-        raise UpstreamError(rid, "stall", f"the replica produced no token for {stall:g}s; not waiting for "
-                                          "a first token there")
-
-    def _heard(self, replica_id: str) -> None:
-        """A token came from ``replica_id``: it is alive."""
-        self._last_heard[replica_id] = time.monotonic()
-        self._suspects.discard(replica_id)
-
-    def _stall_event(self, replica_id: str) -> asyncio.Event:
-        """The event set when ``replica_id`` next stalls."""
-        event = self._stall_watch.get(replica_id)
-        if event is None or event.is_set():
-            event = self._stall_watch[replica_id] = asyncio.Event()
-        return event
-
-    def _suspect(self, replica_id: str) -> None:
-        if replica_id not in self._suspects:
-            logger.warning("[%s] stalled: routed around until it produces a token again", replica_id)
-        self._suspects.add(replica_id)
-        watch = self._stall_watch.pop(replica_id, None)
-        if watch is not None:
-            watch.set()  # requests waiting there for a first token go elsewhere
 
     async def _through_toxics(self, replica_id: str) -> None:
         if self.toxics.refuses(replica_id):
@@ -417,7 +358,7 @@ class Gateway:
         rid = exc.replica_id
         logger.info("[%s] upstream failure: %s", rid, exc)
         if exc.reason in STALL_REASONS:
-            self._suspect(rid)
+            self.liveness.stalled(rid)
         if exc.is_failure and self.outliers.record_failure(rid):
             logger.warning("[%s] ejected after %d consecutive failures (last: %s)", rid,
                            self.config.eject_after_failures, exc.reason)
@@ -461,7 +402,7 @@ class Gateway:
             while (event := await upstream.next_event(self.config.stall_timeout_s)) is not None:
                 if self.toxics and self.toxics.reset_due(upstream.replica_id, opened):
                     raise UpstreamError(upstream.replica_id, "broken", "link reset (link-abort fault)")
-                self._last_heard[upstream.replica_id] = time.monotonic()
+                self.liveness.heard(upstream.replica_id)
                 chunks = assembly.accept(event)
                 if event.get("choices"):
                     job.replica = upstream.endpoint
@@ -472,7 +413,7 @@ class Gateway:
             if not assembly.is_finished:
                 raise UpstreamError(upstream.replica_id, "closed", "[DONE] before the last token")
             self.outliers.record_success(upstream.replica_id)
-            self._heard(upstream.replica_id)
+            self.liveness.heard(upstream.replica_id)
         finally:
             await upstream.aclose()
 
