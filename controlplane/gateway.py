@@ -67,7 +67,6 @@ DEFAULT_PRIORITY = "standard"
 PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
 STAGES = ("queue", "prefill", "decode", "detokenize", "serialize")  # the replica's timings, in order
 
-STALL_REASONS = ("stall", "timeout")  # a replica that stops producing tokens, not one that refuses
 MAX_RESUMES = 3  # mid-stream continuations per request
 PROBE_TIMEOUT_S = 5.0  # an ejected replica's /ready must answer within this (it runs a forward pass)
 MODELS_TIMEOUT_S = 5.0
@@ -357,8 +356,7 @@ class Gateway:
     def _record_failure(self, exc: UpstreamError) -> None:
         rid = exc.replica_id
         logger.info("[%s] upstream failure: %s", rid, exc)
-        if exc.reason in STALL_REASONS:
-            self.liveness.stalled(rid)
+        self.liveness.failed(exc)
         if exc.is_failure and self.outliers.record_failure(rid):
             logger.warning("[%s] ejected after %d consecutive failures (last: %s)", rid,
                            self.config.eject_after_failures, exc.reason)

@@ -22,6 +22,8 @@ from .upstream import Upstream
 
 logger = logging.getLogger(__name__)
 
+STALL_REASONS = ("stall", "timeout")  # a replica that stops producing tokens, not one that refuses
+
 
 class Liveness:
     def __init__(self, stall_timeout_s: float) -> None:
@@ -35,6 +37,11 @@ class Liveness:
         self._last_heard[replica_id] = time.monotonic()
         if self.suspects:
             self.suspects.discard(replica_id)
+
+    def failed(self, exc: UpstreamError) -> None:
+        """An upstream failure: a stall or timeout marks the replica stalled; refusals and resets do not."""
+        if exc.reason in STALL_REASONS:
+            self.stalled(exc.replica_id)
 
     def stalled(self, replica_id: str) -> None:
         """``replica_id`` stopped a stream: route around it and move the requests waiting there."""
