@@ -50,7 +50,7 @@ from controlplane.sim_profile import ReplicaProfile, load_profile
 from controlplane.sim_trace import SimRequest
 
 if TYPE_CHECKING:
-    import plotly.graph_objects as go  # type: ignore[import-untyped]
+    import plotly.graph_objects as go
 
 Progress = Callable[[float], None]  # fraction of simulated time done, 0..1
 
@@ -426,7 +426,7 @@ def _fmt_s(value: float | None) -> str:
 def figure(reports: Sequence[PolicyReport], title: str = "What-if: load, replicas, P95 TTFT") -> go.Figure:
     """A plotly timeline per policy: load (req/s), replicas paid for, P95 TTFT of arrivals."""
     import plotly.graph_objects as go
-    from plotly.subplots import make_subplots  # type: ignore[import-untyped]
+    from plotly.subplots import make_subplots
 
     fig = make_subplots(
         rows=3,

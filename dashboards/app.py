@@ -52,13 +52,13 @@ def create_console(api_url: str, config: ConsoleConfig) -> dash.Dash:
     session.install(server, settings, session.SessionStore())
     app = dash.Dash(
         "dashboards",
-        server=server,
+        server=server,  # type: ignore[arg-type]  # Dash takes a Flask app here; its annotation does not say so
         use_pages=True,
         pages_folder="",
         title="LLM SRE console",
         assets_folder=str(ASSETS),
         suppress_callback_exceptions=True,
-        update_title=None,
+        update_title=None,  # type: ignore[arg-type]  # None turns the "Updating..." title off
         serve_locally=True,
     )
     # Imported after the app exists: register_page needs one. Each module of dashboards.pages is a page.

@@ -267,3 +267,9 @@ def drill_timeline(report: Mapping[str, Any]) -> go.Figure:
                 "position": 0.97, "rangemode": "tozero"},
         barmode="overlay")
     return base_layout(fig, title, height=360)
+
+
+def data_attrs(**attrs: Any) -> dict[str, Any]:
+    """``data-*`` attributes of a component, as text: what the browser tests read (``zone=...`` becomes
+    ``data-zone``)."""
+    return {f"data-{k}": str(v) for k, v in attrs.items()}

@@ -41,7 +41,7 @@ def layout(**_: Any) -> html.Div:
     )
 
 
-dash.register_page(
+dash.register_page(  # type: ignore[no-untyped-call]
     __name__, path="/audit", name="Audit", order=90, title="Audit · LLM SRE console", layout=layout
 )
 

@@ -17,7 +17,7 @@ import dash
 from dash import Input, Output, State, ctx, dcc, html
 
 from controlplane.client import ApiError
-from dashboards import session
+from dashboards import figures, session
 from dashboards.figures import (
     autoscaler_timeline,
     decision_reason,
@@ -106,10 +106,6 @@ dash.register_page(  # type: ignore[no-untyped-call]
     layout=layout,
 )
 
-
-def _data(**attrs: Any) -> dict[str, Any]:
-    """``data-*`` attributes (what the browser tests read) as text."""
-    return {f"data-{k}": str(v) for k, v in attrs.items()}
 
 
 def _editor(config: dict[str, Any], operate: bool) -> html.Div:
@@ -205,8 +201,8 @@ def _window_rows(windows: list[dict[str, Any]]) -> list[Any]:
                 html.Td(when(w.get("next_end"))),
             ],
             className="window-row",
-            **_data(name=w.get("name"), active=str(bool(w.get("active"))).lower(),
-                    next_start=w.get("next_start"), next_end=w.get("next_end")),
+            **figures.data_attrs(name=w.get("name"), active=str(bool(w.get("active"))).lower(),
+                                 next_start=w.get("next_start"), next_end=w.get("next_end")),
         ))
     if len(rows) == 1:
         rows.append(html.Tr(html.Td("no schedule window: the autoscaler's own bounds apply all the time",
@@ -348,8 +344,8 @@ def _decision_rows(decisions: list[dict[str, Any]]) -> list[Any]:
             ],
             className="decision-row",
             title=decision_reason(d),
-            **_data(id=d.get("id"), final=d.get("final"), applied=str(bool(d.get("applied"))).lower(),
-                    mode=d.get("mode", "")),
+            **figures.data_attrs(id=d.get("id"), final=d.get("final"),
+                                 applied=str(bool(d.get("applied"))).lower(), mode=d.get("mode", "")),
         ))
     if len(rows) == 1:
         rows.append(html.Tr(html.Td("no decision recorded yet (is the autoscaler enabled?)",
@@ -443,6 +439,6 @@ def _comparison(policies: list[dict[str, Any]]) -> list[Any]:
                 html.Td(str(p.get("unfinished"))),
             ],
             className="sim-row",
-            **_data(policy=p.get("policy"), slo=p.get("slo_attainment")),
+            **figures.data_attrs(policy=p.get("policy"), slo=p.get("slo_attainment")),
         ))
     return rows

@@ -12,7 +12,7 @@ import dash
 from dash import ALL, Input, Output, State, ctx, dcc, html
 
 from controlplane.client import ApiError
-from dashboards import session
+from dashboards import figures, session
 from dashboards.shell import REFRESH
 
 
@@ -72,7 +72,7 @@ def layout(**_: Any) -> html.Div:
     )
 
 
-dash.register_page(
+dash.register_page(  # type: ignore[no-untyped-call]
     __name__, path="/chaos", name="Chaos", order=3, title="Chaos · LLM SRE console", layout=layout
 )
 
@@ -309,7 +309,7 @@ def _plan(plan: dict[str, Any]) -> html.Div:
             html.Ul([html.Li(r) for r in plan.get("reasons") or []]),
         ],
         id="chaos-plan-body",
-        **{"data-allowed": str(bool(plan.get("allowed"))).lower()},
+        **figures.data_attrs(allowed=str(bool(plan.get("allowed"))).lower()),
     )
 
 

@@ -17,7 +17,7 @@ import dash
 from dash import ALL, Input, Output, State, ctx, dcc, html
 
 from controlplane.client import ApiError
-from dashboards import session
+from dashboards import figures, session
 from dashboards.figures import drill_timeline, number, progress, when
 from dashboards.shell import REFRESH
 
@@ -109,9 +109,6 @@ dash.register_page(  # type: ignore[no-untyped-call]
     __name__, path="/drills", name="Drills", order=2, title="Drills · LLM SRE console", layout=layout
 )
 
-
-def _data(**attrs: Any) -> dict[str, Any]:
-    return {f"data-{k}": str(v) for k, v in attrs.items()}
 
 
 def _number_input(cid: str, label: str, value: Any, operate: bool, width: str = "7rem") -> html.Div:
@@ -338,7 +335,7 @@ def show(_: int, current: int | None, shown: list[Any] | None) -> tuple[Any, Any
                         progress(p.get("fraction"), str(p.get("phase", "")))], id="drills-running")
         return bar, "", drill_timeline(report), [current, status]
     line = html.Div(f"Drill {current} ({report.get('scenario')}): {status}", id="drills-done",
-                    **_data(status=status))
+                    **figures.data_attrs(status=status))
     try:
         markdown = session.client().drill_markdown(int(current))
     except ApiError as exc:
@@ -367,13 +364,13 @@ def _report(report: dict[str, Any], markdown: str) -> html.Div:
                         className="" if check is None else "outcome-ok" if check["ok"] else "outcome-error"),
             ],
             className="figure-row",
-            **_data(figure=name, measured=fig.get(name), predicted=predicted),
+            **figures.data_attrs(figure=name, measured=fig.get(name), predicted=predicted),
         ))
     marks = ", ".join(f"{m} {_fmt(fig.get(m))} s" for m in MARKS if fig.get(m) is not None)
     aim = _describe_aim(report.get("targets_requested") or {}, report.get("targets_resolved") or {})
     return html.Div(
         [
-            html.H4(f"Verdict: {verdict}", id="drills-verdict", **_data(status=status)),
+            html.H4(f"Verdict: {verdict}", id="drills-verdict", **figures.data_attrs(status=status)),
             html.Div(report.get("error") or "", className="notice"),
             html.Div(aim, className="muted", id="drills-report-aim"),
             html.Div(_describe_load(report["load"]) if report.get("load") else "", className="muted",
@@ -419,7 +416,7 @@ def history(*_: Any) -> tuple[Any, Any]:
                 html.Td(html.Button("Show", id={"type": "drills-show", "index": d["id"]}, n_clicks=0,
                                     className="btn btn-small")),
             ],
-            className="drill-row", **_data(drill=d["id"], status=d.get("status")),
+            className="drill-row", **figures.data_attrs(drill=d["id"], status=d.get("status")),
         ))
     if not drills:
         rows.append(html.Tr(html.Td("no drill has run yet")))
@@ -511,7 +508,8 @@ def schedules(*_: Any) -> tuple[Any, Any]:
             [html.Td(s["name"]), html.Td(s["scenario_id"]), html.Td(f"{s['cron']} ({s.get('timezone')})"),
              html.Td(overrides), html.Td("paused" if s.get("paused") else str(s.get("next_run_time"))),
              html.Td(str(s.get("created_by", ""))), html.Td(buttons)],
-            className="schedule-row", **_data(name=s["name"], paused=str(bool(s.get("paused"))).lower()),
+            className="schedule-row",
+            **figures.data_attrs(name=s["name"], paused=str(bool(s.get("paused"))).lower()),
         ))
     if not found:
         rows.append(html.Tr(html.Td("no schedule", id="drills-no-schedule")))

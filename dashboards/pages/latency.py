@@ -10,7 +10,7 @@ import dash
 from dash import Input, Output, dcc, html
 
 from controlplane.client import ApiError
-from dashboards import session
+from dashboards import figures, session
 from dashboards.figures import (
     STAGES,
     breakdown_bars,
@@ -131,7 +131,7 @@ def layout(**_: Any) -> html.Div:
     )
 
 
-dash.register_page(
+dash.register_page(  # type: ignore[no-untyped-call]
     __name__, path="/latency", name="Latency", order=1, title="Latency · LLM SRE console", layout=layout
 )
 
@@ -221,7 +221,7 @@ def _shares(data: dict[str, Any]) -> list[Any]:
                     html.Td(
                         share(tail["shares"][stage]),
                         className="tail-share",
-                        **{"data-stage": stage, "data-share": f"{tail['shares'][stage]:.6f}"},
+                        **figures.data_attrs(stage=stage, share=f"{tail['shares'][stage]:.6f}"),
                     ),
                     html.Td(ms(median["stages_s"][stage]) if median else "–"),
                     html.Td(share(median["shares"][stage]) if median else "–"),

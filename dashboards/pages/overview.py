@@ -8,7 +8,7 @@ import dash
 from dash import Input, Output, dcc, html
 
 from controlplane.client import ApiError, ControlPlaneClient, FleetView
-from dashboards import session
+from dashboards import figures, session
 from dashboards.figures import STATE_COLORS, empty, ms, number, share, time_series
 from dashboards.shell import REFRESH
 
@@ -43,7 +43,7 @@ def layout(**_: Any) -> html.Div:
     )
 
 
-dash.register_page(
+dash.register_page(  # type: ignore[no-untyped-call]
     __name__, path="/", name="Overview", order=0, title="Overview · LLM SRE console", layout=layout
 )
 
@@ -93,7 +93,7 @@ def _zones(fleet: FleetView, activity: dict[str, Any], faults: list[dict[str, An
             html.Div(
                 [html.H4(f"{zone} · {ready}/{len(replicas)} ready"), *cards],
                 className="zone",
-                **{"data-zone": zone},
+                **figures.data_attrs(zone=zone),
             )
         )
     return zones
@@ -122,7 +122,7 @@ def _replica_card(
         lines,
         className="replica-card",
         style={"borderLeftColor": STATE_COLORS.get(state)},
-        **{"data-replica": rid, "data-state": state},
+        **figures.data_attrs(replica=rid, state=state),
     )
 
 
