@@ -1,12 +1,12 @@
-"""The autoscaler's decision loop, cron windows and anomaly source on synthetic inputs with a fake clock:
-no replicas, no sleeps. The live behaviour on a real fleet is in tests/controlplane/up/test_autoscale_live.py.
+"""The autoscaler's decision loop on synthetic inputs with a fake clock: no replicas, no sleeps. Its cron
+windows and anomaly source have their own test_windows.py and test_anomaly.py; the live behaviour on a
+real fleet is in tests/controlplane/up/test_autoscale_live.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from controlplane.anomaly import AnomalyDetector, AnomalySettings
 from controlplane.api import Services, create_api
 from controlplane.auth import Auditor, Role, TokenAuthority
 from controlplane.autoscaler import (
@@ -47,9 +46,10 @@ from controlplane.telemetry import (
     Telemetry,
     TelemetryError,
 )
-from controlplane.windows import active_window, parse_window, parse_windows
+from controlplane.windows import parse_window
 
 from .conftest import FakeClock
+from .test_anomaly import seasonal
 
 MONDAY_NOON_UTC = datetime(2026, 11, 30, 12, 0, tzinfo=UTC).timestamp()  # a Monday
 
@@ -484,81 +484,6 @@ def test_api_pause_and_resume(api: Any, store: Store) -> None:
     assert [a.action for a in store.audit(limit=2)] == ["autoscaler.resume", "autoscaler.pause"]
 
 
-# ---- cron windows -------------------------------------------------------------------------------
-def at(text: str) -> datetime:
-    return datetime.fromisoformat(text)
-
-
-def test_window_follows_its_time_zone_and_standard_cron_weekdays() -> None:
-    day = parse_window(ScheduleWindowConfig(name="day", cron="0 8 * * 1-5", duration_s=10 * 3600,
-                                            timezone="America/New_York"))
-    assert day.is_active(at("2026-11-30T13:00:00+00:00"))  # Monday 08:00 in New York
-    assert not day.is_active(at("2026-11-30T12:59:00+00:00"))
-    assert not day.is_active(at("2026-11-30T23:00:00+00:00"))  # 18:00 there: ended
-    assert not day.is_active(at("2026-11-28T14:00:00+00:00"))  # Saturday: 1-5 is Monday..Friday
-    assert day.is_active(at("2026-12-04T14:00:00+00:00"))  # Friday
-    summer = at("2026-07-06T12:00:00+00:00")  # Monday, New York on daylight saving time (UTC-4)
-    assert day.is_active(summer) and not day.is_active(at("2026-07-06T11:59:00+00:00"))
-
-
-def test_weekdays_field_and_end_cron() -> None:
-    weekend = parse_window(ScheduleWindowConfig(name="weekend", cron="0 0 * * *", end_cron="0 23 * * *",
-                                                weekdays=["sat", "sun"]))
-    assert weekend.is_active(at("2026-11-28T10:00:00+00:00"))  # Saturday
-    assert not weekend.is_active(at("2026-11-28T23:30:00+00:00"))
-    assert not weekend.is_active(at("2026-11-30T10:00:00+00:00"))  # Monday
-    sunday = parse_window(ScheduleWindowConfig(name="sun", cron="0 1 * * 0", duration_s=3600))
-    assert sunday.is_active(at("2026-11-29T01:30:00+00:00")) and not sunday.is_active(
-        at("2026-11-30T01:30:00+00:00"))
-
-
-def test_overlapping_windows_are_rejected_naming_both() -> None:
-    day = ScheduleWindowConfig(name="day", cron="0 8 * * mon-fri", duration_s=10 * 3600,
-                               timezone="Europe/Berlin", min_replicas=4)
-    evening = ScheduleWindowConfig(name="evening", cron="0 16 * * *", end_cron="0 22 * * *", max_replicas=2)
-    with pytest.raises(ValueError, match="windows 'day' and 'evening' overlap"):
-        parse_windows([day, evening], now=at("2026-11-30T00:00:00+00:00"))
-    night = ScheduleWindowConfig(name="night", cron="0 18 * * *", end_cron="0 8 * * *",
-                                 timezone="Europe/Berlin", max_replicas=2)
-    windows = parse_windows([day, night], now=at("2026-11-30T00:00:00+00:00"))  # they only touch
-    assert active_window(windows, at("2026-11-30T17:00:00+00:00")) is windows[1]  # 18:00 Berlin
-
-
-def test_windows_load_from_toml_tables_and_bad_ones_fail_with_file_key_and_reason(tmp_path: Path) -> None:
-    good = tmp_path / "good.toml"
-    good.write_text('[autoscaler]\nmax_replicas = 20\n[[autoscaler.windows]]\nname = "day"\n'
-                    'cron = "0 8 * * 1-5"\nduration_s = 36000\ntimezone = "Europe/Berlin"\n'
-                    'min_replicas = 20\n'
-                    '[[autoscaler.windows]]\nname = "night"\ncron = "0 22 * * *"\nend_cron = "0 6 * * *"\n'
-                    'max_replicas = 5\n')
-    windows = load_config(good).autoscaler.windows
-    bounds = [(w.name, w.min_replicas, w.max_replicas) for w in windows]
-    assert bounds == [("day", 20, None), ("night", None, 5)]
-    cases = {
-        '[[autoscaler.windows]]\nname = "x"\ncron = "0 8 * *"\nduration_s = 60\n':
-            "autoscaler.windows: window 'x': cron: '0 8 * *' must have 5 fields",
-        '[[autoscaler.windows]]\nname = "x"\ncron = "0 8 * * *"\nduration_s = 60\n'
-        'timezone = "Mars/Olympus"\n':
-            "autoscaler.windows: window 'x': cron: '0 8 * * *' in 'Mars/Olympus'",
-        '[[autoscaler.windows]]\nname = "x"\ncron = "0 8 * * *"\n':
-            "autoscaler.windows: window 'x': give either duration_s > 0 or end_cron",
-        '[[autoscaler.windows]]\nname = "x"\ncron = "0 8 * * *"\nduration_s = 60\nfoo = 1\n':
-            "autoscaler.windows[0].foo: unknown key",
-        '[autoscaler]\nwindows = [1]\n': "autoscaler.windows[0]: must be a table",
-        '[[autoscaler.windows]]\nname = "x"\ncron = "0 8 * * *"\nduration_s = 60\nmin_replicas = "2"\n':
-            "autoscaler.windows[0].min_replicas: must be int, got str '2'",
-        '[[autoscaler.windows]]\nname = "a"\ncron = "0 * * * *"\nduration_s = 3600\n'
-        '[[autoscaler.windows]]\nname = "b"\ncron = "30 * * * *"\nduration_s = 60\n':
-            "autoscaler.windows: windows 'a' and 'b' overlap",
-    }
-    for i, (text, expected) in enumerate(cases.items()):
-        path = tmp_path / f"bad{i}.toml"
-        path.write_text(text)
-        with pytest.raises(ConfigError) as err:
-            load_config(path)
-        assert str(err.value).startswith(f"{path}: {expected}"), str(err.value)
-
-
 def test_our_policys_knobs_load_from_toml_and_bad_ones_fail_with_file_key_and_reason(
         tmp_path: Path, profile_file: str) -> None:
     good = tmp_path / "good.toml"
@@ -584,75 +509,3 @@ def test_our_policys_knobs_load_from_toml_and_bad_ones_fail_with_file_key_and_re
         assert str(err.value).startswith(f"{path}: {expected}"), str(err.value)
 
 
-# ---- anomaly source -----------------------------------------------------------------------------
-def seasonal(t: int, rng: np.random.Generator) -> tuple[float, float]:
-    return (20 + 8 * math.sin(2 * math.pi * t / 12) + rng.normal(0, 0.8),
-            0.4 + 0.1 * math.sin(2 * math.pi * t / 12) + rng.normal(0, 0.02))
-
-
-Points = list[tuple[float, float | None]] | list[tuple[float, float]]
-
-
-def feed(detector: AnomalyDetector, points: Points, *, start: int = 0,
-         current: int = 2) -> list[Any]:
-    return [detector.observe((start + i) * 5.0, current, r, q) for i, (r, q) in enumerate(points)]
-
-
-def test_clean_seasonal_series_proposes_nothing() -> None:
-    for seed in range(2):
-        rng = np.random.default_rng(seed)
-        detector = AnomalyDetector(AnomalySettings(period=12, history=48))
-        out = feed(detector, [seasonal(t, rng) for t in range(160)])
-        assert [p for p, _ in out if p is not None] == []
-        assert max(r.consecutive for _, r in out) < 3
-
-
-def spiked(points: list[tuple[float, float]], start: int, length: int) -> None:
-    points[start:start + length] = [(r + 60, q + 1.5) for r, q in points[start:start + length]]
-
-
-def test_a_spike_proposes_one_replica_after_three_points_and_two_after_five() -> None:
-    rng = np.random.default_rng(7)
-    detector = AnomalyDetector(AnomalySettings(period=12, history=48))
-    points = [seasonal(t, rng) for t in range(90)]
-    spiked(points, 70, 6)
-    out = feed(detector, points)
-    proposals = {i: p.replicas for i, (p, _) in enumerate(out) if p is not None}
-    assert proposals == {72: 3, 73: 3, 74: 4, 75: 4}
-    reading = out[72][1]
-    assert reading.residual_rate > 40 and reading.score < reading.threshold and reading.z_rate > 3
-    assert reading.as_dict()["consecutive"] == 3
-
-
-def test_anomaly_cooldown_blocks_a_second_episode_then_lets_it_fire() -> None:
-    rng = np.random.default_rng(3)
-    detector = AnomalyDetector(AnomalySettings(period=12, history=48, cooldown_s=300))
-    points = [seasonal(t, rng) for t in range(150)]
-    for start in (70, 90, 140):
-        spiked(points, start, 3)
-    out = feed(detector, points)
-    fired = [i for i, (p, _) in enumerate(out) if p is not None]
-    episodes = [i for i in fired if i - 1 not in fired]
-    assert episodes == [72, 142]  # 92 is 100 s after the first firing: inside the 300 s cooldown
-    assert out[92][1].note == "anomalous, but in cooldown for 200s more"
-
-
-def test_an_idle_fleets_first_requests_are_not_an_anomaly_but_a_burst_is() -> None:
-    trickle: list[tuple[float, float | None]] = [(0.0, None)] * 70 + [(0.25, 0.3)] * 6
-    out = feed(AnomalyDetector(AnomalySettings(period=12, history=48)), trickle)
-    assert [p for p, _ in out if p is not None] == [] and out[-1][1].z_rate == pytest.approx(1.25, abs=0.01)
-    burst: list[tuple[float, float | None]] = [(0.0, None)] * 70 + [(20.0, 0.3)] * 3
-    out = feed(AnomalyDetector(AnomalySettings(period=12, history=48)), burst, current=1)
-    assert out[-1][0] is not None and out[-1][0].replicas == 2
-
-
-def test_anomaly_fit_is_bounded_and_the_forest_is_refit_only_every_k_ticks() -> None:
-    rng = np.random.default_rng(1)
-    detector = AnomalyDetector(AnomalySettings(period=12, history=48, refit_every=10))
-    forests = []
-    for t in range(86):
-        detector.observe(t * 5.0, 2, *seasonal(t, rng))
-        forests.append(id(detector.forest))
-    assert len(detector.rates) == 48
-    scored = forests[60:]  # scoring starts after 3 periods of history and 2 periods of residuals
-    assert len(set(scored)) == math.ceil(len(scored) / 10)
