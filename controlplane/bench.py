@@ -553,14 +553,10 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
 
 
-def _joined(values: Sequence[int]) -> str:
-    return ",".join(map(str, values))
-
-
 def add_gateway_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--levels", type=_int_list, default=_joined(DEFAULT_LEVELS),
+    p.add_argument("--levels", type=_int_list, default=",".join(map(str, DEFAULT_LEVELS)),
                    help="concurrent streams, comma-separated (default: %(default)s)")
-    p.add_argument("--requests", type=_int_list, default=_joined(DEFAULT_REQUESTS),
+    p.add_argument("--requests", type=_int_list, default=",".join(map(str, DEFAULT_REQUESTS)),
                    help="requests per level, both routes together: one count for all levels or one per "
                    "level (default: %(default)s)")
     p.add_argument("--round-size", type=int, default=DEFAULT_ROUND_SIZE,
@@ -587,8 +583,7 @@ def gateway_main(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m controlplane.bench")
     sub = parser.add_subparsers(dest="command", required=True)
-    gateway = sub.add_parser("gateway", help="the gateway's added latency (TTFT, E2E) against calling one "
-                             "real replica directly, at several concurrencies")
+    gateway = sub.add_parser("gateway", help="the gateway's added TTFT and E2E against calling a replica")
     add_gateway_arguments(gateway)
     gateway.set_defaults(func=gateway_main)
     args = parser.parse_args(argv)
