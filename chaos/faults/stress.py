@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -175,9 +176,12 @@ class StressFault(Fault):
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(REAP_TIMEOUT_S)
-        left = [p for p in self._strays(token) if _state(p, self._proc) not in (None, "Z")]
-        if left:
-            raise RevertFailed(f"{token.target}: stressor processes {left} still running", retryable=True)
+        # SIGKILL takes effect when each worker next runs and frees its memory: give them a moment.
+        deadline = time.monotonic() + REAP_TIMEOUT_S
+        while left := [p for p in self._strays(token) if _state(p, self._proc) not in (None, "Z")]:
+            if time.monotonic() > deadline:
+                raise RevertFailed(f"{token.target}: stressor processes {left} still running", retryable=True)
+            time.sleep(0.05)
         logger.info("%s: stressor (tag %s) killed", token.target, tag[:8])
 
     def _strays(self, token: RevertToken) -> list[int]:
