@@ -7,6 +7,7 @@ timeout) and the process then exits 0; a second signal, or SIGINT, stops at once
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -74,6 +75,10 @@ def run(model: str, engine_config: EngineConfig, server_config: ServerConfig) ->
     config = uvicorn.Config(app, host=server_config.host, port=server_config.port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=5, lifespan="off")
     server = DrainingServer(config, replica)
+    # Everything built so far (model, tokenizer, KV block tables, the app) lives as long as the process:
+    # out of the collector's reach, a full collection scans only what requests allocate, instead of
+    # pausing the engine and the event loop for 100 ms or more every half minute under load.
+    gc.freeze()
     logger.warning("[%s] serving %s on http://%s:%d (zone %s, device %s)", server_config.replica_id,
                    replica.model_name, server_config.host, server_config.port, server_config.zone,
                    replica.device_kind)
