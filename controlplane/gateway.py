@@ -54,7 +54,7 @@ from .replicas import ReplicaEndpoint, ReplicaLoad
 from .routing import Candidate, Router, routable
 from .toxics import LinkToxics
 from .traces import TraceRecord
-from .upstream import ClosingStreamingResponse, Upstream, sse_event
+from .upstream import EventStreamResponse, Upstream, sse_event
 from .upstream_http import HttpxStreams, StreamClient, StreamResponse, TransportError, UpstreamPool
 
 logger = logging.getLogger(__name__)
@@ -186,6 +186,7 @@ class Gateway:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self.liveness.stop()
         await self._streams.aclose()
         await self._client.aclose()
 
@@ -446,7 +447,7 @@ class Gateway:
 
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                    REPLICA_HEADER: job.upstream.replica_id, **_tried(job)}
-        return ClosingStreamingResponse(stream, on_close=close, headers=headers)
+        return EventStreamResponse(stream, on_close=close, headers=headers)
 
     async def _event_stream(self, job: _Job) -> AsyncGenerator[bytes, None]:
         error: str | None = None

@@ -13,9 +13,10 @@ Silence is timed on the real clock, like every other upstream timeout.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from .gateway_errors import UpstreamError
 from .upstream import Upstream
@@ -23,14 +24,29 @@ from .upstream import Upstream
 logger = logging.getLogger(__name__)
 
 STALL_REASONS = ("stall", "timeout")  # a replica that stops producing tokens, not one that refuses
+WATCH_TICKS = 4  # silence checks per stall timeout: a silent replica is found within 1.25 timeouts
+
+
+@dataclass(slots=True, eq=False)
+class _Waiter:
+    """A request waiting for its first token on one replica."""
+
+    task: asyncio.Task[Any]
+    sent: float  # monotonic
+    moved: bool = False  # cancelled because its replica stalled
 
 
 class Liveness:
+    """Tracks silence per replica. Requests waiting for a first token register here; one watchdog task
+    (running only while some wait) moves them when their replica has been silent for the stall timeout,
+    so that a waiting request costs no task or timer of its own."""
+
     def __init__(self, stall_timeout_s: float) -> None:
         self.stall_timeout_s = stall_timeout_s
         self.suspects: set[str] = set()
-        self._watch: dict[str, asyncio.Event] = {}  # set when the replica next stalls
+        self._waiting: dict[str, set[_Waiter]] = {}  # replica -> requests waiting for a first token
         self._last_heard: dict[str, float] = {}  # monotonic time of the replica's latest token
+        self._watchdog: asyncio.Task[None] | None = None
 
     def heard(self, replica_id: str) -> None:
         """A token came from ``replica_id``: it is alive."""
@@ -48,41 +64,59 @@ class Liveness:
         if replica_id not in self.suspects:
             logger.warning("[%s] stalled: routed around until it produces a token again", replica_id)
         self.suspects.add(replica_id)
-        watch = self._watch.pop(replica_id, None)
-        if watch is not None:
-            watch.set()
+        for waiter in self._waiting.get(replica_id, ()):
+            if not waiter.moved:
+                waiter.moved = True
+                waiter.task.cancel()
 
     async def first_token(self, upstream: Upstream, timeout: float) -> None:
         """Wait up to ``timeout`` for the stream's first token, unless its replica stalls meanwhile
         (:class:`UpstreamError` ``stall``; the caller tries another replica)."""
-        rid, stall = upstream.replica_id, self.stall_timeout_s
+        rid = upstream.replica_id
         if rid in self.suspects:  # routed here anyway (no other replica left): wait it out
             await upstream.prime(timeout)
             self.heard(rid)
             return
-        priming = asyncio.ensure_future(upstream.prime(timeout))
-        watching = asyncio.ensure_future(self._event(rid).wait())
-        sent = time.monotonic()
+        task = asyncio.current_task()
+        assert task is not None
+        waiter = _Waiter(task, time.monotonic())
+        self._waiting.setdefault(rid, set()).add(waiter)
+        self._ensure_watchdog()
         try:
-            while not (await asyncio.wait((priming, watching), timeout=stall / 2,
-                                          return_when=asyncio.FIRST_COMPLETED))[0]:
-                if time.monotonic() - max(self._last_heard.get(rid, sent), sent) >= stall:
-                    self.stalled(rid)  # silent: this request and every other waiting there move
+            await upstream.prime(timeout)
+        except asyncio.CancelledError:
+            if not waiter.moved or task.uncancel() > 0:  # cancelled by someone else too: stop here
+                raise
         finally:
-            watching.cancel()
-            if not priming.done():
-                priming.cancel()
-                with contextlib.suppress(asyncio.CancelledError, UpstreamError):
-                    await priming
-        if not priming.cancelled():
-            priming.result()  # the first token, or its UpstreamError
+            waiting = self._waiting.get(rid)
+            if waiting is not None:
+                waiting.discard(waiter)
+                if not waiting:
+                    del self._waiting[rid]
+        if not waiter.moved:  # the first token (a stall that came with it does not undo it)
             self.heard(rid)
             return
-        raise UpstreamError(rid, "stall", f"the replica produced no token for {stall:g}s; not waiting for "
-                                          "a first token there")
+        raise UpstreamError(rid, "stall", f"the replica produced no token for {self.stall_timeout_s:g}s; "
+                                          "not waiting for a first token there")
 
-    def _event(self, replica_id: str) -> asyncio.Event:
-        event = self._watch.get(replica_id)
-        if event is None or event.is_set():
-            event = self._watch[replica_id] = asyncio.Event()
-        return event
+    def stop(self) -> None:
+        """Cancel the watchdog (the gateway is stopping)."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+
+    def _ensure_watchdog(self) -> None:
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch(), name="liveness-watchdog")
+
+    async def _watch(self) -> None:
+        """Every quarter of the stall timeout: a replica silent that long, since both its latest token
+        and the oldest request waiting there was sent, has stalled. Ends when nobody waits."""
+        stall = self.stall_timeout_s
+        while self._waiting:
+            await asyncio.sleep(stall / WATCH_TICKS)
+            now = time.monotonic()
+            for rid, waiters in list(self._waiting.items()):
+                oldest = min((w.sent for w in waiters if not w.moved), default=None)
+                if oldest is not None and now - max(self._last_heard.get(rid, oldest), oldest) >= stall:
+                    self.stalled(rid)  # silent: this request and every other waiting there move

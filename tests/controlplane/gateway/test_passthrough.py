@@ -177,3 +177,29 @@ def test_saturated_fleet_sheds_batch_first_with_429_before_any_stream(fleet: Fle
     wait_until(lambda: not gw.gateway.inflight(), timeout=10, what="cancelled streams to be released")
     shed = [t for t in gw.traces if t.status == 429]
     assert sorted(t.priority for t in shed) == ["batch", "interactive"]
+
+
+def running_on(fleet: Fleet, replica_id: str) -> float:
+    page = httpx.get(f"{fleet.replicas[replica_id].base_url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+               if line.startswith("vllm:num_requests_running"))
+
+
+def test_client_leaving_mid_stream_stops_the_replica_request(fleet: Fleet, serve_gateway: ServeGateway) -> None:
+    gw = serve_gateway()
+    body = completion("Stop generating when I leave", max_tokens=LONG, ignore_eos=True, stream=True)
+    with httpx.Client(timeout=30) as client, \
+            client.stream("POST", f"{gw.url}/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        replica = response.headers["x-replica-id"]
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: ")), "no first chunk"
+        assert running_on(fleet, replica) == 1
+    # the client closed its connection after one chunk of LONG: the gateway notices, ends its upstream
+    # stream (the replica aborts the request) and records the request as left by its client
+    wait_until(lambda: not gw.gateway.inflight(), timeout=10, what="the gateway to release the stream")
+    wait_until(lambda: running_on(fleet, replica) == 0, timeout=10, what="the replica to abort it")
+    wait_until(lambda: len(gw.traces) == 1, timeout=10, what="the request's trace")
+    trace = gw.traces[0]
+    assert trace.status == 200 and trace.error == "client disconnected"
+    assert 0 < trace.output_tokens < LONG
