@@ -3,7 +3,8 @@
 Beside the request path, not in it: one real replica (``python -m inference serve``) and one
 :class:`~controlplane.gateway.Gateway` over it (a static endpoint list), both on loopback. A closed loop
 of C workers sends streaming ``/v1/completions`` requests, in rounds that alternate between the replica
-itself and the gateway (ABBA order, so drift and machine noise fall on both routes alike). Per request
+itself and the gateway (ABBA order, so drift and machine noise fall on both routes alike; the load is
+:mod:`controlplane.bench_load`). Per request
 it records the client's TTFT (send -> first chunk with a choice, i.e. the first token) and E2E
 (send -> ``[DONE]``) with the replica's own queue and prefill times from the ``timings`` of its last chunk.
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
+import gc
 import logging
 import math
 import multiprocessing
@@ -39,6 +40,7 @@ import numpy as np
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
+from controlplane.bench_load import MODEL, ROUTES, RequestSample, Route, run_load
 from controlplane.config import STATE_DIR_ENV, GatewayConfig
 from controlplane.gateway import Gateway
 from controlplane.gateway_app import create_gateway_app
@@ -47,18 +49,14 @@ from inference.launcher import ReplicaProcess, free_port
 
 logger = logging.getLogger(__name__)
 
-Route = Literal["direct", "gateway"]
 GatewayMode = Literal["process", "thread"]
-ROUTES: tuple[Route, Route] = ("direct", "gateway")
 
 TARGET_ADDED_P50_S = 0.002
 TARGET_ADDED_P99_S = 0.010
 DEFAULT_LEVELS = (1, 16, 64)
-DEFAULT_REQUESTS = (200, 400, 400)  # per level, both routes together
-DEFAULT_ROUND_SIZE = 50  # requests per round on one route (at least C, so every worker sends in a round)
+DEFAULT_REQUESTS = (200, 1024, 2048)  # per level, both routes together, warm-up not included
+DEFAULT_ROUND_SIZE = 50  # requests per round on one route (at least 4 C; the first C are not counted)
 DEFAULT_MAX_TOKENS = 16
-PROMPT = "The gateway relays this short prompt to the replica and streams the answer back"
-MODEL = "default"
 REPLICA_ID = "bench-gw-0"
 REPLICA_THREADS = 2
 REPLICA_MAX_NUM_SEQS = 128
@@ -66,9 +64,7 @@ REPLICA_MAX_WAITING = 100_000
 REPLICA_READY_TIMEOUT_S = 120.0
 GATEWAY_READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
-REQUEST_TIMEOUT_S = 60.0  # one request: connect, and each gap between chunks
 LEVEL_TIMEOUT_S = 600.0  # one concurrency level, warm-up included
-ERROR_CHARS = 200
 # The gateway must not shed, retry or resume during the benchmark: each would measure something else.
 GATEWAY_MAX_INFLIGHT = 4096
 GATEWAY_STALL_TIMEOUT_S = 60.0
@@ -80,33 +76,6 @@ class BenchError(RuntimeError):
 
 
 # ---- records ---------------------------------------------------------------------------------
-@dataclass(slots=True, frozen=True)
-class RequestSample:
-    """One request as the client saw it, with the replica's account of its queue and prefill."""
-
-    route: Route
-    round_index: int
-    ttft_s: float | None = None
-    e2e_s: float | None = None
-    replica_queue_s: float | None = None
-    replica_prefill_s: float | None = None
-    error: str | None = None
-
-    @property
-    def is_success(self) -> bool:
-        return self.error is None and None not in (self.ttft_s, self.e2e_s, self.replica_queue_s,
-                                                   self.replica_prefill_s)
-
-    @property
-    def overhead_s(self) -> float:
-        """Client TTFT not spent in the engine: HTTP, (de)serialization, and the gateway on that route."""
-        if not self.is_success:
-            raise ValueError(f"request failed or lacks timings: {self.error or 'no timings'}")
-        assert self.ttft_s is not None and self.replica_queue_s is not None
-        assert self.replica_prefill_s is not None
-        return self.ttft_s - self.replica_queue_s - self.replica_prefill_s
-
-
 @dataclass(slots=True, frozen=True)
 class Percentiles:
     """p50 and p99 in seconds (NaN for no values); differences of two are still Percentiles."""
@@ -154,7 +123,11 @@ class LevelResult:
 
     def __post_init__(self) -> None:
         for route in ROUTES:
-            object.__setattr__(self, route, RouteStats.of([s for s in self.samples if s.route == route]))
+            object.__setattr__(self, route, RouteStats.of([s for s in self.counted if s.route == route]))
+
+    @property
+    def counted(self) -> list[RequestSample]:
+        return [s for s in self.samples if s.counted]
 
     @property
     def added_ttft(self) -> Percentiles:
@@ -209,114 +182,6 @@ class GatewayBenchResult:
         return all(level.is_pass for level in self.levels) and not any(self.gateway_counters.values())
 
 
-# ---- the round plan (pure) -------------------------------------------------------------------
-def round_plan(num_requests: int, *, round_size: int, concurrency: int) -> list[tuple[Route, int]]:
-    """(route, requests) per round: half the requests each way (direct gets the odd one), rounds of
-    max(round_size, concurrency) in ABBA order (direct, gateway, gateway, direct, ...)."""
-    if num_requests < 2 or round_size < 1 or concurrency < 1:
-        raise ValueError(f"need >= 2 requests, round size >= 1 and concurrency >= 1; got {num_requests}, "
-                         f"{round_size}, {concurrency}")
-    size = max(round_size, concurrency)
-    left: dict[Route, int] = {"direct": num_requests - num_requests // 2, "gateway": num_requests // 2}
-    plan: list[tuple[Route, int]] = []
-    index = 0
-    while any(left.values()):
-        route: Route = "direct" if index % 4 in (0, 3) else "gateway"
-        index += 1
-        if left[route]:
-            count = min(size, left[route])
-            left[route] -= count
-            plan.append((route, count))
-    return plan
-
-
-# ---- the load client -------------------------------------------------------------------------
-def request_body(max_tokens: int) -> dict[str, Any]:
-    return {"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True}
-
-
-async def stream_once(client: httpx.AsyncClient, route: Route, round_index: int,
-                      body: dict[str, Any]) -> RequestSample:
-    """One streaming request; failures come back as a sample with ``error``, never as an exception."""
-    sent = time.perf_counter()
-    first: float | None = None
-    timings: dict[str, Any] = {}
-    try:
-        async with client.stream("POST", "/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")[:ERROR_CHARS]
-                return RequestSample(route, round_index, error=f"HTTP {response.status_code}: {text}")
-            async for line in response.aiter_lines():
-                now = time.perf_counter()  # before parsing: JSON decoding is the client's cost
-                if not line.startswith("data:"):
-                    continue
-                data = line[len("data:"):].strip()
-                if data == "[DONE]":
-                    return _finished(route, round_index, sent=sent, first=first, done=now, timings=timings)
-                event = json.loads(data)
-                if "error" in event:
-                    return RequestSample(route, round_index, error=f"error frame: {data[:ERROR_CHARS]}")
-                if first is None and event.get("choices"):
-                    first = now
-                timings = event.get("timings") or timings
-    except (httpx.HTTPError, ValueError) as exc:
-        return RequestSample(route, round_index, error=f"{type(exc).__name__}: {exc}")
-    return RequestSample(route, round_index, error="the stream ended before [DONE]")
-
-
-def _finished(route: Route, round_index: int, *, sent: float, first: float | None, done: float,
-              timings: dict[str, Any]) -> RequestSample:
-    queue, prefill = _number(timings.get("queue")), _number(timings.get("prefill"))
-    error = None
-    if first is None:
-        error = "[DONE] before any chunk with a token"
-    elif queue is None or prefill is None:
-        error = f"no queue/prefill timings in the stream (got {sorted(timings)})"
-    ttft = None if first is None else first - sent
-    return RequestSample(route, round_index, ttft_s=ttft, e2e_s=done - sent, replica_queue_s=queue,
-                         replica_prefill_s=prefill, error=error)
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-async def run_round(client: httpx.AsyncClient, route: Route, *, round_index: int, num_requests: int,
-                    concurrency: int, body: dict[str, Any]) -> list[RequestSample]:
-    """A closed loop: ``concurrency`` workers, each sending its next request when its last one ends."""
-    tickets = iter(range(num_requests))  # shared: each worker takes the next until none are left
-    samples: list[RequestSample] = []
-
-    async def worker() -> None:
-        for _ in tickets:
-            samples.append(await stream_once(client, route, round_index, body))
-
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, num_requests))))
-    return samples
-
-
-async def run_level(urls: dict[Route, str], *, concurrency: int, num_requests: int, round_size: int,
-                    max_tokens: int) -> LevelResult:
-    """One concurrency level: a discarded warm-up round per route, then the alternating rounds."""
-    body = request_body(max_tokens)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with contextlib.AsyncExitStack() as stack:
-        clients = {route: await stack.enter_async_context(httpx.AsyncClient(
-            base_url=urls[route], timeout=REQUEST_TIMEOUT_S, limits=limits, trust_env=False))
-            for route in ROUTES}
-        for route in ROUTES:  # open the connections and warm both paths
-            await run_round(clients[route], route, round_index=-1, num_requests=concurrency,
-                            concurrency=concurrency, body=body)
-        started = time.perf_counter()
-        samples: list[RequestSample] = []
-        plan = round_plan(num_requests, round_size=round_size, concurrency=concurrency)
-        for index, (route, count) in enumerate(plan):
-            samples += await run_round(clients[route], route, round_index=index, num_requests=count,
-                                       concurrency=concurrency, body=body)
-    return LevelResult(concurrency, tuple(samples), time.perf_counter() - started)
-
-
 # ---- the processes -------------------------------------------------------------------------
 def bench_gateway_config(port: int) -> GatewayConfig:
     return GatewayConfig(port=port, max_inflight_per_replica=GATEWAY_MAX_INFLIGHT,
@@ -336,7 +201,9 @@ def _uvicorn_config(port: int, endpoint: ReplicaEndpoint) -> uvicorn.Config:
 
 def _serve_gateway(port: int, endpoint: ReplicaEndpoint) -> None:
     """The gateway process's body (a module-level function, so that ``spawn`` can import it)."""
-    uvicorn.Server(_uvicorn_config(port, endpoint)).run()
+    server = uvicorn.Server(_uvicorn_config(port, endpoint))
+    gc.freeze()  # as ``controlplane up`` does once started
+    server.run()
 
 
 class GatewayProcess:
@@ -488,8 +355,10 @@ def _run_level_bounded(urls: dict[Route, str], concurrency: int, num_requests: i
                        max_tokens: int, timeout_s: float) -> LevelResult:
     async def bounded() -> LevelResult:
         async with asyncio.timeout(timeout_s):
-            return await run_level(urls, concurrency=concurrency, num_requests=num_requests,
-                                   round_size=round_size, max_tokens=max_tokens)
+            started = time.perf_counter()
+            samples = await run_load(urls, concurrency=concurrency, num_requests=num_requests,
+                                     round_size=round_size, max_tokens=max_tokens)
+            return LevelResult(concurrency, tuple(samples), time.perf_counter() - started)
 
     try:
         result = asyncio.run(bounded())
@@ -506,8 +375,9 @@ def format_report(result: GatewayBenchResult) -> str:
              else "on a thread of the load client's process")
     lines = [f"gateway bench: 1 replica ({result.replica_threads} torch threads, max {REPLICA_MAX_NUM_SEQS} "
              f"seqs), gateway {where}; streaming /v1/completions, max_tokens {result.max_tokens}, greedy, "
-             f"ignore_eos; closed loop, rounds of max({result.round_size}, C) requests alternating direct "
-             "and gateway (ABBA)", "", *_table(result.levels), "",
+             f"ignore_eos; closed loop, rounds of max({result.round_size}, 4 C) requests alternating direct "
+             "and gateway (ABBA), with no barrier between rounds; n counts neither a warm-up of C per route "
+             "nor the first C of each round", "", *_table(result.levels), "",
              "TTFT: send -> first chunk with a token; E2E: send -> [DONE]. added = gateway - direct, "
              "percentile by percentile;",
              "per-request = client TTFT - replica (queue + prefill), gateway median/p99 - direct median/p99.",
@@ -529,7 +399,7 @@ def _table(levels: Sequence[LevelResult]) -> list[str]:
         pairs = (level.direct.ttft, level.gateway.ttft, level.added_ttft, level.added_overhead,
                  level.added_e2e)
         cells = "  ".join(f"{_ms(p.p50):>7} {_ms(p.p99):>7}" for p in pairs)
-        rows.append(f"{level.concurrency:>4} {len(level.samples):>5} {len(level.failures):>6}  {cells}")
+        rows.append(f"{level.concurrency:>4} {len(level.counted):>5} {len(level.failures):>6}  {cells}")
     return rows
 
 

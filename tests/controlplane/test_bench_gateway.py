@@ -12,22 +12,32 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.bench import ROUTES, main, round_plan, run_gateway_bench
+from controlplane.bench import main, run_gateway_bench
+from controlplane.bench_load import ROUTES, round_plan, ticket_plan
 
 LEVELS = (1, 4)
 REQUESTS = 20
 
 
-def test_round_plan_splits_requests_evenly_in_abba_rounds_of_at_least_c() -> None:
-    plan = round_plan(10, round_size=2, concurrency=1)
-    assert plan == [("direct", 2), ("gateway", 2), ("gateway", 2), ("direct", 2), ("direct", 1),
-                    ("gateway", 1)]
-    big_c = round_plan(400, round_size=50, concurrency=64)
-    assert {count for _, count in big_c[:-2]} == {64}
+def test_round_plan_splits_requests_evenly_in_abba_rounds_of_at_least_4_c() -> None:
+    plan = round_plan(20, round_size=5, concurrency=1)
+    assert plan == [("direct", 5), ("gateway", 5), ("gateway", 5), ("direct", 5)]
+    big_c = round_plan(2048, round_size=50, concurrency=64)
+    assert [count for _, count in big_c] == [256] * 8
     totals = Counter[str]()
     for route, count in big_c:
         totals[route] += count
-    assert totals == {"direct": 200, "gateway": 200}
+    assert totals == {"direct": 1024, "gateway": 1024}
+
+
+def test_ticket_plan_warms_both_routes_and_skips_the_first_c_of_each_round() -> None:
+    tickets = ticket_plan(16, round_size=4, concurrency=2)  # rounds of 8: direct 8, gateway 8
+    assert [(t.route, t.round_index, t.counted) for t in tickets[:4]] == \
+        [("direct", -1, False), ("direct", -1, False), ("gateway", -1, False), ("gateway", -1, False)]
+    rounds = [[t for t in tickets if t.round_index == i] for i in (0, 1)]
+    assert [t.route for t in rounds[0]] == ["direct"] * 8 and [t.route for t in rounds[1]] == ["gateway"] * 8
+    for round_ in rounds:
+        assert [t.counted for t in round_] == [False, False] + [True] * 6
 
 
 def test_round_plan_refuses_fewer_than_one_request_per_route() -> None:
@@ -50,11 +60,13 @@ def test_small_run_answers_every_request_on_both_routes(tmp_path: Path) -> None:
     assert [level.concurrency for level in result.levels] == list(LEVELS)
     assert result.gateway_counters == {"retries": 0, "resumes": 0, "rejected": 0}
     for level in result.levels:
-        assert len(level.samples) == REQUESTS
+        c = level.concurrency
+        assert len(level.samples) == REQUESTS + 2 * c  # a warm-up of C per route
         assert not level.failures, level.failures[:3]
-        assert Counter(s.route for s in level.samples) == {route: REQUESTS // 2 for route in ROUTES}
+        assert Counter(s.route for s in level.samples) == {route: REQUESTS // 2 + c for route in ROUTES}
+        counted = REQUESTS // 2 - len(round_plan(REQUESTS, round_size=5, concurrency=c)) // 2 * c
         for stats in (level.direct, level.gateway):
-            assert stats.num_requests == stats.num_succeeded == REQUESTS // 2
+            assert stats.num_requests == stats.num_succeeded == counted > 0
             for pair in (stats.ttft, stats.e2e, stats.overhead):
                 assert pair.p50 <= pair.p99
             assert 0 < stats.ttft.p50 <= stats.e2e.p50
