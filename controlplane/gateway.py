@@ -373,14 +373,15 @@ class Gateway:
             logger.exception("[%s] on_event(%s) failed", replica_id, kind)
 
     # ---- relaying and resuming ----
-    async def _chunks(self, job: _Job) -> AsyncGenerator[dict[str, Any], None]:
-        """The client's chunks, resuming on another replica whenever the upstream stream breaks."""
+    async def _chunks(self, job: _Job) -> AsyncGenerator[list[dict[str, Any]], None]:
+        """The client's chunks, in batches (what one read of the replica's stream released), resuming on
+        another replica whenever the upstream stream breaks; the closing chunks are not among them."""
         assert job.assembly is not None and job.upstream is not None
         while True:
             try:
                 async with contextlib.aclosing(self._relay(job, job.upstream)) as relay:
-                    async for chunk in relay:
-                        yield chunk
+                    async for batch in relay:
+                        yield batch
                 break
             except UpstreamError as exc:
                 self._record_failure(exc)
@@ -389,26 +390,29 @@ class Gateway:
                 job.upstream = await self._resume(job, exc)
                 if job.upstream is None:
                     break
-        for chunk in job.assembly.closing_chunks():
-            yield chunk
 
-    async def _relay(self, job: _Job, upstream: Upstream) -> AsyncGenerator[dict[str, Any], None]:
-        """One upstream stream's chunks, translated for the client, until ``[DONE]``."""
+    async def _relay(self, job: _Job, upstream: Upstream) -> AsyncGenerator[list[dict[str, Any]], None]:
+        """One upstream stream's chunks, translated for the client, until ``[DONE]``: one batch per read
+        (events that arrived together leave together, in one write to the client)."""
         assembly = job.assembly
         assert assembly is not None
         opened = self.clock()
+        batch: list[dict[str, Any]] = []
         try:
             while (event := await upstream.next_event(self.config.stall_timeout_s)) is not None:
                 if self.toxics and self.toxics.reset_due(upstream.replica_id, opened):
                     raise UpstreamError(upstream.replica_id, "broken", "link reset (link-abort fault)")
                 self.liveness.heard(upstream.replica_id)
-                chunks = assembly.accept(event)
+                batch += assembly.accept(event)
                 if event.get("choices"):
                     job.replica = upstream.endpoint
                 if job.first_token_at is None and assembly.token_ids:
                     job.first_token_at = self.clock()
-                for chunk in chunks:
-                    yield chunk
+                if batch and not upstream.has_buffered:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
             if not assembly.is_finished:
                 raise UpstreamError(upstream.replica_id, "closed", "[DONE] before the last token")
             self.outliers.record_success(upstream.replica_id)
@@ -450,12 +454,13 @@ class Gateway:
         return EventStreamResponse(stream, on_close=close, headers=headers)
 
     async def _event_stream(self, job: _Job) -> AsyncGenerator[bytes, None]:
+        assert job.assembly is not None
         error: str | None = None
         try:
-            async with contextlib.aclosing(self._chunks(job)) as chunks:
-                async for chunk in chunks:
-                    yield sse_event(chunk)
-            yield b"data: [DONE]\n\n"
+            async with contextlib.aclosing(self._chunks(job)) as batches:
+                async for batch in batches:
+                    yield b"".join(map(sse_event, batch))
+            yield b"".join(map(sse_event, job.assembly.closing_chunks())) + b"data: [DONE]\n\n"
         except GatewayError as exc:
             error = str(exc)
             logger.error("request %s failed mid-stream: %s", job.request_id, exc)

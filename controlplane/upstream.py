@@ -6,6 +6,7 @@ Every way an upstream stream can fail (stall, reset, early end, error frame, bad
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -22,17 +23,30 @@ logger = logging.getLogger(__name__)
 
 # ---- one upstream stream ---------------------------------------------------------------------
 class Upstream:
-    """A replica's SSE response; every way it can fail comes out as :class:`UpstreamError`."""
+    """A replica's SSE response; every way it can fail comes out as :class:`UpstreamError`.
+
+    Reads are timed without a timer per read: one timer per stream, armed when the first read waits,
+    wakes when the oldest wait could have run out, and re-arms itself for the wait under way; a wait
+    that reached the timeout cancels the reading task, which the read turns into a ``stall``. Time the
+    reader spends elsewhere (writing to a slow client) is not silence."""
 
     def __init__(self, endpoint: ReplicaEndpoint, response: StreamResponse,
                  on_close: Callable[[str], None]) -> None:
         self.endpoint = endpoint
         self.response = response
-        self._lines = sse_payloads(response)
+        self._pieces = aiter(response.aiter_bytes())
+        self._partial = b""  # the start of a line whose end has not arrived
+        self._payloads: collections.deque[bytes] = collections.deque()  # data of events not yet read
+        self._primed: dict[str, Any] | None = None
         self._on_close = on_close
-        self._primed: list[dict[str, Any] | None] = []
         self._closed = False
         self._done = False  # [DONE] read: the connection may serve another request
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._reader: asyncio.Task[Any] | None = None
+        self._waiting_since: float | None = None  # loop time the read under way started
+        self._timeout = 0.0
+        self._timed_out = False
 
     @property
     def replica_id(self) -> str:
@@ -40,29 +54,59 @@ class Upstream:
 
     async def prime(self, timeout: float) -> None:
         """Wait for the first event (the first token), so failures before it can still be retried."""
-        self._primed.append(await self.next_event(timeout))
+        self._primed = await self.next_event(timeout)
 
     async def next_event(self, timeout: float) -> dict[str, Any] | None:
-        """The next ``data:`` payload; None for ``[DONE]``."""
-        if self._primed:
-            return self._primed.pop()
-        data = await self._line(timeout)
+        """The next ``data:`` payload; None for ``[DONE]``. ``timeout``: the longest silence allowed."""
+        if self._primed is not None:
+            event, self._primed = self._primed, None
+            return event
+        while not self._payloads:
+            await self._read(timeout)
+        data = self._payloads.popleft()
         if data == b"[DONE]":
             self._done = True
             return None
         return self._event(data)
 
-    async def _line(self, timeout: float) -> bytes:
+    @property
+    def has_buffered(self) -> bool:
+        """Whether an event has arrived that :meth:`next_event` returns without waiting."""
+        return self._primed is not None or bool(self._payloads)
+
+    async def _read(self, timeout: float) -> None:
+        """One piece of the body, split into events."""
         rid = self.replica_id
+        self._timeout, self._waiting_since = timeout, self._loop.time()
+        if self._timer is None:
+            self._reader = asyncio.current_task()
+            self._timer = self._loop.call_at(self._waiting_since + timeout, self._check_silence)
         try:
-            async with asyncio.timeout(timeout):
-                return await anext(self._lines)
-        except TimeoutError as exc:
-            raise UpstreamError(rid, "stall", f"no data for {timeout:g}s") from exc
+            piece = await anext(self._pieces)
+        except asyncio.CancelledError:
+            if self._timed_out and self._reader is not None and self._reader.uncancel() == 0:
+                raise UpstreamError(rid, "stall", f"no data for {timeout:g}s") from None
+            raise
         except StopAsyncIteration as exc:
             raise UpstreamError(rid, "closed", "the stream ended before [DONE]") from exc
         except TransportError as exc:
             raise UpstreamError(rid, "broken", str(exc)) from exc
+        finally:
+            self._waiting_since = None
+        lines = (self._partial + piece).split(b"\n")
+        self._partial = lines.pop()
+        self._payloads.extend(line[5:].strip() for line in lines if line.startswith(b"data:"))
+
+    def _check_silence(self) -> None:
+        self._timer = None
+        since = self._waiting_since
+        if self._closed or since is None:
+            return  # no read waits now: the next one arms the timer again
+        if self._loop.time() - since >= self._timeout and self._reader is not None:
+            self._timed_out = True
+            self._reader.cancel()
+        else:
+            self._timer = self._loop.call_at(since + self._timeout, self._check_silence)
 
     def _event(self, data: bytes) -> dict[str, Any]:
         try:
@@ -81,6 +125,9 @@ class Upstream:
         if self._closed:
             return
         self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._on_close(self.replica_id)
         with anyio.CancelScope(shield=True):
             await self.response.aclose(reuse=self._done)
@@ -143,16 +190,3 @@ class EventStreamResponse(Response):
 
 def sse_event(payload: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
-
-
-async def sse_payloads(response: StreamResponse) -> AsyncIterator[bytes]:
-    """The ``data:`` payloads of a server-sent event stream, as bytes (no per-line decoding)."""
-    buffer = b""
-    async for piece in response.aiter_bytes():
-        buffer += piece
-        while (end := buffer.find(b"\n")) >= 0:
-            line, buffer = buffer[:end], buffer[end + 1:]
-            if line.startswith(b"data:"):
-                yield line[5:].strip()
-
-
