@@ -50,6 +50,7 @@ from inference.launcher import ReplicaProcess, free_port
 logger = logging.getLogger(__name__)
 
 GatewayMode = Literal["process", "thread"]
+LayoutKind = Literal["pinned", "shared"]
 
 TARGET_ADDED_P50_S = 0.002
 TARGET_ADDED_P99_S = 0.010
@@ -73,6 +74,52 @@ GATEWAY_FIRST_BYTE_TIMEOUT_S = 60.0
 
 class BenchError(RuntimeError):
     """The benchmark could not run to the end (a process did not start, a level ran out of time)."""
+
+
+# ---- where the processes run -----------------------------------------------------------------
+@dataclass(slots=True, frozen=True)
+class CpuLayout:
+    """``pinned``: the replica on its own CPUs (the upper half), the gateway and the load client on the
+    others. A replica's model runs on an accelerator, not on the cores that serve HTTP; on a CPU-only
+    machine whose replica computes on every core, the gateway's CPU time would instead come out of the
+    model's matrix products, and what the benchmark measured would be the core count. ``shared``: all
+    three wherever the scheduler puts them (the only choice with one usable CPU)."""
+
+    kind: LayoutKind
+    replica: tuple[int, ...] = ()
+    front: tuple[int, ...] = ()  # the gateway and the load client
+
+    @classmethod
+    def choose(cls, kind: LayoutKind) -> CpuLayout:
+        usable = sorted(os.sched_getaffinity(0))
+        if kind == "shared" or len(usable) < 2:
+            return cls("shared")
+        half = len(usable) // 2
+        return cls("pinned", tuple(usable[half:]), tuple(usable[:half]))
+
+    def describe(self) -> str:
+        if self.kind == "shared":
+            return "shared (replica, gateway and load client on any CPU)"
+        return (f"pinned (replica on CPUs {_cpus(self.replica)}; gateway and load client on "
+                f"{_cpus(self.front)})")
+
+
+def _cpus(cpus: Sequence[int]) -> str:
+    return ",".join(map(str, cpus))
+
+
+@contextlib.contextmanager
+def _running_on(cpus: Sequence[int]) -> Iterator[None]:
+    """This thread (the load client's event loop) on ``cpus`` for the block; nothing when empty."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 # ---- records ---------------------------------------------------------------------------------
@@ -175,6 +222,7 @@ class GatewayBenchResult:
     round_size: int
     max_tokens: int
     replica_threads: int
+    layout: CpuLayout
     gateway_counters: dict[str, float]  # retries, resumes, rejected: all should be 0
 
     @property
@@ -199,8 +247,10 @@ def _uvicorn_config(port: int, endpoint: ReplicaEndpoint) -> uvicorn.Config:
                           access_log=False, lifespan="on")
 
 
-def _serve_gateway(port: int, endpoint: ReplicaEndpoint) -> None:
+def _serve_gateway(port: int, endpoint: ReplicaEndpoint, cpus: tuple[int, ...]) -> None:
     """The gateway process's body (a module-level function, so that ``spawn`` can import it)."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     server = uvicorn.Server(_uvicorn_config(port, endpoint))
     gc.freeze()  # as ``controlplane up`` does once started
     server.run()
@@ -209,13 +259,13 @@ def _serve_gateway(port: int, endpoint: ReplicaEndpoint) -> None:
 class GatewayProcess:
     """The gateway served by uvicorn in a child process (spawned: no state inherited from this one)."""
 
-    def __init__(self, port: int, endpoint: ReplicaEndpoint) -> None:
-        self.port, self.endpoint = port, endpoint
+    def __init__(self, port: int, endpoint: ReplicaEndpoint, cpus: tuple[int, ...] = ()) -> None:
+        self.port, self.endpoint, self.cpus = port, endpoint, cpus
         self._process: BaseProcess | None = None
 
     def start(self) -> None:
         context = multiprocessing.get_context("spawn")
-        self._process = context.Process(target=_serve_gateway, args=(self.port, self.endpoint),
+        self._process = context.Process(target=_serve_gateway, args=(self.port, self.endpoint, self.cpus),
                                         name="bench-gateway", daemon=True)
         self._process.start()
 
@@ -267,7 +317,8 @@ def wait_gateway_ready(server: GatewayProcess | GatewayThread, url: str) -> None
     raise BenchError(f"the gateway on {url} did not answer /health within {GATEWAY_READY_TIMEOUT_S:g}s")
 
 
-def start_replica(state_dir: Path, log_path: Path, threads: int) -> ReplicaProcess:
+def start_replica(state_dir: Path, log_path: Path, threads: int,
+                  cpus: tuple[int, ...] = ()) -> ReplicaProcess:
     from inference.models.default import ensure_default_model  # torch: only when a replica is wanted
 
     ensure_default_model(state_dir)  # built once here, not raced inside the replica's start
@@ -275,7 +326,8 @@ def start_replica(state_dir: Path, log_path: Path, threads: int) -> ReplicaProce
                              env={STATE_DIR_ENV: str(state_dir)},
                              extra_args=("--num-threads", str(threads), "--max-num-seqs",
                                          str(REPLICA_MAX_NUM_SEQS), "--max-waiting-requests",
-                                         str(REPLICA_MAX_WAITING)))
+                                         str(REPLICA_MAX_WAITING),
+                                         *(("--cpus", _cpus(cpus)) if cpus else ())))
     replica.start()
     return replica
 
@@ -292,17 +344,18 @@ def gateway_counters(url: str) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def bench_stack(*, state_dir: Path, log_dir: Path, replica_threads: int,
-                gateway_mode: GatewayMode) -> Iterator[dict[Route, str]]:
+def bench_stack(*, state_dir: Path, log_dir: Path, replica_threads: int, gateway_mode: GatewayMode,
+                layout: CpuLayout = CpuLayout("shared")) -> Iterator[dict[Route, str]]:
     """One ready replica and one ready gateway over it; both stopped on the way out, whatever happens."""
-    replica = start_replica(state_dir, log_dir / "replica.log", replica_threads)
+    replica = start_replica(state_dir, log_dir / "replica.log", replica_threads, layout.replica)
     gateway: GatewayProcess | GatewayThread | None = None
     try:
         replica.wait_ready(REPLICA_READY_TIMEOUT_S)
         endpoint = ReplicaEndpoint(REPLICA_ID, replica.zone, "127.0.0.1", replica.port, ReplicaState.READY,
                                    MODEL, pid=replica.process.pid if replica.process else None)
         port = free_port()
-        gateway = (GatewayProcess if gateway_mode == "process" else GatewayThread)(port, endpoint)
+        gateway = GatewayProcess(port, endpoint, layout.front) if gateway_mode == "process" \
+            else GatewayThread(port, endpoint)
         gateway.start()
         url = f"http://127.0.0.1:{port}"
         wait_gateway_ready(gateway, url)
@@ -318,17 +371,20 @@ def bench_stack(*, state_dir: Path, log_dir: Path, replica_threads: int,
 def run_gateway_bench(levels: Sequence[int] = DEFAULT_LEVELS,
                       requests_per_level: int | Sequence[int] = DEFAULT_REQUESTS, *,
                       round_size: int = DEFAULT_ROUND_SIZE, max_tokens: int = DEFAULT_MAX_TOKENS,
-                      replica_threads: int = REPLICA_THREADS, gateway_mode: GatewayMode = "process",
-                      state_dir: Path | None = None, level_timeout_s: float = LEVEL_TIMEOUT_S
-                      ) -> GatewayBenchResult:
+                      replica_threads: int | None = None, gateway_mode: GatewayMode = "process",
+                      layout: LayoutKind = "pinned", state_dir: Path | None = None,
+                      level_timeout_s: float = LEVEL_TIMEOUT_S) -> GatewayBenchResult:
     """Start a replica and a gateway, run every level, stop both. ``state_dir`` holds the default
-    model (a fresh temporary folder when None); ``requests_per_level``: one count, or one per level."""
+    model (a fresh temporary folder when None); ``requests_per_level``: one count, or one per level;
+    ``replica_threads``: torch threads, by default one per replica CPU when pinned, else 2."""
     counts = _counts(levels, requests_per_level)
+    cpu_layout = CpuLayout.choose(layout)
+    threads = replica_threads or (len(cpu_layout.replica) or REPLICA_THREADS)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         state = Path(tmp) if state_dir is None else state_dir
-        with bench_stack(state_dir=state, log_dir=Path(tmp), replica_threads=replica_threads,
-                         gateway_mode=gateway_mode) as urls:
+        with bench_stack(state_dir=state, log_dir=Path(tmp), replica_threads=threads,
+                         gateway_mode=gateway_mode, layout=cpu_layout) as urls, _running_on(cpu_layout.front):
             results = tuple(_run_level_bounded(urls, concurrency, count, round_size=round_size,
                                                max_tokens=max_tokens, timeout_s=level_timeout_s)
                             for concurrency, count in zip(levels, counts))
@@ -337,7 +393,7 @@ def run_gateway_bench(levels: Sequence[int] = DEFAULT_LEVELS,
     cpus = os.cpu_count() or 0
     machine = MachineNote(cpus, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cpus,
                           load_before, load_after)
-    return GatewayBenchResult(results, machine, gateway_mode, round_size, max_tokens, replica_threads,
+    return GatewayBenchResult(results, machine, gateway_mode, round_size, max_tokens, threads, cpu_layout,
                               counters)
 
 
@@ -377,7 +433,8 @@ def format_report(result: GatewayBenchResult) -> str:
              f"seqs), gateway {where}; streaming /v1/completions, max_tokens {result.max_tokens}, greedy, "
              f"ignore_eos; closed loop, rounds of max({result.round_size}, 4 C) requests alternating direct "
              "and gateway (ABBA), with no barrier between rounds; n counts neither a warm-up of C per route "
-             "nor the first C of each round", "", *_table(result.levels), "",
+             "nor the first C of each round", f"CPU layout: {result.layout.describe()}", "",
+             *_table(result.levels), "",
              "TTFT: send -> first chunk with a token; E2E: send -> [DONE]. added = gateway - direct, "
              "percentile by percentile;",
              "per-request = client TTFT - replica (queue + prefill), gateway median/p99 - direct median/p99.",
@@ -432,7 +489,12 @@ def add_gateway_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--round-size", type=int, default=DEFAULT_ROUND_SIZE,
                    help="requests per round on one route before switching (at least C; default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
-    p.add_argument("--replica-threads", type=int, default=REPLICA_THREADS)
+    p.add_argument("--replica-threads", type=int, default=None,
+                   help="torch threads of the replica (default: one per replica CPU when pinned, else "
+                   f"{REPLICA_THREADS})")
+    p.add_argument("--layout", choices=("pinned", "shared"), default="pinned",
+                   help="pinned: the replica on the upper half of the CPUs, the gateway and the load client "
+                   "on the lower half (default); shared: anywhere")
     p.add_argument("--gateway-in-thread", action="store_true",
                    help="serve the gateway on a thread of the load client's process instead of its own "
                    "process (shares the GIL: inflates the added latency)")
@@ -443,7 +505,7 @@ def add_gateway_arguments(p: argparse.ArgumentParser) -> None:
 def gateway_main(args: argparse.Namespace) -> int:
     requests = args.requests[0] if len(args.requests) == 1 else args.requests
     result = run_gateway_bench(args.levels, requests, round_size=args.round_size, max_tokens=args.max_tokens,
-                               replica_threads=args.replica_threads,
+                               replica_threads=args.replica_threads, layout=args.layout,
                                gateway_mode="thread" if args.gateway_in_thread else "process",
                                level_timeout_s=args.level_timeout)
     print(format_report(result))

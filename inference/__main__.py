@@ -61,6 +61,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.cpus:  # before torch starts a thread: every thread inherits the main thread's CPUs
+        os.sched_setaffinity(0, args.cpus)
     from inference.replica import run
     server = ServerConfig(replica_id=args.replica_id, zone=args.zone, host=args.host, port=args.port,
                           served_model_name=args.served_model_name or "", api_key=args.api_key,
@@ -87,6 +89,23 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ready-deadline", type=float, default=_default(ServerConfig, "ready_deadline_s"))
     p.add_argument("--stall-seconds", type=float, default=_default(ServerConfig, "stall_seconds"))
     p.add_argument("--num-threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--cpus", type=cpu_list, default=None,
+                   help="run on these CPUs only, e.g. 2-3 or 0,4 (default: wherever the scheduler puts it)")
+
+
+def cpu_list(text: str) -> set[int]:
+    """``0,2-3`` -> {0, 2, 3}: CPUs this machine lets the process use."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected CPUs like 0,2-3, got {text!r}") from None
+    usable = os.sched_getaffinity(0)
+    if not cpus or not cpus <= usable:
+        raise argparse.ArgumentTypeError(f"CPUs {text!r} are not among the usable {sorted(usable)}")
+    return cpus
 
 
 def main(argv: list[str] | None = None) -> int:
