@@ -55,7 +55,7 @@ LayoutKind = Literal["pinned", "shared"]
 TARGET_ADDED_P50_S = 0.002
 TARGET_ADDED_P99_S = 0.010
 DEFAULT_LEVELS = (1, 16, 64)
-DEFAULT_REQUESTS = (200, 1024, 2048)  # per level, both routes together, warm-up not included
+DEFAULT_REQUESTS = (400, 4096, 8192)  # per level, both routes together, warm-up not included
 DEFAULT_ROUND_SIZE = 50  # requests per round on one route (at least 4 C; the first C are not counted)
 DEFAULT_MAX_TOKENS = 16
 REPLICA_ID = "bench-gw-0"
@@ -82,8 +82,11 @@ class CpuLayout:
     """``pinned``: the replica on its own CPUs (the upper half), the gateway and the load client on the
     others. A replica's model runs on an accelerator, not on the cores that serve HTTP; on a CPU-only
     machine whose replica computes on every core, the gateway's CPU time would instead come out of the
-    model's matrix products, and what the benchmark measured would be the core count. ``shared``: all
-    three wherever the scheduler puts them (the only choice with one usable CPU)."""
+    model's matrix products, and what the benchmark measured would be the core count. The load client
+    stays off the replica's CPUs too: there, each chunk the gateway sends it from another CPU waits for
+    the model's compute to yield (about 2 ms at one stream), a delay the direct route, woken from the
+    replica's own CPU, does not see. ``shared``: all three wherever the scheduler puts them (the only
+    choice with one usable CPU)."""
 
     kind: LayoutKind
     replica: tuple[int, ...] = ()
