@@ -54,7 +54,7 @@ from .replicas import ReplicaEndpoint, ReplicaLoad
 from .routing import Candidate, Router, routable
 from .toxics import LinkToxics
 from .traces import TraceRecord
-from .upstream import EventStreamResponse, Upstream, sse_event
+from .upstream import DONE_EVENT, EventStreamResponse, Upstream, sse_event
 from .upstream_http import HttpxStreams, StreamClient, StreamResponse, TransportError, UpstreamPool
 
 logger = logging.getLogger(__name__)
@@ -460,7 +460,7 @@ class Gateway:
             async with contextlib.aclosing(self._chunks(job)) as batches:
                 async for batch in batches:
                     yield b"".join(map(sse_event, batch))
-            yield b"".join(map(sse_event, job.assembly.closing_chunks())) + b"data: [DONE]\n\n"
+            yield b"".join(map(sse_event, job.assembly.closing_chunks())) + DONE_EVENT
         except GatewayError as exc:
             error = str(exc)
             logger.error("request %s failed mid-stream: %s", job.request_id, exc)

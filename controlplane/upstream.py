@@ -171,9 +171,15 @@ class EventStreamResponse(Response):
             start = {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
             await send(start)
             async for chunk in self.content:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            state["done"] = True
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                last = chunk.endswith(DONE_EVENT)  # the end of the body goes in the same write
+                if last:
+                    state["done"] = True
+                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                if last:
+                    break
+            else:
+                state["done"] = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
             ended = True
         except asyncio.CancelledError:
             if not state["left"] or task.uncancel() > 0:  # cancelled for another reason: go on with it
@@ -186,6 +192,9 @@ class EventStreamResponse(Response):
             else:
                 with anyio.CancelScope(shield=True):
                     await self.on_close()
+
+
+DONE_EVENT = b"data: [DONE]\n\n"  # OpenAI's last event of a stream
 
 
 def sse_event(payload: dict[str, Any]) -> bytes:
