@@ -185,7 +185,8 @@ def running_on(fleet: Fleet, replica_id: str) -> float:
                if line.startswith("vllm:num_requests_running"))
 
 
-def test_client_leaving_mid_stream_stops_the_replica_request(fleet: Fleet, serve_gateway: ServeGateway) -> None:
+def test_client_leaving_mid_stream_stops_the_replica_request(fleet: Fleet,
+                                                             serve_gateway: ServeGateway) -> None:
     gw = serve_gateway()
     body = completion("Stop generating when I leave", max_tokens=LONG, ignore_eos=True, stream=True)
     with httpx.Client(timeout=30) as client, \
