@@ -160,7 +160,12 @@ def test_replica_hang_is_survived_through_the_gateways_timeouts(cp: Running) -> 
     report = run_drill(cp, "replica-hang")
     fig = report["figures"]
     assert fig["requests_failed"] == 0 and fig["tokens_lost"] == 0
-    assert fig["requests_affected"] >= 1 and fig["t_detect"] is not None
+    # At 4 req/s the hung replica's last stream can end before the hang takes hold, and the router can
+    # keep new ones on the replica that holds their prefix (CI saw 0 affected once); then there is
+    # nothing to detect. The gateway's side of a hang is asserted deterministically in
+    # tests/controlplane/gateway/test_failover.py (SIGSTOP under 40 streams).
+    if fig["requests_affected"]:
+        assert fig["t_detect"] is not None
     assert fig["rto_service_s"] <= report["config"]["targets"]["rto_service_s"]
 
 
