@@ -143,3 +143,23 @@ def test_another_cancellation_during_a_read_is_not_turned_into_a_stall() -> None
         await upstream.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_shorter_timeout_after_a_long_first_wait_is_kept() -> None:
+    """The first token may take long (the first-byte timeout); once streaming, the stall timeout holds."""
+    async def scenario() -> tuple[UpstreamError, float]:
+        response = FedResponse()
+        upstream = Upstream(ENDPOINT, response, lambda _: None)
+        response.pieces.put_nowait(event(1))
+        await upstream.prime(TIMEOUT_S * 20)
+        assert await upstream.next_event(TIMEOUT_S) == {"n": 1}
+        started = time.monotonic()
+        with pytest.raises(UpstreamError) as caught:
+            await upstream.next_event(TIMEOUT_S)
+        waited = time.monotonic() - started
+        await upstream.aclose()
+        return caught.value, waited
+
+    error, waited = asyncio.run(scenario())
+    assert error.reason == "stall"
+    assert TIMEOUT_S <= waited < TIMEOUT_S + 0.2
