@@ -7,18 +7,15 @@ resume on another replica from the tokens already delivered -> one :class:`Trace
 
 Every upstream request is a stream with ``return_token_ids`` and usage, whatever the client asked, so any
 request can be resumed: the continuation is a ``/v1/completions`` request whose prompt is the original
-prompt's token ids plus the tokens already delivered, with ``output_offset`` so that seeded sampling goes
-on where it stopped; chunks of a continuation of a chat request are translated back into chat chunks.
-With greedy or seeded sampling the client's stream equals an undisturbed run, text included: a
-continuation starts at the last token whose text the replica had released (its detokenizer and stop-string
-hold-back keep a few characters back), and the gateway drops what it regenerates up to the point already
-delivered. Non-streaming requests run as streams too and are assembled at the end.
+prompt's token ids plus the tokens delivered, with ``output_offset`` so that seeded sampling goes on where
+it stopped (chat continuations are translated back into chat chunks). With greedy or seeded sampling the
+client's stream equals an undisturbed run, text included: a continuation starts at the last token whose
+text the replica had released, and the gateway drops what it regenerates up to the point delivered.
+Non-streaming requests run as streams too, assembled at the end.
 
-Upstream streams go through a pooled keep-alive HTTP/1.1 client (:mod:`controlplane.upstream_http`);
-transport failures become an :class:`UpstreamError` in one place (:meth:`Gateway._send` and
-:class:`Upstream`); what a client is refused with is a :class:`GatewayError` in the OpenAI error shape.
-Stalled replicas are routed around (:mod:`controlplane.liveness`); link faults
-(:mod:`controlplane.toxics`) apply on the way to a replica; the HTTP app is :mod:`controlplane.gateway_app`.
+Transport failures become an :class:`UpstreamError` in one place (:meth:`Gateway._send`, :class:`Upstream`);
+refusals are :class:`GatewayError` s in the OpenAI error shape. See :mod:`controlplane.upstream_http`,
+:mod:`controlplane.liveness`, :mod:`controlplane.toxics` (link faults) and :mod:`controlplane.gateway_app`.
 """
 
 from __future__ import annotations
@@ -374,8 +371,7 @@ class Gateway:
 
     # ---- relaying and resuming ----
     async def _chunks(self, job: _Job) -> AsyncGenerator[list[dict[str, Any]], None]:
-        """The client's chunks, in batches (what one read of the replica's stream released), resuming on
-        another replica whenever the upstream stream breaks; the closing chunks are not among them."""
+        """The client's chunks in batches (one per read), resumed elsewhere when a stream breaks."""
         assert job.assembly is not None and job.upstream is not None
         while True:
             try:
@@ -392,8 +388,7 @@ class Gateway:
                     break
 
     async def _relay(self, job: _Job, upstream: Upstream) -> AsyncGenerator[list[dict[str, Any]], None]:
-        """One upstream stream's chunks, translated for the client, until ``[DONE]``: one batch per read
-        (events that arrived together leave together, in one write to the client)."""
+        """One upstream stream's chunks for the client until ``[DONE]``, a batch per read (one write)."""
         assembly = job.assembly
         assert assembly is not None
         opened = self.clock()

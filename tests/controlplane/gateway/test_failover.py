@@ -109,10 +109,13 @@ def test_killed_replica_loses_no_stream(fleet: Fleet, serve_gateway: ServeGatewa
     victim = "r0"
     results = requests()
 
+    def kill_once_flowing(results: list[StreamResult]) -> None:
+        wait_until(lambda: flowing_on(results, fleet, victim), timeout=60, interval=0.01,
+                   what=f"streams flowing on {victim}")
+        fleet.kill(victim)  # in this thread, at once: the client's busy loop would resume it too late
+
     async def kill_when_flowing(results: list[StreamResult]) -> None:
-        await asyncio.to_thread(wait_until, lambda: flowing_on(results, fleet, victim), timeout=60,
-                                what=f"streams flowing on {victim}", interval=0.01)
-        fleet.kill(victim)
+        await asyncio.to_thread(kill_once_flowing, results)
 
     try:
         asyncio.run(run_streams(gw.url, results, during=kill_when_flowing))
@@ -134,11 +137,14 @@ def test_stopped_replica_is_resumed_around_ejected_and_readmitted(fleet: Fleet, 
     results = requests()
     stopped_at: list[float] = []
 
-    async def stop_when_flowing(results: list[StreamResult]) -> None:
-        await asyncio.to_thread(wait_until, lambda: flowing_on(results, fleet, victim), timeout=60,
-                                what=f"streams flowing on {victim}", interval=0.01)
-        fleet.signal(victim, signal.SIGSTOP)
+    def stop_once_flowing(results: list[StreamResult]) -> None:
+        wait_until(lambda: flowing_on(results, fleet, victim), timeout=60, interval=0.01,
+                   what=f"streams flowing on {victim}")
+        fleet.signal(victim, signal.SIGSTOP)  # in this thread, at once (see the kill test)
         stopped_at.append(time.monotonic())
+
+    async def stop_when_flowing(results: list[StreamResult]) -> None:
+        await asyncio.to_thread(stop_once_flowing, results)
 
     try:
         asyncio.run(run_streams(gw.url, results, during=stop_when_flowing))
