@@ -78,11 +78,11 @@ class Upstream:
         """One piece of the body, split into events."""
         rid = self.replica_id
         self._timeout, self._waiting_since = timeout, self._loop.time()
+        self._reader = asyncio.current_task()  # the task the timer cancels: whichever reads now
         due = self._waiting_since + timeout
         if self._timer is None or self._timer.when() > due:  # none yet, or set by a longer timeout
             if self._timer is not None:
                 self._timer.cancel()
-            self._reader = asyncio.current_task()
             self._timer = self._loop.call_at(due, self._check_silence)
         try:
             piece = await anext(self._pieces)
