@@ -261,14 +261,20 @@ class UpstreamPool:
         reused = self._take_idle((host, port))
         if reused is not None:
             try:
-                await reused.request(head, body)
-                return _PooledResponse(reused)
+                return await self._request(reused, head, body)
             except TransportError:
                 if reused.got_bytes:  # the replica answered something: not a stale connection
                     raise
                 # The replica closed this idle connection as we sent: it never saw the request.
-        conn = await self._open((host, port))
-        await conn.request(head, body)
+        return await self._request(await self._open((host, port)), head, body)
+
+    @staticmethod
+    async def _request(conn: _Connection, head: bytes, body: bytes) -> StreamResponse:
+        try:
+            await conn.request(head, body)
+        except BaseException:
+            conn.close()  # no answer yet (timed out, cancelled, broken): nothing else can use it
+            raise
         return _PooledResponse(conn)
 
     async def _open(self, key: tuple[str, int]) -> _Connection:
@@ -308,6 +314,9 @@ class UpstreamPool:
 
     def idle_connections(self) -> int:
         return sum(len(v) for v in self._idle.values())
+
+    def busy_connections(self) -> int:
+        return len(self._busy)
 
     async def aclose(self) -> None:
         for conn in [*self._busy, *(c for idle in self._idle.values() for c in idle)]:

@@ -155,6 +155,24 @@ def test_abandoning_a_stream_closes_its_connection() -> None:
     asyncio.run(run())
 
 
+def test_a_request_given_up_before_its_headers_closes_its_connection() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        await reader.read()  # a hung replica: reads the request, answers nothing, until the client leaves
+        return False
+
+    async def run() -> None:
+        pool = UpstreamPool()
+        async with Server(silent) as server:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.2):  # the gateway's header timeout, or a move elsewhere
+                    await pool.post("127.0.0.1", server.port, "/v1/completions", b"{}")
+            await asyncio.wait_for(server.closed.wait(), 5)  # the replica sees the client gone
+            assert pool.idle_connections() == pool.busy_connections() == 0
+        await pool.aclose()
+
+    asyncio.run(run())
+
+
 def test_a_connection_reset_mid_body_is_a_transport_error() -> None:
     async def dies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
         writer.write(HEAD + chunk(EVENTS[0]))
