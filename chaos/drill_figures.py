@@ -357,8 +357,8 @@ def predict(sc: Scenario, timings: Timings, *, num_hit: int, ttft_s: float, e2e_
 
     A replica that stops answering is noticed by its open streams after the stall timeout; at that moment
     the gateway also moves the requests still waiting there for a first token and routes new ones around
-    it, so the stall timeout bounds detection. (A replica with no stream under way when it stops is only
-    noticed at the first-byte timeout; the drills aim at the busiest replica.)
+    it, so the stall timeout bounds detection. (A replica with nothing under way when it stops is found by
+    the gateway's active check within ``probe_interval_s`` more; the drills aim at the busiest replica.)
     """
     stall = timings.stall_timeout_s
     detect = {"reset": 0.0, "stall": stall, "degraded": 0.0, "none": 0.0}[sc.detection]

@@ -123,6 +123,13 @@ class OutlierDetector:
         self.ejected.add(replica_id)
         return True
 
+    def eject(self, replica_id: str) -> bool:
+        """Eject at once (it said it cannot serve); True unless it already was."""
+        if replica_id in self.ejected:
+            return False
+        self.ejected.add(replica_id)
+        return True
+
     def readmit(self, replica_id: str) -> None:
         self.ejected.discard(replica_id)
         self._failures[replica_id] = 0

@@ -44,7 +44,8 @@ class GatewayConfig:
     first_byte_timeout_s: float = 10.0
     stall_timeout_s: float = 2.0  # no token for this long mid-stream (or no response headers): go elsewhere
     eject_after_failures: int = 3  # consecutive failures before a replica is ejected
-    probe_interval_s: float = 1.0  # ejected replicas are probed this often for re-admission
+    probe_interval_s: float = 1.0  # active health checks (GET /ready) this often: ejected, stalled, idle
+    probe_idle_replicas: bool = True  # idle replicas too: one silent for stall_timeout_s is routed around
     max_inflight_per_replica: int = 64  # beyond this on every replica: 429 before the stream starts
     rate_limit_rps: float = 0.0  # per API key; 0: off
     rate_limit_tokens_per_s: float = 0.0  # prompt + max_tokens per API key per second; 0: off
@@ -260,6 +261,7 @@ def validate(config: Config) -> list[tuple[str, str]]:
     check(config.gateway.max_retries >= 0, "gateway.max_retries", "must be >= 0")
     check(0 <= config.gateway.retry_budget_ratio <= 1, "gateway.retry_budget_ratio", "must be in [0, 1]")
     check(config.gateway.stall_timeout_s > 0, "gateway.stall_timeout_s", "must be > 0")
+    check(config.gateway.probe_interval_s > 0, "gateway.probe_interval_s", "must be > 0")
     check(config.gateway.eject_after_failures >= 1, "gateway.eject_after_failures", "must be >= 1")
     check(0 <= config.gateway.trace_sample_rate <= 1, "gateway.trace_sample_rate", "must be in [0, 1]")
     check(config.fleet.replicas >= 0, "fleet.replicas", "must be >= 0")

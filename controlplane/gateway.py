@@ -15,7 +15,8 @@ Non-streaming requests run as streams too, assembled at the end.
 
 Transport failures become an :class:`UpstreamError` in one place (:meth:`Gateway._send`, :class:`Upstream`);
 refusals are :class:`GatewayError` s in the OpenAI error shape. See :mod:`controlplane.upstream_http`,
-:mod:`controlplane.liveness`, :mod:`controlplane.toxics` (link faults) and :mod:`controlplane.gateway_app`.
+:mod:`controlplane.liveness`, :mod:`controlplane.health_checks`, :mod:`controlplane.toxics` (link faults)
+and :mod:`controlplane.gateway_app`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from .assembly import RequestParams, StreamAssembly
 from .config import GatewayConfig
 from .gateway_errors import GatewayError, UpstreamError, bad_request
 from .gateway_metrics import GatewayMetrics
+from .health_checks import ActiveChecks
 from .liveness import Liveness
 from .replicas import ReplicaEndpoint, ReplicaLoad
 from .routing import Candidate, Router, routable
@@ -65,7 +67,6 @@ PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
 STAGES = ("queue", "prefill", "decode", "detokenize", "serialize")  # the replica's timings, in order
 
 MAX_RESUMES = 3  # mid-stream continuations per request
-PROBE_TIMEOUT_S = 5.0  # an ejected replica's /ready must answer within this (it runs a forward pass)
 MODELS_TIMEOUT_S = 5.0
 KEY_ID_CHARS = 12  # sha256 hex prefix that stands for an API key in traces
 
@@ -154,10 +155,14 @@ class Gateway:
         self.budget = RetryBudget(config.retry_budget_ratio, clock=clock)
         self.outliers = OutlierDetector(config.eject_after_failures)
         self.toxics = LinkToxics(clock=clock)  # link faults injected by chaos (chaos.faults.link)
-        self.liveness = Liveness(config.stall_timeout_s)  # stalled replicas are routed around
+        self.liveness = Liveness(config.stall_timeout_s, on_event=self._emit)  # stalled: routed around
         self._inflight: dict[str, int] = defaultdict(int)
-        self._probe_task: asyncio.Task[None] | None = None
         self._client = self._new_client(transport)
+        self.checks = ActiveChecks(client=self._client, endpoints=endpoints, outliers=self.outliers,
+                                   liveness=self.liveness, inflight=lambda rid: self._inflight.get(rid, 0),
+                                   interval_s=config.probe_interval_s, silence_s=config.stall_timeout_s,
+                                   probe_idle=config.probe_idle_replicas, readmit=self._readmit,
+                                   ejected=self._ejected)
         # Streams go through the pooled client; an httpx transport given here (in-process fake replicas
         # in tests) carries them instead.
         self._streams: StreamClient = HttpxStreams(self._client) if transport is not None else UpstreamPool()
@@ -172,17 +177,12 @@ class Gateway:
 
     # ---- lifecycle ----
     async def start(self) -> None:
-        """Start the probe that re-admits ejected replicas (idempotent)."""
-        if self._probe_task is None:
-            self._probe_task = asyncio.create_task(self._probe_loop(), name="gateway-probe")
+        """Start the active health checks (idempotent)."""
+        self.checks.start()
 
     async def stop(self) -> None:
-        """Stop the probe and close every upstream connection."""
-        task, self._probe_task = self._probe_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        """Stop the health checks and close every upstream connection."""
+        await self.checks.stop()
         self.liveness.stop()
         await self._streams.aclose()
         await self._client.aclose()
@@ -257,14 +257,16 @@ class Gateway:
         """A primed stream on some replica: up to ``max_retries`` other replicas after a failure."""
         assert job.params is not None
         last: UpstreamError | None = None
-        for attempt in range(self.config.max_retries + 1):
+        for _ in range(self.config.max_retries + 1):
             candidates = self._candidates()
             avoid = job.failed
             suspects = self.liveness.suspects
             if suspects and routable(candidates, exclude=job.failed | suspects):
                 avoid = job.failed | suspects
             decision = self.router.pick(candidates, block_hashes=job.params.block_hashes, exclude=avoid)
-            if not decision.is_routed or (attempt and budgeted and not self.budget.try_spend()):
+            if not decision.is_routed:
+                break
+            if last is not None and budgeted and not last.is_failover and not self.budget.try_spend():
                 break
             if last is not None:
                 job.retries += 1
@@ -295,9 +297,11 @@ class Gateway:
         try:
             if self.toxics:
                 await self._through_toxics(endpoint.replica_id)
-            response = await self._send(endpoint, path, body)
-            upstream = Upstream(endpoint, response, self._release)
-            await self.liveness.first_token(upstream, self.config.first_byte_timeout_s)
+            async with self.liveness.watching(endpoint.replica_id):
+                response = await self._send(endpoint, path, body)
+                upstream = Upstream(endpoint, response, self._release)
+                await upstream.prime(self.config.first_byte_timeout_s)
+            self.liveness.heard(endpoint.replica_id)
             return upstream
         except BaseException:
             if upstream is None:
@@ -356,12 +360,14 @@ class Gateway:
         logger.info("[%s] upstream failure: %s", rid, exc)
         self.liveness.failed(exc)
         if exc.is_failure and self.outliers.record_failure(rid):
-            logger.warning("[%s] ejected after %d consecutive failures (last: %s)", rid,
-                           self.config.eject_after_failures, exc.reason)
-            self.metrics.ejections.labels(rid).inc()
-            self.metrics.ejected.set(len(self.outliers.ejected))
-            self._emit("ejected", rid, f"{self.config.eject_after_failures} consecutive failures; "
-                       f"last: {exc}")
+            self._ejected(rid, f"{self.config.eject_after_failures} consecutive failures; last: {exc}")
+
+    def _ejected(self, replica_id: str, why: str) -> None:
+        """``replica_id`` was just ejected (routed around until a probe re-admits it)."""
+        logger.warning("[%s] ejected: %s", replica_id, why)
+        self.metrics.ejections.labels(replica_id).inc()
+        self.metrics.ejected.set(len(self.outliers.ejected))
+        self._emit("ejected", replica_id, why)
 
     def _emit(self, kind: str, replica_id: str, detail: str) -> None:
         try:
@@ -560,31 +566,9 @@ class Gateway:
                 "ejected": sorted(self.outliers.ejected), "inflight": self.inflight()}
 
     # ---- re-admission ----
-    async def _probe_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.probe_interval_s)
-            try:
-                await self.probe_once()
-            except Exception:
-                logger.exception("ejected-replica probe failed")
-
     async def probe_once(self) -> None:
-        """Check /ready of every ejected replica; re-admit those that pass."""
-        known = {e.replica_id: e for e in self._endpoints()}
-        ejected = sorted(self.outliers.ejected)
-        results = await asyncio.gather(*(self._is_ready(known.get(rid)) for rid in ejected))
-        for rid, ready in zip(ejected, results):
-            if ready or rid not in known:  # gone from the fleet: forget it
-                self._readmit(rid, "passed /ready" if ready else "left the fleet")
-
-    async def _is_ready(self, endpoint: ReplicaEndpoint | None) -> bool:
-        if endpoint is None or not endpoint.state.is_routable:
-            return False
-        try:
-            response = await self._client.get(f"{endpoint.base_url}/ready", timeout=PROBE_TIMEOUT_S)
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+        """One round of the active health checks (:mod:`controlplane.health_checks`)."""
+        await self.checks.run_once()
 
     def _readmit(self, replica_id: str, why: str) -> None:
         self.outliers.readmit(replica_id)

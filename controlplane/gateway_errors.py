@@ -29,6 +29,9 @@ class GatewayError(Exception):
         return JSONResponse(self.body, status_code=self.status, headers=self.headers)
 
 
+FAILOVER_REASONS = frozenset({"connect", "timeout", "stall", "broken"})
+
+
 class UpstreamError(Exception):
     """One attempt on one replica failed: connect error, timeout, HTTP error, stall, broken stream."""
 
@@ -42,6 +45,14 @@ class UpstreamError(Exception):
     def is_retryable(self) -> bool:
         """Another replica may succeed: transport failures, 5xx and 429 (a 4xx is the request's fault)."""
         return self.status is None or self.status >= 500 or self.status == 429
+
+    @property
+    def is_failover(self) -> bool:
+        """The replica is not serving at all (refused the connection, sent no headers in time, went
+        silent, reset before a token): trying another one moves work off a dead replica rather than
+        adding any, so it spends no retry budget. Answers from a working replica (5xx, 429, error frames)
+        are retries, and do."""
+        return self.reason in FAILOVER_REASONS
 
     @property
     def is_failure(self) -> bool:

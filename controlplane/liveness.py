@@ -2,10 +2,12 @@
 
 A replica is *stalled* when one of its streams stopped (the gateway's stall timeout mid-stream, or no
 response headers within it), or when it produced nothing at all (no token on any stream) for the stall
-timeout while a request waited there for its first token. With continuous batching every running stream
+timeout while a request waited there for its first token, or when it left a readiness probe unanswered
+for the stall timeout (:mod:`controlplane.health_checks`). With continuous batching every running stream
 gets a token each step and prefill comes in chunks, so a live replica is never silent that long. A
 stalled replica is routed around while another one is left, and the requests waiting there for a first
-token move at once: they have sent nothing to their clients yet. Its next token clears it.
+token move at once: they have sent nothing to their clients yet. Its next token, or a readiness probe it
+passes, clears it.
 
 Silence is timed on the real clock, like every other upstream timeout.
 """
@@ -13,13 +15,14 @@ Silence is timed on the real clock, like every other upstream timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .gateway_errors import UpstreamError
-from .upstream import Upstream
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +32,7 @@ WATCH_TICKS = 4  # silence checks per stall timeout: a silent replica is found w
 
 @dataclass(slots=True, eq=False)
 class _Waiter:
-    """A request waiting for its first token on one replica."""
+    """A request waiting for its headers or first token on one replica."""
 
     task: asyncio.Task[Any]
     sent: float  # monotonic
@@ -37,67 +40,86 @@ class _Waiter:
 
 
 class Liveness:
-    """Tracks silence per replica. Requests waiting for a first token register here; one watchdog task
-    (running only while some wait) moves them when their replica has been silent for the stall timeout,
+    """Tracks silence per replica. Requests waiting for headers or a first token register here; one watchdog
+    task (running only while some wait) moves them when their replica has been silent for the stall timeout,
     so that a waiting request costs no task or timer of its own."""
 
-    def __init__(self, stall_timeout_s: float) -> None:
+    def __init__(self, stall_timeout_s: float,
+                 on_event: Callable[[str, str, str], None] = lambda kind, replica_id, detail: None) -> None:
         self.stall_timeout_s = stall_timeout_s
         self.suspects: set[str] = set()
-        self._waiting: dict[str, set[_Waiter]] = {}  # replica -> requests waiting for a first token
+        self._on_event = on_event  # ("stalled" | "recovered", replica id, why); must not raise
+        self._waiting: dict[str, set[_Waiter]] = {}  # replica -> requests waiting for their first token
         self._last_heard: dict[str, float] = {}  # monotonic time of the replica's latest token
         self._watchdog: asyncio.Task[None] | None = None
 
     def heard(self, replica_id: str) -> None:
         """A token came from ``replica_id``: it is alive."""
         self._last_heard[replica_id] = time.monotonic()
-        if self.suspects:
-            self.suspects.discard(replica_id)
+        if self.suspects and replica_id in self.suspects:
+            self._recovered(replica_id, "it produced a token")
+
+    def answered(self, replica_id: str) -> None:
+        """It passed a readiness probe (a forward pass): it steps again, whether or not it is sent tokens."""
+        self._last_heard[replica_id] = time.monotonic()
+        if replica_id in self.suspects:
+            self._recovered(replica_id, "it passed a readiness probe")
+
+    def silent_since(self, replica_id: str, since: float) -> None:
+        """A readiness probe sent at ``since`` (monotonic) got no answer: stalled, unless a token came
+        from it since (a busy replica can be slow to answer a probe and still serve)."""
+        if self._last_heard.get(replica_id, float("-inf")) < since:
+            self.stalled(replica_id, f"it left a readiness probe unanswered for {self.stall_timeout_s:g}s")
 
     def failed(self, exc: UpstreamError) -> None:
         """An upstream failure: a stall or timeout marks the replica stalled; refusals and resets do not."""
         if exc.reason in STALL_REASONS:
-            self.stalled(exc.replica_id)
+            self.stalled(exc.replica_id, str(exc))
 
-    def stalled(self, replica_id: str) -> None:
-        """``replica_id`` stopped a stream: route around it and move the requests waiting there."""
+    def stalled(self, replica_id: str, why: str) -> None:
+        """``replica_id`` went silent: route around it and move the requests waiting there."""
         if replica_id not in self.suspects:
-            logger.warning("[%s] stalled: routed around until it produces a token again", replica_id)
-        self.suspects.add(replica_id)
+            self.suspects.add(replica_id)
+            logger.warning("[%s] stalled (%s): routed around until it serves again", replica_id, why)
+            self._on_event("stalled", replica_id, why)
         for waiter in self._waiting.get(replica_id, ()):
             if not waiter.moved:
                 waiter.moved = True
                 waiter.task.cancel()
 
-    async def first_token(self, upstream: Upstream, timeout: float) -> None:
-        """Wait up to ``timeout`` for the stream's first token, unless its replica stalls meanwhile
-        (:class:`UpstreamError` ``stall``; the caller tries another replica)."""
-        rid = upstream.replica_id
-        if rid in self.suspects:  # routed here anyway (no other replica left): wait it out
-            await upstream.prime(timeout)
-            self.heard(rid)
+    def _recovered(self, replica_id: str, why: str) -> None:
+        self.suspects.discard(replica_id)
+        logger.warning("[%s] serving again (%s): routed to again", replica_id, why)
+        self._on_event("recovered", replica_id, why)
+
+    @contextlib.asynccontextmanager
+    async def watching(self, replica_id: str) -> AsyncIterator[None]:
+        """Around sending a request to ``replica_id`` and waiting for its headers and first token: when
+        the replica is found stalled meanwhile, the block stops with :class:`UpstreamError` ``stall`` (the
+        caller tries another replica). Not watched when it is a suspect already: routed there anyway (no
+        other replica left), the request waits it out."""
+        if replica_id in self.suspects:
+            yield
             return
         task = asyncio.current_task()
         assert task is not None
         waiter = _Waiter(task, time.monotonic())
-        self._waiting.setdefault(rid, set()).add(waiter)
+        self._waiting.setdefault(replica_id, set()).add(waiter)
         self._ensure_watchdog()
         try:
-            await upstream.prime(timeout)
+            yield
         except asyncio.CancelledError:
             if not waiter.moved or task.uncancel() > 0:  # cancelled by someone else too: stop here
                 raise
         finally:
-            waiting = self._waiting.get(rid)
+            waiting = self._waiting.get(replica_id)
             if waiting is not None:
                 waiting.discard(waiter)
                 if not waiting:
-                    del self._waiting[rid]
-        if not waiter.moved:  # the first token (a stall that came with it does not undo it)
-            self.heard(rid)
-            return
-        raise UpstreamError(rid, "stall", f"the replica produced no token for {self.stall_timeout_s:g}s; "
-                                          "not waiting for a first token there")
+                    del self._waiting[replica_id]
+        if waiter.moved:  # a first token that came with the move does not undo it
+            raise UpstreamError(replica_id, "stall", f"the replica produced no token for "
+                                                     f"{self.stall_timeout_s:g}s; not waiting there")
 
     def stop(self) -> None:
         """Cancel the watchdog (the gateway is stopping)."""
@@ -119,4 +141,5 @@ class Liveness:
             for rid, waiters in list(self._waiting.items()):
                 oldest = min((w.sent for w in waiters if not w.moved), default=None)
                 if oldest is not None and now - max(self._last_heard.get(rid, oldest), oldest) >= stall:
-                    self.stalled(rid)  # silent: this request and every other waiting there move
+                    # silent: this request and every other waiting there move
+                    self.stalled(rid, f"no token for {stall:g}s while a request waited there")

@@ -115,9 +115,9 @@ class Upstream:
         try:
             event = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
-            raise UpstreamError(self.replica_id, "broken", f"not JSON: {data[:80]!r}") from exc
+            raise UpstreamError(self.replica_id, "bad_frame", f"not JSON: {data[:80]!r}") from exc
         if not isinstance(event, dict):
-            raise UpstreamError(self.replica_id, "broken", f"not a JSON object: {data[:80]!r}")
+            raise UpstreamError(self.replica_id, "bad_frame", f"not a JSON object: {data[:80]!r}")
         if "error" in event:
             message = (event.get("error") or {}).get("message", "error frame")
             raise UpstreamError(self.replica_id, "error_frame", str(message), body=event)

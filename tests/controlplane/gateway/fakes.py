@@ -54,6 +54,7 @@ class Behaviour:
     error_frame_after: int | None = None  # tokens, then an error frame (once)
     ready: bool = True
     unreachable: bool = False  # connections are refused (a killed process on a port still listed)
+    unanswered: bool = False  # connections are accepted and nothing is answered (a stopped process)
 
 
 @dataclass
@@ -70,7 +71,11 @@ class FakeReplica:
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
-        if path == "/ready":
+        if self.behaviour.unanswered:
+            await asyncio.sleep(3600)
+        if path == "/ready":  # a forward pass: a hung replica never finishes one
+            if self.behaviour.hang_after is not None:
+                await asyncio.sleep(3600)
             return httpx.Response(200 if self.behaviour.ready else 503, json={"status": "?"})
         if path == "/v1/models":
             return httpx.Response(200, json={"object": "list", "data": [{"id": MODEL, "object": "model"}]})

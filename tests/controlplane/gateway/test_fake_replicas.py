@@ -161,11 +161,13 @@ def test_broken_stream_resumes_elsewhere_without_lost_or_duplicated_tokens(
         assert usage["prompt_tokens"] == len(encode(kind, request))
         [trace] = h.traces
         assert trace.replica_id == "r1" and trace.status == 200 and trace.error is None
+        stalled = [("stalled", "r0")] if failure == "stall_after" else []  # a silence is told apart
         if at == 0:  # broken before the first token: an ordinary retry, the client saw nothing yet
-            assert (trace.retries, trace.resumes, h.events) == (1, 0, [])
+            assert (trace.retries, trace.resumes) == (1, 0)
+            assert [e[:2] for e in h.events] == stalled
         else:
             assert (trace.retries, trace.resumes) == (0, 1)
-            assert [e[0] for e in h.events] == ["resumed"]
+            assert [e[:2] for e in h.events] == [*stalled, ("resumed", "r0")]
         resumed_path, resumed = h.fleet["r1"].requests[0]
         if resumed.get("output_offset"):  # a continuation: a completion request even for chat
             assert resumed_path == "/v1/completions"
@@ -287,6 +289,31 @@ def test_retries_stop_when_the_budget_is_spent() -> None:
     assert budget.try_spend()  # the window moved on
 
 
+def test_a_spent_budget_stops_retries_of_refusals_but_not_failover_from_a_dead_replica() -> None:
+    # ratio 0: only the floor of 3 retries per window. r0 is tried first on every request (least-request
+    # ties go to r0, and it is never ejected here).
+    def fleet_with(**behaviour: Any) -> FakeFleet:
+        fleet = FakeFleet()
+        for name, value in behaviour.items():
+            setattr(fleet["r0"].behaviour, name, value)
+        return fleet
+
+    async def refused(h: Harness) -> None:
+        codes = [(await h.post("/v1/completions", body_of("completion"))).status_code for _ in range(5)]
+
+        assert codes == [200, 200, 200, 500, 500]  # the replica answered: a retry, within the budget
+    run(refused, fleet_with(refuse_status=500), routing="least-request", retry_budget_ratio=0.0,
+        eject_after_failures=100)
+
+    async def dead(h: Harness) -> None:
+        codes = [(await h.post("/v1/completions", body_of("completion"))).status_code for _ in range(5)]
+
+        assert codes == [200] * 5  # nothing answered: moving the request adds no load, and costs no budget
+        assert len(h.fleet["r1"].requests) == 5
+    run(dead, fleet_with(unreachable=True), routing="least-request", retry_budget_ratio=0.0,
+        eject_after_failures=100)
+
+
 def test_consecutive_failures_eject_and_the_probe_readmits() -> None:
     fleet = FakeFleet()
     fleet["r0"].behaviour.unreachable = True
@@ -307,6 +334,78 @@ def test_consecutive_failures_eject_and_the_probe_readmits() -> None:
         assert ("readmitted", "r0") in [e[:2] for e in h.events]
         assert 'gateway_ejections_total{replica="r0"} 1.0' in (await h.client.get("/metrics")).text
     run(body, fleet, routing="least-request", eject_after_failures=3)  # ties: r0 first
+
+
+# ---- active health checks --------------------------------------------------------------------
+def test_an_idle_replica_that_hangs_is_routed_around_before_a_request_finds_it() -> None:
+    fleet = FakeFleet()
+    fleet["r0"].behaviour.hang_after = 0  # nothing in flight there: only a probe can tell
+
+    async def body(h: Harness) -> None:
+        await h.gateway.probe_once()  # r0 leaves /ready unanswered for the stall timeout (0.2 s)
+        started = asyncio.get_running_loop().time()
+        response = await h.post("/v1/completions", body_of("completion", stream=True))
+
+        assert response.status_code == 200 and response.headers["x-replica-id"] == "r1"
+        assert asyncio.get_running_loop().time() - started < h.config.stall_timeout_s  # no wait on r0
+        assert h.fleet["r0"].requests == []
+        assert "x-gateway-tried" not in response.headers
+        assert ("stalled", "r0", "it left a readiness probe unanswered for 0.2s") in h.events
+    run(body, fleet, routing="least-request")  # ties: r0 first
+
+
+def test_a_request_waiting_for_headers_moves_as_soon_as_its_replica_is_found_silent() -> None:
+    fleet = FakeFleet()
+    fleet["r0"].behaviour.unanswered = True  # a stopped process: takes connections, answers nothing
+
+    async def body(h: Harness) -> None:
+        probe = asyncio.create_task(h.gateway.probe_once())  # r0 is idle: asked now, found silent at 0.4 s
+        await asyncio.sleep(0.1)
+        response = await h.post("/v1/completions", body_of("completion"))  # its own header wait: to 0.5 s
+        await probe
+
+        assert response.headers["x-replica-id"] == "r1" and response.headers["x-gateway-tried"] == "r0"
+        metrics = (await h.client.get("/metrics")).text
+        assert 'gateway_retries_total{reason="stall",replica="r0"} 1.0' in metrics  # moved, not timed out
+    run(body, fleet, routing="least-request", stall_timeout_s=0.4)
+
+
+def test_an_idle_replica_that_says_it_cannot_serve_is_ejected_at_once_and_readmitted_when_ready() -> None:
+    fleet = FakeFleet()
+    fleet["r0"].behaviour.ready = False  # /ready answers 503 (a failed device)
+
+    async def body(h: Harness) -> None:
+        await h.gateway.probe_once()
+        response = await h.post("/v1/completions", body_of("completion"))
+
+        assert h.gateway.ejected() == {"r0"}
+        assert ("ejected", "r0", "/ready failed: HTTP 503") in h.events
+        assert response.headers["x-replica-id"] == "r1" and h.fleet["r0"].requests == []
+        h.fleet["r0"].behaviour.ready = True
+        await h.gateway.probe_once()
+        assert h.gateway.ejected() == set()
+        assert (await h.post("/v1/completions", body_of("completion"))).headers["x-replica-id"] == "r0"
+    run(body, fleet, routing="least-request")
+
+
+def test_a_stalled_replica_that_answers_its_probe_is_routed_to_again() -> None:
+    fleet = FakeFleet()
+    fleet["r0"].behaviour.hang_after = 0
+
+    async def body(h: Harness) -> None:
+        first = await h.post("/v1/completions", body_of("completion", stream=True))
+        assert first.headers["x-replica-id"] == "r1" and first.headers["x-gateway-tried"] == "r0"
+        h.fleet["r0"].behaviour.hang_after = None  # the hang ends; nothing is sent to r0 meanwhile
+        assert (await h.post("/v1/completions", body_of("completion"))).headers["x-replica-id"] == "r1"
+
+        await h.gateway.probe_once()
+        after = await h.post("/v1/completions", body_of("completion"))
+
+        assert after.status_code == 200 and after.headers["x-replica-id"] == "r0"
+        assert len(h.fleet["r0"].requests) == 2
+        assert [e[:2] for e in h.events] == [("stalled", "r0"), ("recovered", "r0")]
+        assert h.events[-1][2] == "it passed a readiness probe"
+    run(body, fleet, routing="least-request")
 
 
 # ---- admission -------------------------------------------------------------------------------

@@ -95,7 +95,21 @@ def run_drill(cp: Running, scenario: str, **overrides: Any) -> dict[str, Any]:
           f"resumed {fig.get('requests_resumed')}, tokens lost {fig.get('tokens_lost')}")
     assert report["status"] in ("passed", "failed"), report.get("error") or report
     check_against_client_timeline(report)
+    print_slowest_recovery(report)
     return report
+
+
+def print_slowest_recovery(report: dict[str, Any]) -> None:
+    """The request whose recovery set RTO_service, as the client saw it (shown when an RTO check fails)."""
+    fig, t0 = report["figures"], report["t0"]
+    if fig["t_service"] is None:
+        return
+    for r in read_jsonl(Path(report["load"]["jsonl"])):
+        walls = [r.send_wall + t - r.send_time - t0 for t in r.token_times]
+        if walls and min(abs(w - fig["t_service"]) for w in walls) < 1e-3:
+            print(f"  slowest recovery: {r.request_id} sent {r.send_wall - t0:+.3f} s, first token "
+                  f"{walls[0]:+.3f} s, last {walls[-1]:+.3f} s, {len(walls)} tokens, served by "
+                  f"{r.replica_id}, tried {list(r.tried)}")
 
 
 def check_against_client_timeline(report: dict[str, Any]) -> None:
@@ -117,6 +131,14 @@ def check_against_client_timeline(report: dict[str, Any]) -> None:
     assert fig["writes_lost"] == 0
     first_send = min(r.send_wall for r in records)
     assert first_send < t0  # the fault hit a running load, not an idle fleet
+
+
+def gateway_saw_stall(cp: Running, report: dict[str, Any]) -> bool:
+    """The gateway recorded the drill's target as stalled while the fault was on."""
+    with cp.client() as client:
+        events = client.events(kind="gateway.stalled", limit=1000)
+    target = report["fault_targets"][0]
+    return any(e["subject"] == target and e["ts"] >= report["t0"] for e in events)
 
 
 def test_replica_crash_loses_no_request_and_serves_again_within_a_second(cp: Running) -> None:
@@ -160,12 +182,11 @@ def test_replica_hang_is_survived_through_the_gateways_timeouts(cp: Running) -> 
     report = run_drill(cp, "replica-hang")
     fig = report["figures"]
     assert fig["requests_failed"] == 0 and fig["tokens_lost"] == 0
-    # At 4 req/s the hung replica's last stream can end before the hang takes hold, and the router can
-    # keep new ones on the replica that holds their prefix (CI saw 0 affected once); then there is
-    # nothing to detect. The gateway's side of a hang is asserted deterministically in
-    # tests/controlplane/gateway/test_failover.py (SIGSTOP under 40 streams).
+    # At 4 req/s the hung replica can be idle when the hang takes hold; the gateway's readiness probe
+    # then finds it before any request does, and nothing is affected. Either way the gateway noticed.
     if fig["requests_affected"]:
         assert fig["t_detect"] is not None
+    assert gateway_saw_stall(cp, report)
     assert fig["rto_service_s"] <= report["config"]["targets"]["rto_service_s"]
 
 
@@ -173,7 +194,8 @@ def test_link_partition_is_survived_and_the_filter_removed(cp: Running) -> None:
     report = run_drill(cp, "link-partition")
     fig = report["figures"]
     assert fig["requests_failed"] == 0 and fig["tokens_lost"] == 0
-    assert fig["requests_affected"] >= 1
+    assert gateway_saw_stall(cp, report)  # by a stream, a request waiting there or its readiness probe
+    assert fig["rto_service_s"] <= report["config"]["targets"]["rto_service_s"]
     with cp.client() as client:
         assert client.chaos_faults() == []
         target = next(r for r in client.fleet().replicas if r.replica_id == report["fault_targets"][0])
