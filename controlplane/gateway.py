@@ -266,7 +266,7 @@ class Gateway:
             decision = self.router.pick(candidates, block_hashes=job.params.block_hashes, exclude=avoid)
             if not decision.is_routed:
                 break
-            if last is not None and budgeted and not last.is_failover and not self.budget.try_spend():
+            if last is not None and budgeted and not last.is_silence and not self.budget.try_spend():
                 break
             if last is not None:
                 job.retries += 1

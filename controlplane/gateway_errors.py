@@ -29,7 +29,7 @@ class GatewayError(Exception):
         return JSONResponse(self.body, status_code=self.status, headers=self.headers)
 
 
-FAILOVER_REASONS = frozenset({"connect", "timeout", "stall", "broken"})
+SILENCE_REASONS = frozenset({"timeout", "stall"})  # no headers, or no token, within the stall timeout
 
 
 class UpstreamError(Exception):
@@ -47,12 +47,13 @@ class UpstreamError(Exception):
         return self.status is None or self.status >= 500 or self.status == 429
 
     @property
-    def is_failover(self) -> bool:
-        """The replica is not serving at all (refused the connection, sent no headers in time, went
-        silent, reset before a token): trying another one moves work off a dead replica rather than
-        adding any, so it spends no retry budget. Answers from a working replica (5xx, 429, error frames)
-        are retries, and do."""
-        return self.reason in FAILOVER_REASONS
+    def is_silence(self) -> bool:
+        """The replica went silent (no headers, or no token on any stream, within the stall timeout):
+        moving the request off it spends no retry budget. Liveness moves every request waiting on a
+        silent replica at once, and that batch is not the retry storm the budget guards against.
+        Refusals, 5xx, error frames and resets spend it: there the replica ran the request, and a
+        request that breaks replicas must not be carried to all of them."""
+        return self.reason in SILENCE_REASONS
 
     @property
     def is_failure(self) -> bool:

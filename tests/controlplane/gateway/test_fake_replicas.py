@@ -289,7 +289,7 @@ def test_retries_stop_when_the_budget_is_spent() -> None:
     assert budget.try_spend()  # the window moved on
 
 
-def test_a_spent_budget_stops_retries_of_refusals_but_not_failover_from_a_dead_replica() -> None:
+def test_a_spent_budget_stops_retries_of_refusals_but_not_moves_off_a_silent_replica() -> None:
     # ratio 0: only the floor of 3 retries per window. r0 is tried first on every request (least-request
     # ties go to r0, and it is never ejected here).
     def fleet_with(**behaviour: Any) -> FakeFleet:
@@ -305,13 +305,21 @@ def test_a_spent_budget_stops_retries_of_refusals_but_not_failover_from_a_dead_r
     run(refused, fleet_with(refuse_status=500), routing="least-request", retry_budget_ratio=0.0,
         eject_after_failures=100)
 
-    async def dead(h: Harness) -> None:
-        codes = [(await h.post("/v1/completions", body_of("completion"))).status_code for _ in range(5)]
+    async def silent(h: Harness) -> None:
+        async def one() -> int:
+            return (await h.post("/v1/completions", body_of("completion"))).status_code
 
-        assert codes == [200] * 5  # nothing answered: moving the request adds no load, and costs no budget
-        assert len(h.fleet["r1"].requests) == 5
-    run(dead, fleet_with(unreachable=True), routing="least-request", retry_budget_ratio=0.0,
-        eject_after_failures=100)
+        requests = asyncio.gather(*(one() for _ in range(5)))  # all to r0, the only one ready yet
+        await asyncio.sleep(0.05)
+        for rid in ("r1", "r2"):
+            h.fleet[rid].state = ReplicaState.READY
+
+        assert await requests == [200] * 5  # r0 went silent: all five moved at once, none refused
+        assert len(h.fleet["r1"].requests) + len(h.fleet["r2"].requests) == 5
+    fleet = fleet_with(unanswered=True)
+    for rid in ("r1", "r2"):
+        fleet[rid].state = ReplicaState.STARTING
+    run(silent, fleet, retry_budget_ratio=0.0, eject_after_failures=100)
 
 
 def test_consecutive_failures_eject_and_the_probe_readmits() -> None:
