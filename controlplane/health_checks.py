@@ -46,6 +46,9 @@ class Outcome(enum.Enum):
 
 
 class ActiveChecks:
+    """The probe loop and what each answer means (see the module docstring); the gateway keeps the
+    bookkeeping of ejections and re-admissions (``ejected``, ``readmit``: metrics and events)."""
+
     def __init__(self, *, client: httpx.AsyncClient, endpoints: Callable[[], list[ReplicaEndpoint]],
                  outliers: OutlierDetector, liveness: Liveness, inflight: Callable[[str], int],
                  interval_s: float, silence_s: float, probe_idle: bool,
