@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import httpx
@@ -43,6 +44,7 @@ from controlplane.alert_rules import (
     redact_url,
     rule_file,
     rules_from_config,
+    write_rule_file,
 )
 from controlplane.auth import Auditor, Principal, Role
 from controlplane.config import ALERT_ACTIONS, AlertsConfig
@@ -55,7 +57,7 @@ __all__ = [
     "QUERIES", "ActionKind", "ActionResult", "Actions", "Alert", "AlertEngine", "AlertError", "ExternalAlert",
     "FleetControl", "Observation", "Rule", "RuleStatus", "Transition", "alert_delegation", "build_engine",
     "check_webhook_url", "default_rules", "instance_key", "post_json", "redact_url", "rule_file",
-    "rules_from_config", "step",
+    "rule_file_writer", "rule_switches", "rules_from_config", "step",
 ]
 
 logger = logging.getLogger(__name__)
@@ -322,6 +324,9 @@ class AlertEngine:
         self._ticks = 0
         self._deferred: dict[str, _Deferred] = {}  # alert key -> its refused-for-now action
         self._stopping = asyncio.Event()
+        # Called with the new rule file when a rule is switched: the Prometheus that evaluates the rules
+        # for Alertmanager must stop (or start) firing it too. Must not block.
+        self.on_rules_changed: Callable[[str], None] | None = None
 
     # -- rules
     @property
@@ -338,9 +343,11 @@ class AlertEngine:
         """Enable or disable a rule (kept across restarts); disabling resolves its active alerts."""
         rule = self.rule(name)
         self._rules[name] = replace(rule, enabled=enabled)
-        settings = dict(self.store.kv_get(SETTINGS_KEY, {}) or {})
+        settings = rule_switches(self.store)
         settings[name] = enabled
         self.store.kv_put(SETTINGS_KEY, settings)
+        if self.on_rules_changed is not None:
+            self.on_rules_changed(self.export())
         if enabled:
             return []
         now = self.clock()
@@ -357,7 +364,7 @@ class AlertEngine:
     # -- state from the store
     def rebuild(self) -> None:
         """Current states, rule switches and recent actions from the store (after a restart)."""
-        for name, enabled in dict(self.store.kv_get(SETTINGS_KEY, {}) or {}).items():
+        for name, enabled in rule_switches(self.store).items():
             if name in self._rules:
                 self._rules[name] = replace(self._rules[name], enabled=bool(enabled))
         latest: dict[str, Record] = {}
@@ -527,6 +534,10 @@ class AlertEngine:
                 else:
                     out.append({"key": key, "alert": alert.name, "outcome": "already acted on this firing"})
                 continue
+            known = self._rules.get(alert.name)
+            if known is not None and not known.enabled:  # sent before Prometheus re-read its rule file
+                out.append({"key": key, "alert": alert.name, "outcome": "ignored: the rule is disabled"})
+                continue
             annotations = {**alert.annotations, "starts_at": alert.starts_at}
             t = Transition(key, alert.name, labels, "firing", now, now, None)
             record = self._record(t, None, source="alertmanager", annotations=annotations,
@@ -583,6 +594,27 @@ def _notification(t: Transition, labels: Mapping[str, str], annotations: Mapping
     """What a notify webhook receives."""
     return {"alert": t.rule, "key": t.key, "state": t.state, "value": t.value, "since": t.since, "at": t.at,
             "labels": dict(labels), "annotations": dict(annotations)}
+
+
+def rule_switches(store: Store) -> dict[str, bool]:
+    """The rules operators enabled or disabled through the API: rule name -> enabled."""
+    return {str(k): bool(v) for k, v in dict(store.kv_get(SETTINGS_KEY, {}) or {}).items()}
+
+
+def rule_file_writer(path: Path, reload: Callable[[], None]) -> Callable[[str], None]:
+    """``AlertEngine.on_rules_changed`` for the Prometheus we run: write the file, then have Prometheus
+    re-read it (``reload`` blocks, so it runs in a worker thread; a failure is logged, and the next switch
+    or restart writes the file again)."""
+    def reload_logged() -> None:
+        try:
+            reload()
+        except Exception as exc:
+            logger.warning("alert rules written to %s, but Prometheus did not reload them: %s", path, exc)
+
+    def changed(text: str) -> None:
+        write_rule_file(path, text)
+        asyncio.get_running_loop().run_in_executor(None, reload_logged)
+    return changed
 
 
 def build_engine(config: AlertsConfig, *, store: Store, auditor: Auditor, telemetry: Telemetry | None,

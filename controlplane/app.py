@@ -17,7 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -25,7 +25,8 @@ import uvicorn
 from chaos.catalogue import default_catalogue
 from chaos.drills import DrillRunner
 from chaos.safety import FaultManager
-from controlplane.alerts import alert_delegation, build_engine
+from controlplane.alert_rules import delegated_rules_path
+from controlplane.alerts import alert_delegation, build_engine, rule_file_writer, rule_switches
 from controlplane.api import Services, create_api
 from controlplane.auth import Auditor, TokenAuthority
 from controlplane.auth_api import ADMIN_PASSWORD_ENV, FIRST_ADMIN_NAME, USERS_ENV, ensure_users, parse_users
@@ -73,7 +74,7 @@ def build(config: Config) -> ControlPlane:
     secret, created = tokens.ensure_admin(os.environ.get(ADMIN_TOKEN_ENV) or config.api.admin_token or None)
     backend = LocalProcessBackend(log_dir=state / "logs", state_dir=state)
     fleet = Fleet(config.fleet, backend, store, secret=load_or_create_secret(state / "replica-admin.key"))
-    prometheus = _prometheus(config)
+    prometheus = _prometheus(config, rule_switches(store))
     telemetry = select_source(config.telemetry, prometheus.url if prometheus else None, fleet.endpoints)
     fleet.error_rate = replica_error_rate(telemetry)
     sampler = TraceSampler(config.gateway.trace_sample_rate)
@@ -154,14 +155,14 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _prometheus(config: Config) -> PrometheusServer | None:
+def _prometheus(config: Config, switches: Mapping[str, bool]) -> PrometheusServer | None:
     if config.prometheus.enabled == "off":
         return None
     api, gw = config.api, config.gateway
     server = PrometheusServer(config.prometheus, config.state_path / "prometheus",
                               static_jobs={"controlplane": [f"{api.host}:{api.port}"],
                                            "gateway": [f"{gw.host}:{gw.port}"]},
-                              **alert_delegation(config))
+                              **alert_delegation(config, switches))
     if not server.is_available():
         if config.prometheus.enabled == "on":
             raise RuntimeError("unavailable: prometheus binary not found (install Debian's prometheus)")
@@ -222,6 +223,8 @@ async def serve(cp: ControlPlane) -> None:
     drills.mark_interrupted()  # a report left "running" by a crash mid-drill
     alerts = build_engine(cfg.alerts, store=cp.store, auditor=Auditor(cp.store), telemetry=cp.telemetry,
                           fleet=cp.fleet, abort_drill=abort_running_drill(drills))
+    if cp.prometheus is not None and cfg.alerts.alertmanager_url:  # it evaluates the rules: keep it in step
+        alerts.on_rules_changed = rule_file_writer(delegated_rules_path(cfg), cp.prometheus.reload)
     services = Services(cp.fleet, cp.store, TokenAuthority(cp.store), Auditor(cp.store), cp.telemetry,
                         chaos, alerts=alerts, drills=drills)
     autoscaler = services.autoscaler = Autoscaler(cfg.autoscaler, cp.fleet, cp.telemetry, cp.store)

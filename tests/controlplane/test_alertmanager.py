@@ -25,7 +25,14 @@ import httpx
 import pytest
 import uvicorn
 
-from controlplane.alerts import alert_delegation, build_engine, default_rules, rule_file
+from controlplane.alerts import (
+    alert_delegation,
+    build_engine,
+    default_rules,
+    rule_file,
+    rule_file_writer,
+    rule_switches,
+)
 from controlplane.api import Services, create_api
 from controlplane.auth import Auditor, Role, TokenAuthority
 from controlplane.client import ControlPlaneClient
@@ -204,6 +211,41 @@ def test_prometheus_and_alertmanager_restart_a_replica_that_stopped_answering(
     firing = [r for r in served.store.records("alerts") if r.body["state"] == "firing"]
     assert {r.body["labels"]["replica"] for r in firing} == {"az-a-1", "az-b-1"}
     assert {r.body["source"] for r in firing} == {"alertmanager"}
+
+
+def test_a_rule_disabled_through_the_api_leaves_the_prometheus_that_evaluates_it(
+        alertmanager: str, tmp_path: Path) -> None:
+    """Delegated rules live in a real Prometheus: switching one off rewrites its rule file and reloads it,
+    or Prometheus would go on firing it to Alertmanager."""
+    config = Config(state_dir=str(tmp_path / "cp"), alerts=AlertsConfig(eval_interval_s=1,
+                                                                        alertmanager_url=alertmanager))
+    store = Store(tmp_path / "state.db")
+    engine = build_engine(config.alerts, store=store, auditor=Auditor(store), telemetry=None, fleet=None)
+    delegation = alert_delegation(config, rule_switches(store))
+    prometheus = PrometheusServer(PrometheusConfig(port=free_port(), scrape_interval_s=1.0),
+                                  tmp_path / "cp" / "prometheus", **delegation)
+    engine.on_rules_changed = rule_file_writer(delegation["rule_files"][0], prometheus.reload)
+
+    def loaded() -> set[str]:
+        groups = httpx.get(f"{prometheus.url}/api/v1/rules", timeout=5).json()["data"]["groups"]
+        return {rule["name"] for group in groups for rule in group["rules"]}
+
+    async def switch(enabled: bool) -> None:
+        engine.set_enabled("ReplicaDown", enabled)
+        await asyncio.sleep(0)
+
+    prometheus.start([])
+    try:
+        every = {r.name for r in default_rules()}
+        wait_until(lambda: loaded() == every, timeout=30, what="Prometheus to load the rules")
+        asyncio.run(switch(False))
+        wait_until(lambda: loaded() == every - {"ReplicaDown"}, timeout=30,
+                   what="Prometheus to drop the disabled rule")
+        asyncio.run(switch(True))
+        wait_until(lambda: loaded() == every, timeout=30, what="Prometheus to take the rule back")
+    finally:
+        prometheus.stop()
+        store.close()
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:

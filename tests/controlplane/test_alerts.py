@@ -24,14 +24,16 @@ from controlplane.alerts import (
     ExternalAlert,
     Observation,
     Rule,
+    alert_delegation,
     build_engine,
     default_rules,
+    rule_switches,
     rules_from_config,
     step,
 )
 from controlplane.api import Services, create_api
 from controlplane.auth import Auditor, Role, TokenAuthority
-from controlplane.config import AlertRuleConfig, AlertsConfig, ConfigError, load_config
+from controlplane.config import AlertRuleConfig, AlertsConfig, Config, ConfigError, load_config
 from controlplane.fleet import Fleet
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
 from controlplane.scraper import ScraperSource
@@ -286,6 +288,28 @@ def test_an_alertmanager_restart_deferred_while_starting_is_retried_on_its_next_
     (retried,) = asyncio.run(h.engine.receive([alert]))
     assert (retried["outcome"], retried["action"]["outcome"]) == ("retried", "ok")
     assert fleet.restarted == ["az-a-1"]
+
+
+def test_a_switched_rule_reaches_the_prometheus_rule_file_and_its_late_firings_do_nothing(
+        store: Store, clock: FakeClock, tmp_path: Path) -> None:
+    fleet = RecordingFleet(states={"az-a-1": ReplicaState.READY})
+    h = make(store, clock, fleet=fleet)
+    files: list[str] = []
+    h.engine.on_rules_changed = files.append  # the Prometheus that evaluates them for Alertmanager
+    h.engine.set_enabled("ReplicaDown", False)
+    assert '"ReplicaDown"' not in files[-1] and '"HighErrorRate"' in files[-1]
+    # Alertmanager may still send what Prometheus fired before it re-read the file.
+    alert = ExternalAlert("firing", {"alertname": "ReplicaDown", "action": "restart_replica",
+                                     "replica": "az-a-1"}, {}, "2026-11-30T10:00:00+00:00", "", "beef")
+    (out,) = asyncio.run(h.engine.receive([alert]))
+    assert out["outcome"] == "ignored: the rule is disabled" and fleet.restarted == []
+    h.engine.set_enabled("ReplicaDown", True)
+    assert '"ReplicaDown"' in files[-1]
+    # After a restart, the file written for Prometheus before anything runs keeps the operators' switch.
+    h.engine.set_enabled("ReplicaDown", False)
+    config = Config(state_dir=str(tmp_path / "cp"), alerts=AlertsConfig(alertmanager_url="http://127.0.0.1:9"))
+    [path] = alert_delegation(config, rule_switches(store))["rule_files"]
+    assert '"ReplicaDown"' not in path.read_text() and '"HighErrorRate"' in path.read_text()
 
 
 def test_actions_of_one_kind_are_rate_limited(store: Store, clock: FakeClock) -> None:
