@@ -10,8 +10,8 @@ telemetry methods. The evaluation engine, the alert states and the actions live 
 :class:`ExternalAlert`) and re-exports the names other modules import from it.
 
 :func:`rule_file` exports the rules as a Prometheus rule file, so a real Prometheus + Alertmanager can
-evaluate them instead; :func:`alert_delegation` writes that file for the Prometheus the control plane runs
-when ``[alerts] alertmanager_url`` is set. Only :func:`alert_delegation` and :func:`write_rule_file` do I/O.
+evaluate them instead (:mod:`controlplane.alert_delegation` writes that file for the Prometheus the control
+plane runs when ``[alerts] alertmanager_url`` is set). Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import operator
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -31,7 +30,6 @@ from controlplane.config import (
     ALERT_SEVERITIES,
     AlertRuleConfig,
     AlertsConfig,
-    Config,
 )
 from controlplane.prometheus import duration, gauge_query, quantile_query, rate_query
 from controlplane.telemetry import (
@@ -280,29 +278,3 @@ class ExternalAlert:
     @property
     def name(self) -> str:
         return self.labels.get("alertname", "")
-
-
-def delegated_rules_path(config: Config) -> Path:
-    """Where the rule file for the Prometheus we run is written (with ``[alerts] alertmanager_url``)."""
-    return config.state_path / "prometheus" / "rules" / "alerts.yml"
-
-
-def write_rule_file(path: Path, text: str) -> None:
-    """Replace the file at once: Prometheus never reads half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
-def alert_delegation(config: Config, switches: Mapping[str, bool] | None = None) -> dict[str, Any]:
-    """With ``[alerts] alertmanager_url`` set: the rule file written for the Prometheus we run, and the
-    Alertmanager it sends to (keyword arguments of ``PrometheusServer``); else nothing. ``switches``: the
-    rules operators enabled or disabled through the API (kept in the store), which win over the config."""
-    if not config.alerts.alertmanager_url:
-        return {}
-    path = delegated_rules_path(config)
-    rules = [replace(r, enabled=bool((switches or {}).get(r.name, r.enabled)))
-             for r in rules_from_config(config.alerts)]
-    write_rule_file(path, rule_file(rules, interval_s=config.alerts.eval_interval_s))
-    return {"rule_files": [path], "alertmanagers": [config.alerts.alertmanager_url]}

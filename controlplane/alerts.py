@@ -25,11 +25,11 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import httpx
 
+from controlplane.alert_delegation import SETTINGS_KEY, alert_delegation, rule_file_writer, rule_switches
 from controlplane.alert_rules import (
     QUERIES,
     ActionKind,
@@ -37,14 +37,12 @@ from controlplane.alert_rules import (
     Observation,
     Rule,
     RuleStatus,
-    alert_delegation,
     check_webhook_url,
     default_rules,
     instance_key,
     redact_url,
     rule_file,
     rules_from_config,
-    write_rule_file,
 )
 from controlplane.auth import Auditor, Principal, Role
 from controlplane.config import ALERT_ACTIONS, AlertsConfig
@@ -66,7 +64,6 @@ COLLECTION = "alerts"  # one record per transition; key: the alert instance
 ALERTS_PRINCIPAL = Principal("alerts", Role.OPERATOR)
 REBUILD_RECORDS = 5_000  # newest transitions read at start to rebuild the current states
 TRIM_EVERY = 100  # ticks between trims of the alerts collection
-SETTINGS_KEY = "alerts.rule_enabled"  # kv: rule name -> enabled, as operators set it through the API
 # A replica the fleet is already bringing up, draining or restarting is not restarted again by an alert.
 NOT_RESTARTABLE = (ReplicaState.STARTING, ReplicaState.DRAINING, ReplicaState.CRASHED, ReplicaState.STOPPED)
 
@@ -324,9 +321,7 @@ class AlertEngine:
         self._ticks = 0
         self._deferred: dict[str, _Deferred] = {}  # alert key -> its refused-for-now action
         self._stopping = asyncio.Event()
-        # Called with the new rule file when a rule is switched: the Prometheus that evaluates the rules
-        # for Alertmanager must stop (or start) firing it too. Must not block.
-        self.on_rules_changed: Callable[[str], None] | None = None
+        self.on_rules_changed: Callable[[str], None] = lambda _: None  # gets the rule file after a switch
 
     # -- rules
     @property
@@ -346,8 +341,7 @@ class AlertEngine:
         settings = rule_switches(self.store)
         settings[name] = enabled
         self.store.kv_put(SETTINGS_KEY, settings)
-        if self.on_rules_changed is not None:
-            self.on_rules_changed(self.export())
+        self.on_rules_changed(self.export())
         if enabled:
             return []
         now = self.clock()
@@ -534,8 +528,7 @@ class AlertEngine:
                 else:
                     out.append({"key": key, "alert": alert.name, "outcome": "already acted on this firing"})
                 continue
-            known = self._rules.get(alert.name)
-            if known is not None and not known.enabled:  # sent before Prometheus re-read its rule file
+            if (known := self._rules.get(alert.name)) and not known.enabled:  # fired before the reload
                 out.append({"key": key, "alert": alert.name, "outcome": "ignored: the rule is disabled"})
                 continue
             annotations = {**alert.annotations, "starts_at": alert.starts_at}
@@ -594,27 +587,6 @@ def _notification(t: Transition, labels: Mapping[str, str], annotations: Mapping
     """What a notify webhook receives."""
     return {"alert": t.rule, "key": t.key, "state": t.state, "value": t.value, "since": t.since, "at": t.at,
             "labels": dict(labels), "annotations": dict(annotations)}
-
-
-def rule_switches(store: Store) -> dict[str, bool]:
-    """The rules operators enabled or disabled through the API: rule name -> enabled."""
-    return {str(k): bool(v) for k, v in dict(store.kv_get(SETTINGS_KEY, {}) or {}).items()}
-
-
-def rule_file_writer(path: Path, reload: Callable[[], None]) -> Callable[[str], None]:
-    """``AlertEngine.on_rules_changed`` for the Prometheus we run: write the file, then have Prometheus
-    re-read it (``reload`` blocks, so it runs in a worker thread; a failure is logged, and the next switch
-    or restart writes the file again)."""
-    def reload_logged() -> None:
-        try:
-            reload()
-        except Exception as exc:
-            logger.warning("alert rules written to %s, but Prometheus did not reload them: %s", path, exc)
-
-    def changed(text: str) -> None:
-        write_rule_file(path, text)
-        asyncio.get_running_loop().run_in_executor(None, reload_logged)
-    return changed
 
 
 def build_engine(config: AlertsConfig, *, store: Store, auditor: Auditor, telemetry: Telemetry | None,

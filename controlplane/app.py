@@ -25,7 +25,7 @@ import uvicorn
 from chaos.catalogue import default_catalogue
 from chaos.drills import DrillRunner
 from chaos.safety import FaultManager
-from controlplane.alert_rules import delegated_rules_path
+from controlplane.alert_delegation import delegated_rules_path
 from controlplane.alerts import alert_delegation, build_engine, rule_file_writer, rule_switches
 from controlplane.api import Services, create_api
 from controlplane.auth import Auditor, TokenAuthority
