@@ -33,16 +33,7 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
     run.add_argument("--duration", type=float, default=None, help="load seconds (default: the scenario's)")
     run.add_argument("--fault-at", type=float, default=None, help="t0, seconds into the load")
     run.add_argument("--max-tokens", type=int, default=None, help="tokens per request (a trace: the cap)")
-    run.add_argument("--replica", action="append", default=None, metavar="ID",
-                     help="the replica a single-replica fault hits (default: the busiest at t0)")
-    run.add_argument("--zone", action="append", default=None, metavar="NAME",
-                     help="the zone a zone fault takes, or whose busiest replica a single-replica fault hits")
-    run.add_argument("--trace", default=None, metavar="PATH|azure",
-                     help="replay an Azure LLM trace instead of Poisson arrivals ('azure': the server's "
-                          "$CONTROLPLANE_AZURE_TRACE or ../shared/data/azure_llm_conv_2023.csv)")
-    run.add_argument("--compress", type=float, default=None, help="trace replay speed-up (default 1)")
-    run.add_argument("--token-scale", type=float, default=None, help="multiplies trace token counts")
-    run.add_argument("--trace-start", type=float, default=None, help="seconds into the trace")
+    cli_schedules.add_aim_and_load_options(run)  # the same options a schedule takes
     run.add_argument("--target", action="append", help="NAME=VALUE target override, e.g. rto_service_s=0.5")
     run.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     run.add_argument("--wait", action="store_true", help="follow it with a progress bar and print the report")
@@ -101,25 +92,11 @@ def _targets(pairs: list[str] | None) -> dict[str, float]:
     return out
 
 
-def _load(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The ``load`` of the request: a trace replay with ``--trace``, else None (``--rate`` goes as is)."""
-    trace_options = {"compress": args.compress, "token_scale": args.token_scale,
-                     "trace_start_s": args.trace_start}
-    if args.trace is None:
-        given = [name for name, value in trace_options.items() if value is not None]
-        if given:
-            raise ApiError(f"--{given[0].removesuffix('_s').replace('_', '-')}: only with --trace")
-        return None
-    if args.rate is not None:
-        raise ApiError("--rate: a trace replay takes its arrivals from the trace; leave --rate out")
-    return {"kind": "trace", "trace": args.trace, **{k: v for k, v in trace_options.items() if v is not None}}
-
-
 def _run(client: ControlPlaneClient, args: argparse.Namespace) -> int:
     started = client.drill_run(args.scenario, rate=args.rate, duration_s=args.duration,
                                fault_at_s=args.fault_at, max_tokens=args.max_tokens,
                                targets=_targets(args.target), dry_run=args.dry_run,
-                               replicas=args.replica, zones=args.zone, load=_load(args))
+                               replicas=args.replica, zones=args.zone, load=cli_schedules.trace_load(args))
     if args.dry_run:
         print(json.dumps(started["plan"], indent=2, sort_keys=True))
         return 0

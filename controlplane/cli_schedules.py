@@ -3,6 +3,10 @@
 The ``drill`` command group hooks this in: ``cli_schedules.add_arguments(schedule_parser)`` for the
 ``schedule`` sub-command and ``cli_schedules.run(args)`` to handle it. Every action goes through the REST
 API (``/api/v1/drills/schedules``); changes need an operator token.
+
+``--replica`` / ``--zone`` aim a schedule's drills and ``--trace`` (with ``--compress``, ``--token-scale``,
+``--trace-start``) replays an Azure LLM trace, as for ``drill run``; :func:`trace_load` reads those options
+for both commands.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import datetime as dt
 import json
 from typing import Any
 
-from controlplane.client import ApiError, ControlPlaneClient
+from controlplane.client import ApiError, ControlPlaneClient, schedule_aim_and_load
 
 SUMMARY = "cron schedules of drills: add, list, show, edit, pause, resume, run now, delete, run history"
 
@@ -53,6 +57,22 @@ def _spec_options(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--duration", type=float, default=None, help="load duration in seconds")
     cmd.add_argument("--set", action="append", default=None, metavar="NAME=VALUE",
                      help="any scenario override, e.g. targets.rto_service_s=0.5 (repeatable)")
+    add_aim_and_load_options(cmd, aim_note="checked when it fires; ")
+
+
+def add_aim_and_load_options(cmd: argparse.ArgumentParser, *, aim_note: str = "") -> None:
+    """``--replica``, ``--zone`` and the trace options of ``drill run`` and ``drill schedule add|edit``
+    (read back by :func:`trace_load` and ``args.replica`` / ``args.zone``)."""
+    cmd.add_argument("--replica", action="append", default=None, metavar="ID",
+                     help=f"the replica a single-replica fault hits ({aim_note}default: the busiest at t0)")
+    cmd.add_argument("--zone", action="append", default=None, metavar="NAME",
+                     help="the zone a zone fault takes, or whose busiest replica a single-replica fault hits")
+    cmd.add_argument("--trace", default=None, metavar="PATH|azure",
+                     help="replay an Azure LLM trace instead of Poisson arrivals ('azure': the server's "
+                          "$CONTROLPLANE_AZURE_TRACE or ../shared/data/azure_llm_conv_2023.csv)")
+    cmd.add_argument("--compress", type=float, default=None, help="trace replay speed-up (default 1)")
+    cmd.add_argument("--token-scale", type=float, default=None, help="multiplies trace token counts")
+    cmd.add_argument("--trace-start", type=float, default=None, help="seconds into the trace")
 
 
 def overrides(args: argparse.Namespace) -> dict[str, float] | None:
@@ -73,6 +93,21 @@ def overrides(args: argparse.Namespace) -> dict[str, float] | None:
     return found or None
 
 
+def trace_load(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``load`` of a drill run or schedule: a trace replay with ``--trace``, else None (``--rate`` goes
+    as is). The trace options without ``--trace``, or ``--rate`` with it, are one-line errors."""
+    trace_options = {"compress": args.compress, "token_scale": args.token_scale,
+                     "trace_start_s": args.trace_start}
+    if args.trace is None:
+        given = [name for name, value in trace_options.items() if value is not None]
+        if given:
+            raise ApiError(f"--{given[0].removesuffix('_s').replace('_', '-')}: only with --trace")
+        return None
+    if args.rate is not None:
+        raise ApiError("--rate: a trace replay takes its arrivals from the trace; leave --rate out")
+    return {"kind": "trace", "trace": args.trace, **{k: v for k, v in trace_options.items() if v is not None}}
+
+
 def run(args: argparse.Namespace) -> int:
     action = args.schedule_action
     with ControlPlaneClient(args.url, args.token) as client:
@@ -80,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
             created = client.add_drill_schedule(
                 name=args.name, scenario_id=args.scenario, cron=args.cron, timezone=args.timezone,
                 overrides=overrides(args), overlap=args.overlap, max_wait_s=args.max_wait,
-                misfire_grace_s=args.misfire_grace, paused=args.paused)
+                misfire_grace_s=args.misfire_grace, paused=args.paused, replicas=args.replica,
+                zones=args.zone, load=trace_load(args))
             print(f"{created['id']}: {created['name']} next run {_when(created)}")
         elif action == "list":
             _print_schedules(client.drill_schedules())
@@ -89,11 +125,13 @@ def run(args: argparse.Namespace) -> int:
         elif action == "edit":
             changes = {k: v for k, v in (("name", args.name), ("scenario_id", args.scenario),
                                          ("cron", args.cron), ("timezone", args.timezone),
-                                         ("overrides", overrides(args)), ("overlap", args.overlap),
+                                         ("overrides", overrides(args)), ("replicas", args.replica),
+                                         ("zones", args.zone), ("load", trace_load(args)),
+                                         ("overlap", args.overlap),
                                          ("max_wait_s", args.max_wait),
                                          ("misfire_grace_s", args.misfire_grace)) if v is not None}
             if not changes:
-                raise ApiError("edit: nothing to change (give --cron, --timezone, --rate, ...)")
+                raise ApiError("edit: nothing to change (give --cron, --timezone, --rate, --replica, ...)")
             edited = client.edit_drill_schedule(args.id, **changes)
             print(f"{edited['id']}: {edited['name']} next run {_when(edited)}")
         elif action in ("pause", "resume", "run"):
@@ -117,10 +155,12 @@ def _print_schedules(schedules: list[dict[str, Any]]) -> None:
     if not schedules:
         print("no drill schedules")
         return
-    print(f"{'ID':<17} {'NAME':<20} {'SCENARIO':<15} {'CRON':<16} {'TIMEZONE':<16} {'OVERLAP':<7} NEXT RUN")
+    print(f"{'ID':<17} {'NAME':<20} {'SCENARIO':<15} {'CRON':<16} {'TIMEZONE':<16} {'OVERLAP':<7} "
+          f"{'NEXT RUN':<26} AIM AND LOAD")
     for s in schedules:
+        aim = schedule_aim_and_load(s.get("overrides") or {})
         print(f"{s['id']:<17} {s['name'][:20]:<20} {s['scenario_id']:<15} {s['cron']:<16} "
-              f"{s['timezone']:<16} {s['overlap']:<7} {_when(s)}")
+              f"{s['timezone']:<16} {s['overlap']:<7} {_when(s):<26} {aim}")
 
 
 def _print_runs(runs: list[dict[str, Any]]) -> None:

@@ -8,11 +8,14 @@ firing) builds on them, and re-exports every name here for the modules and tests
   when clocks go back the repeated hour does not fire the same schedule twice.
 - :func:`next_fire_times`: the next firings of an expression strictly after a moment, by the same
   trigger the scheduler uses (pure; DST changes included).
-- :func:`check_overrides` and :func:`shipped_scenario_check`: a schedule's scenario overrides as finite
-  numbers, and the default check that the scenario is one shipped in ``chaos.scenarios`` and takes them.
+- :func:`check_overrides` and :func:`shipped_scenario_check`: a schedule's scenario overrides (finite
+  numbers, the aim ``replicas`` / ``zones`` as lists of names, the ``load`` profile as a drill run takes
+  it), and the default check that the scenario is one shipped in ``chaos.scenarios`` and takes them (the
+  same ``Scenario.with_overrides`` a drill run goes through: a load's values are checked there, once).
 
 Bad input raises :class:`InvalidSchedule` (a ``ValueError``; HTTP 400), whose message starts with the field
-it is about (``cron: ...``, ``timezone: ...``, ``overrides.<name>: ...``, ``scenario_id: ...``).
+it is about (``cron: ...``, ``timezone: ...``, ``overrides.<name>: ...``, ``load.<name>: ...``,
+``scenario_id: ...``).
 
 The trigger is pickled into the APScheduler job store by class reference; job tables written before the
 trigger moved here name ``controlplane.schedules.WallClockCronTrigger``, which the re-export keeps loadable.
@@ -21,7 +24,8 @@ trigger moved here name ``controlplane.schedules.WallClockCronTrigger``, which t
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -31,6 +35,9 @@ from apscheduler.triggers.cron import CronTrigger  # type: ignore[import-untyped
 from chaos.scenarios import SCENARIOS, scenario
 
 CRON_FIELDS = 5
+AIM_OVERRIDES = ("replicas", "zones")  # lists of names; a fault hits these (checked when the drill starts)
+LOAD_OVERRIDE = "load"  # the load profile: {"kind": "rate", "rate": R} or {"kind": "trace", "trace": ...}
+_FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*): ")  # "load.trace: no trace file ..." names load.trace
 
 
 # ---- errors ----------------------------------------------------------------------------------
@@ -107,25 +114,72 @@ def next_fire_times(cron: str, timezone: str, *, after: datetime, count: int = 5
     return times
 
 
-def check_overrides(raw: Mapping[str, Any] | None) -> dict[str, float]:
+def check_overrides(raw: Mapping[str, Any] | None) -> dict[str, Any]:
     """Overrides as the drill runner takes them: scenario field names (``rate``, ``duration_s``,
-    ``targets.rto_service_s``, ...) to finite numbers; which names a scenario accepts is its own check."""
-    out: dict[str, float] = {}
+    ``targets.rto_service_s``, ...) to finite numbers, ``replicas`` / ``zones`` to lists of names
+    (deduplicated; an empty list is no aim) and ``load`` to a profile object (``None`` values left out; a
+    bare ``{"kind": "rate"}`` is the scenario's own Poisson load, so it is left out too). Which names a
+    scenario accepts, and a load's values, are the scenario's own check (:func:`shipped_scenario_check`)."""
+    out: dict[str, Any] = {}
     for name, value in (raw or {}).items():
         if not isinstance(name, str) or not name:
             raise InvalidSchedule("overrides: empty field name")
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        if name in AIM_OVERRIDES:
+            names = _names(name, value)
+            if names:
+                out[name] = names
+        elif name == LOAD_OVERRIDE:
+            load = _load(value)
+            if load:
+                out[name] = load
+        elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise InvalidSchedule(f"overrides.{name}: must be a number, got {value!r}")
-        out[name] = float(value)
+        else:
+            out[name] = float(value)
     return out
 
 
-def shipped_scenario_check(scenario_id: str, overrides: Mapping[str, float]) -> None:
-    """The default scenario check: a scenario shipped in ``chaos.scenarios`` that takes these overrides."""
+def _names(name: str, value: Any) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, Sequence) or \
+            not all(isinstance(v, str) and v.strip() for v in value):
+        raise InvalidSchedule(f"overrides.{name}: expected a list of non-empty names, got {value!r}")
+    return list(dict.fromkeys(v.strip() for v in value))
+
+
+def _load(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise InvalidSchedule(f"load: expected an object with a kind ('rate' or 'trace'), got {value!r}")
+    load = {k: v for k, v in value.items() if v is not None}
+    for key, item in load.items():
+        if not isinstance(item, str | int | float):
+            raise InvalidSchedule(f"load.{key}: expected a name or a number, got {item!r}")
+    return {} if load in ({}, {"kind": "rate"}) else load
+
+
+def shipped_scenario_check(scenario_id: str, overrides: Mapping[str, Any]) -> None:
+    """The default scenario check: a scenario shipped in ``chaos.scenarios`` that takes these overrides
+    (a trace load's file is read here, as a drill run reads it)."""
     try:
         scenario(scenario_id).with_overrides(overrides)
     except KeyError as exc:
         raise InvalidSchedule(f"scenario_id: unknown scenario {scenario_id!r} (known: "
                               f"{', '.join(SCENARIOS)})") from exc
     except ValueError as exc:
-        raise InvalidSchedule(f"overrides: {exc}") from exc
+        raise InvalidSchedule(override_message(str(exc))) from exc
+
+
+def override_message(message: str) -> str:
+    """A scenario's refusal as a schedule's: ``load.<name>: ...`` stays, ``<name>: ...`` becomes
+    ``overrides.<name>: ...``."""
+    named = _FIELD.match(message)
+    if named is None:
+        return f"overrides: {message}"
+    return message if named.group(1).split(".")[0] == LOAD_OVERRIDE else f"overrides.{message}"
+
+
+def error_field(message: str) -> str | None:
+    """The field a refusal's message starts with (the OpenAI error's ``param``), if any."""
+    named = _FIELD.match(message)
+    return named.group(1) if named else None

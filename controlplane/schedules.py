@@ -5,6 +5,12 @@ its cron expression, asks the drill runner (``DrillStarter``: ``start(scenario_i
 ``is_running()``) to start its scenario, and writes one record per firing to the store's
 ``drill_schedule_runs`` collection: the drill id it started, or why it was skipped, or the error.
 
+A schedule takes what a manual drill run takes: numeric overrides, an aim (``replicas``, ``zones``) and a
+load profile (``load``: Poisson at a rate, or an Azure LLM trace replayed), all in its ``overrides`` and
+passed to the runner as they are. They are checked against the scenario when the schedule is added or
+edited; the aim is checked against the fleet when it fires (a replica gone by then makes that firing an
+``error`` run whose reason names it, and the schedule goes on).
+
 Persistence: APScheduler 3 with a SQLAlchemy job store in the control plane's own SQLite file (its own
 table, so another APScheduler user of the file never runs our jobs). The job store is the one home of a
 schedule: the job's id is the schedule id, its trigger the cron expression, its kwargs the rest of the
@@ -58,7 +64,9 @@ from apscheduler.schedulers.base import STATE_STOPPED  # type: ignore[import-unt
 
 from controlplane.config import DrillsConfig
 from controlplane.schedule_triggers import (
+    AIM_OVERRIDES,
     CRON_FIELDS,
+    LOAD_OVERRIDE,
     InvalidSchedule,
     ScheduleError,
     WallClockCronTrigger,
@@ -119,7 +127,7 @@ class ScheduleSpec:
     scenario_id: str
     cron: str
     timezone: str = "UTC"
-    overrides: Mapping[str, float] = field(default_factory=dict)
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # numbers, replicas, zones, load
     overlap: Overlap = "skip"
     max_wait_s: float = DEFAULT_MAX_WAIT_S  # overlap "wait": give up (and record a skip) after this long
     misfire_grace_s: float = DEFAULT_MISFIRE_GRACE_S  # a late firing still runs within this many seconds
@@ -228,7 +236,7 @@ class DrillScheduler:
     """Cron schedules of drills, kept in the store's SQLite file, fired on a background thread."""
 
     def __init__(self, store: Store, starter: DrillStarter | None, *,
-                 check_scenario: Callable[[str, Mapping[str, float]], None] = shipped_scenario_check,
+                 check_scenario: Callable[[str, Mapping[str, Any]], None] = shipped_scenario_check,
                  loop: asyncio.AbstractEventLoop | None = None,
                  default_timezone: str = "UTC", default_overlap: Overlap = "skip",
                  default_max_wait_s: float = DEFAULT_MAX_WAIT_S,
@@ -290,11 +298,15 @@ class DrillScheduler:
     def spec(self, *, name: str, scenario_id: str, cron: str, timezone: str | None = None,
              overrides: Mapping[str, Any] | None = None, overlap: str | None = None,
              max_wait_s: float | None = None, misfire_grace_s: float | None = None,
-             coalesce: bool = True) -> ScheduleSpec:
-        """A validated spec, with this control plane's defaults where a value is not given."""
+             coalesce: bool = True, replicas: list[str] | None = None, zones: list[str] | None = None,
+             load: Mapping[str, Any] | None = None) -> ScheduleSpec:
+        """A validated spec, with this control plane's defaults where a value is not given. ``replicas``,
+        ``zones`` and ``load`` (as a drill run takes them) join ``overrides``."""
+        aim = {k: v for k, v in ((AIM_OVERRIDES[0], replicas), (AIM_OVERRIDES[1], zones),
+                                 (LOAD_OVERRIDE, load)) if v is not None}
         return ScheduleSpec(
             name=name, scenario_id=scenario_id, cron=cron, timezone=timezone or self.default_timezone,
-            overrides=dict(overrides or {}),
+            overrides={**(overrides or {}), **aim},
             overlap=overlap or self.default_overlap,  # type: ignore[arg-type]  # ScheduleSpec validates it
             max_wait_s=float(self.default_max_wait_s if max_wait_s is None else max_wait_s),
             misfire_grace_s=float(self.default_misfire_grace_s if misfire_grace_s is None
@@ -317,11 +329,14 @@ class DrillScheduler:
         return _schedule(job)
 
     def edit(self, schedule_id: str, **changes: Any) -> Schedule:
-        """Change fields of a schedule (those of :meth:`spec`); a paused schedule stays paused."""
+        """Change fields of a schedule (those of :meth:`spec`); a paused schedule stays paused. New
+        ``overrides`` replace the numbers and keep the aim and load; ``replicas``, ``zones`` and ``load``
+        replace those (``[]`` and ``{"kind": "rate"}`` go back to the scenario's own)."""
         with self._edit_lock:
             current = self.get(schedule_id)
             merged = dataclasses.asdict(current.spec)
             merged.update({k: v for k, v in changes.items() if v is not None})
+            merged["overrides"] = _edited_overrides(current.spec.overrides, changes.get("overrides"))
             spec = self.spec(**merged)
             self._check_scenario(spec)
             self._check_name(spec.name, schedule_id)
@@ -402,7 +417,13 @@ class DrillScheduler:
         while True:
             with self._start_lock:
                 if not starter.is_running():
-                    drill_id = self._start(starter, scenario, dict(spec.get("overrides") or {}))
+                    try:
+                        drill_id = self._start(starter, scenario, dict(spec.get("overrides") or {}))
+                    except (KeyError, ValueError) as exc:  # such as an aim no longer in the fleet
+                        reason = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+                        log.warning("schedule=%s: the drill runner refused it: %s", schedule_id, reason)
+                        return ScheduleRun(schedule_id, "error", fired_at, scenario,
+                                           reason=f"the drill runner refused it: {reason}")
                     log.info("schedule=%s started drill=%s scenario=%s", schedule_id, drill_id, scenario)
                     return ScheduleRun(schedule_id, "started", fired_at, scenario, drill_id=drill_id,
                                        waited_s=round(time.monotonic() - began, 3))
@@ -501,6 +522,14 @@ def _engine(store: Store) -> sqlalchemy.Engine:
     return engine
 
 
+def _edited_overrides(current: Mapping[str, Any], new: Mapping[str, Any] | None) -> dict[str, Any]:
+    """An edit's ``overrides``: new numbers replace the old ones; the aim and load stay unless named."""
+    if new is None:
+        return dict(current)
+    kept = {k: v for k, v in current.items() if k in (*AIM_OVERRIDES, LOAD_OVERRIDE)}
+    return {**kept, **new}
+
+
 def _schedule(job: Any) -> Schedule:
     spec = ScheduleSpec.from_job(job.kwargs, misfire_grace_s=float(job.misfire_grace_time or 1),
                                  coalesce=bool(job.coalesce))
@@ -537,10 +566,10 @@ def drill_scheduler(cfg: DrillsConfig, store: Store, starter: DrillStarter | Non
                           default_misfire_grace_s=cfg.schedule_misfire_grace_s)
 
 
-__all__ = ["CRON_FIELDS", "DEFAULT_MAX_WAIT_S", "DEFAULT_MISFIRE_GRACE_S", "DEFAULT_POLL_S",
-           "DEFAULT_SHUTDOWN_TIMEOUT_S", "DEFAULT_START_TIMEOUT_S", "DEFAULT_WORKERS", "FIRE_REF",
-           "JOB_TABLE", "KEEP_RUNS", "MAX_NAME_CHARS", "OVERLAPS", "RUNS_COLLECTION", "DrillScheduler",
-           "DrillStarter", "InvalidSchedule", "Overlap", "RunOutcome", "Schedule", "ScheduleConflict",
-           "ScheduleError", "ScheduleRun", "ScheduleSpec", "UnknownSchedule", "WallClockCronTrigger",
-           "check_overrides", "drill_scheduler", "fire", "next_fire_times", "parse_cron", "parse_timezone",
-           "running", "shipped_scenario_check"]
+__all__ = ["AIM_OVERRIDES", "CRON_FIELDS", "DEFAULT_MAX_WAIT_S", "DEFAULT_MISFIRE_GRACE_S",
+           "DEFAULT_POLL_S", "DEFAULT_SHUTDOWN_TIMEOUT_S", "DEFAULT_START_TIMEOUT_S", "DEFAULT_WORKERS",
+           "FIRE_REF", "JOB_TABLE", "KEEP_RUNS", "LOAD_OVERRIDE", "MAX_NAME_CHARS", "OVERLAPS",
+           "RUNS_COLLECTION", "DrillScheduler", "DrillStarter", "InvalidSchedule", "Overlap", "RunOutcome",
+           "Schedule", "ScheduleConflict", "ScheduleError", "ScheduleRun", "ScheduleSpec",
+           "UnknownSchedule", "WallClockCronTrigger", "check_overrides", "drill_scheduler", "fire",
+           "next_fire_times", "parse_cron", "parse_timezone", "running", "shipped_scenario_check"]

@@ -2,7 +2,10 @@
 
 Reads need a viewer token; create, edit, pause, resume, run-now and delete need an operator token and
 each writes an audit record, also when it is refused. A bad cron expression, time zone, scenario or
-override is a 400 in the OpenAI error shape, an unknown id a 404, a duplicate name a 409.
+override is a 400 in the OpenAI error shape (``param``: the field its message starts with), an unknown id a
+404, a duplicate name a 409. A schedule is aimed and loaded as a drill run is (``replicas``, ``zones``,
+``load``: the drills API's own :class:`~controlplane.drills_api.LoadRequest`); they are kept in its
+``overrides``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from controlplane.auth import Auditor, Principal, Role, openai_error, require
+from controlplane.drills_api import LoadRequest
+from controlplane.schedule_triggers import error_field
 from controlplane.schedules import (
     DrillScheduler,
     InvalidSchedule,
@@ -28,6 +33,9 @@ from controlplane.schedules import (
 PREFIX = "/api/v1/drills/schedules"
 OVERRIDES_HELP = ("scenario fields replaced for this schedule's drills: rate, duration_s, fault_at_s, "
                   "max_tokens, input_len, capacity_deadline_s, targets.<name>")
+REPLICAS_HELP = "the replica a single-replica fault hits (checked when it fires; default: the busiest at t0)"
+ZONES_HELP = "the zone a zone fault takes, or whose busiest replica a single-replica fault hits"
+LOAD_HELP = "the load profile: rate or trace, as a drill run takes it (default: the scenario's Poisson rate)"
 T = TypeVar("T")
 
 
@@ -37,6 +45,9 @@ class CreateSchedule(BaseModel):
     cron: str = Field(min_length=1, description="5 fields: minute hour day month weekday")
     timezone: str | None = Field(default=None, description="IANA name; default: drills.schedule_timezone")
     overrides: dict[str, float] = Field(default_factory=dict, description=OVERRIDES_HELP)
+    replicas: list[str] | None = Field(default=None, description=REPLICAS_HELP)
+    zones: list[str] | None = Field(default=None, description=ZONES_HELP)
+    load: LoadRequest | None = Field(default=None, description=LOAD_HELP)
     overlap: str | None = Field(default=None, description="skip or wait when a drill is already running")
     max_wait_s: float | None = Field(default=None, ge=0, description="overlap wait: give up after this")
     misfire_grace_s: float | None = Field(default=None, ge=1, description="late firings run within this")
@@ -50,6 +61,9 @@ class EditSchedule(BaseModel):
     cron: str | None = Field(default=None, min_length=1)
     timezone: str | None = None
     overrides: dict[str, float] | None = Field(default=None, description=OVERRIDES_HELP)
+    replicas: list[str] | None = Field(default=None, description=REPLICAS_HELP + "; [] removes the aim")
+    zones: list[str] | None = Field(default=None, description=ZONES_HELP + "; [] removes it")
+    load: LoadRequest | None = Field(default=None, description=LOAD_HELP + "; {'kind': 'rate'} resets it")
     overlap: str | None = None
     max_wait_s: float | None = Field(default=None, ge=0)
     misfire_grace_s: float | None = Field(default=None, ge=1)
@@ -63,6 +77,7 @@ class ScheduleRefused(Exception):
         super().__init__(str(exc))
         self.message = str(exc)
         self.status, self.type_ = _status(exc)
+        self.param = error_field(self.message) if self.status == 400 else None
 
 
 _STATUS: tuple[tuple[type[ScheduleError], int, str], ...] = (
@@ -117,7 +132,8 @@ def schedules_router(scheduler: DrillScheduler, auditor: Auditor) -> APIRouter:
 
         def run() -> Schedule:
             spec = scheduler.spec(name=body.name, scenario_id=body.scenario_id, cron=body.cron,
-                                  timezone=body.timezone, overrides=body.overrides,
+                                  timezone=body.timezone, overrides=body.overrides, replicas=body.replicas,
+                                  zones=body.zones, load=None if body.load is None else body.load.override(),
                                   overlap=body.overlap, max_wait_s=body.max_wait_s,
                                   misfire_grace_s=body.misfire_grace_s, coalesce=body.coalesce)
             schedule = scheduler.add(spec, created_by=who.name)
@@ -133,6 +149,8 @@ def schedules_router(scheduler: DrillScheduler, auditor: Auditor) -> APIRouter:
     async def edit(schedule_id: str, body: EditSchedule,
                    who: Principal = Depends(operator)) -> dict[str, Any]:
         changes = body.model_dump(exclude_unset=True)
+        if body.load is not None:
+            changes["load"] = body.load.override()
         schedule = await audited(who, "drill.schedule.edit", schedule_id, body.model_dump(exclude_unset=True),
                                  lambda: scheduler.edit(schedule_id, **changes))
         return schedule.as_json()
@@ -168,4 +186,4 @@ def schedules_router(scheduler: DrillScheduler, auditor: Auditor) -> APIRouter:
 
 def _render_refused(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ScheduleRefused)
-    return JSONResponse(openai_error(exc.message, type_=exc.type_), status_code=exc.status)
+    return JSONResponse(openai_error(exc.message, type_=exc.type_, param=exc.param), status_code=exc.status)

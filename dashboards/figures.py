@@ -273,3 +273,16 @@ def data_attrs(**attrs: Any) -> dict[str, Any]:
     """``data-*`` attributes of a component, as text: what the browser tests read (``zone=...`` becomes
     ``data-zone``)."""
     return {f"data-{k}": str(v) for k, v in attrs.items()}
+
+
+def number_input(cid: str, label: str, value: Any, operate: bool, width: str = "7rem") -> Any:
+    """A labelled number field (>= 0), disabled for a role that may not change anything."""
+    from dash import dcc, html
+
+    return html.Div([html.Label(label), dcc.Input(id=cid, type="number", value=value, min=0,
+                                                  disabled=not operate, style={"width": width})])
+
+
+def scenario_options(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drill scenarios as dropdown options."""
+    return [{"label": f"{s['id']}: {s.get('title', '')}", "value": s["id"]} for s in scenarios]

@@ -2,7 +2,8 @@
 load (Poisson at a rate, or an Azure LLM trace replayed) and its RTO/RPO targets; preview it (the API's dry
 run: the resolved aim and fault targets, the load and the predicted RTO); run it and follow its progress;
 read its report (RTO and RPO against the targets, predicted against measured, the verdict) over its
-timeline; compare past runs; manage schedules.
+timeline; compare past runs; manage schedules (each may be aimed at a replica and replay the Azure trace,
+as a run can).
 
 A drill runs in the control plane (``POST /api/v1/drills/run`` answers its id at once); the page keeps the
 id in a ``dcc.Store`` and polls the drill on the refresh clock, so a closed browser loses nothing.
@@ -18,12 +19,12 @@ from dash import ALL, Input, Output, State, ctx, dcc, html
 
 from controlplane.client import ApiError
 from dashboards import figures, session
-from dashboards.figures import drill_timeline, number, progress, when
+from dashboards.drill_schedules import TRACE_DEFAULT, schedule_form
+from dashboards.figures import drill_timeline, number, number_input, progress, scenario_options, when
 from dashboards.shell import REFRESH
 
 HISTORY = 30
 LOAD_KINDS = (("rate", "Poisson at a rate"), ("trace", "Azure LLM trace replay"))
-TRACE_DEFAULT = "azure"  # the control plane's $CONTROLPLANE_AZURE_TRACE or ../shared/data copy
 # (field, label, default) of the load; None: the scenario's own value
 LOAD = (
     ("rate", "Rate (req/s)", None),
@@ -45,7 +46,6 @@ TARGETS = (
 RTO = ("rto_service_s", "rto_service_p99_s", "rto_slo_s", "rto_capacity_s")
 RPO = ("requests_failed", "tokens_lost", "tokens_duplicated", "writes_lost")
 MARKS = ("t_detect", "t_switch", "t_first_ok", "t_service", "t_slo", "t_capacity")
-SCHEDULE_OVERRIDES = ("rate", "duration_s", "fault_at_s", "max_tokens")
 
 
 def layout(**_: Any) -> html.Div:
@@ -96,7 +96,8 @@ def layout(**_: Any) -> html.Div:
                 ]),
                 html.Div(id="drills-comparison"),
             ]),
-            html.Div(className="panel", children=[html.H3("Schedules"), _schedule_form(scenarios, operate),
+            html.Div(className="panel", children=[html.H3("Schedules"),
+                                                  schedule_form(scenarios, fleet, operate),
                                                   html.Div(id="drills-sched-result", className="muted"),
                                                   html.Table(id="drills-schedules", className="data")]),
             dcc.Store(id="drills-current", data=current),
@@ -111,15 +112,6 @@ dash.register_page(  # type: ignore[no-untyped-call]
 
 
 
-def _number_input(cid: str, label: str, value: Any, operate: bool, width: str = "7rem") -> html.Div:
-    return html.Div([html.Label(label), dcc.Input(id=cid, type="number", value=value, min=0,
-                                                  disabled=not operate, style={"width": width})])
-
-
-def _scenario_options(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"label": f"{s['id']}: {s.get('title', '')}", "value": s["id"]} for s in scenarios]
-
-
 def _form(scenarios: list[dict[str, Any]], fleet: list[tuple[str, str]], operate: bool) -> html.Div:
     first = scenarios[0]["id"] if scenarios else None
     zones = sorted({zone for _, zone in fleet})
@@ -127,7 +119,7 @@ def _form(scenarios: list[dict[str, Any]], fleet: list[tuple[str, str]], operate
         [
             html.Div(className="form-row", children=[
                 html.Div([html.Label("Scenario"), dcc.Dropdown(
-                    id="drills-scenario", options=_scenario_options(scenarios), value=first,
+                    id="drills-scenario", options=scenario_options(scenarios), value=first,
                     clearable=False, disabled=not operate, style={"minWidth": "22rem"})]),
             ]),
             html.Div(id="drills-scenario-info", className="muted"),
@@ -150,13 +142,13 @@ def _form(scenarios: list[dict[str, Any]], fleet: list[tuple[str, str]], operate
                 html.Div([html.Label("Trace ('azure' or a path on the control plane)"), dcc.Input(
                     id="drills-trace", type="text", value=TRACE_DEFAULT, disabled=not operate,
                     style={"width": "14rem"})]),
-                _number_input("drills-compress", "Compress (x faster)", None, operate),
-                _number_input("drills-token-scale", "Token scale", None, operate),
+                number_input("drills-compress", "Compress (x faster)", None, operate),
+                number_input("drills-token-scale", "Token scale", None, operate),
             ]),
-            html.Div([_number_input(f"drills-{name}", label, default, operate)
+            html.Div([number_input(f"drills-{name}", label, default, operate)
                       for name, label, default in LOAD], className="form-row"),
             html.Div("Targets (empty: the scenario's value)", className="muted"),
-            html.Div([_number_input(f"drills-target-{name}", label, None, operate, "6rem")
+            html.Div([number_input(f"drills-target-{name}", label, None, operate, "6rem")
                       for name, label in TARGETS], className="form-row"),
             html.Div(className="form-row", children=[
                 html.Button("Preview (dry run)", id="drills-preview", n_clicks=0, className="btn",
@@ -454,124 +446,3 @@ def compare(_: int, ids: list[int] | None) -> Any:
         rows.append(html.Tr([html.Td(row["label"])] + [
             html.Td("–" if v is None else f"{_fmt(v)}{unit}") for v in row.get("values") or []]))
     return html.Table(rows, id="drills-compare-table", className="data")
-
-
-# ---- schedules ------------------------------------------------------------------------------------
-def _schedule_form(scenarios: list[dict[str, Any]], operate: bool) -> html.Div:
-    first = scenarios[0]["id"] if scenarios else None
-    return html.Div(
-        [
-            html.Div(className="form-row", children=[
-                html.Div([html.Label("Edit (empty: create a new one)"), dcc.Dropdown(
-                    id="drills-sched-pick", options=[], disabled=not operate, style={"minWidth": "14rem"})]),
-                html.Div([html.Label("Name"), dcc.Input(id="drills-sched-name", type="text", value="",
-                                                        disabled=not operate, style={"width": "12rem"})]),
-                html.Div([html.Label("Scenario"), dcc.Dropdown(
-                    id="drills-sched-scenario", options=_scenario_options(scenarios), value=first,
-                    clearable=False, disabled=not operate, style={"minWidth": "16rem"})]),
-                html.Div([html.Label("Cron (min hour day month weekday)"), dcc.Input(
-                    id="drills-sched-cron", type="text", value="0 3 * * 1", disabled=not operate)]),
-            ]),
-            html.Div(className="form-row", children=[
-                *[_number_input(f"drills-sched-{name}", f"{name} (empty: scenario's)", None, operate)
-                  for name in SCHEDULE_OVERRIDES],
-                html.Button("Create", id="drills-sched-create", n_clicks=0, className="btn",
-                            disabled=not operate),
-                html.Button("Save changes", id="drills-sched-save", n_clicks=0, className="btn",
-                            disabled=not operate),
-            ]),
-        ]
-    )
-
-
-@dash.callback(
-    Output("drills-schedules", "children"),
-    Output("drills-sched-pick", "options"),
-    Input(REFRESH, "n_intervals"),
-    Input("drills-sched-result", "children"),
-)
-def schedules(*_: Any) -> tuple[Any, Any]:
-    operate = session.can_operate()
-    try:
-        found = session.client().drill_schedules()
-    except ApiError as exc:
-        return [html.Tr(html.Td(f"schedules: {exc}"))], []
-    rows: list[Any] = [html.Tr([html.Th(h) for h in ("name", "scenario", "cron", "overrides", "next run",
-                                                     "created by", "")])]
-    for s in found:
-        overrides = ", ".join(f"{k}={v:g}" for k, v in (s.get("overrides") or {}).items()) or "–"
-        buttons = [html.Button(label, id={"type": "drills-sched-act", "index": f"{verb}:{s['id']}"},
-                               n_clicks=0, className="btn btn-small", disabled=not operate)
-                   for verb, label in (("resume", "Resume") if s.get("paused") else ("pause", "Pause"),
-                                       ("delete", "Delete"))]
-        rows.append(html.Tr(
-            [html.Td(s["name"]), html.Td(s["scenario_id"]), html.Td(f"{s['cron']} ({s.get('timezone')})"),
-             html.Td(overrides), html.Td("paused" if s.get("paused") else str(s.get("next_run_time"))),
-             html.Td(str(s.get("created_by", ""))), html.Td(buttons)],
-            className="schedule-row",
-            **figures.data_attrs(name=s["name"], paused=str(bool(s.get("paused"))).lower()),
-        ))
-    if not found:
-        rows.append(html.Tr(html.Td("no schedule", id="drills-no-schedule")))
-    return rows, [{"label": s["name"], "value": s["id"]} for s in found]
-
-
-@dash.callback(
-    Output("drills-sched-name", "value"),
-    Output("drills-sched-scenario", "value"),
-    Output("drills-sched-cron", "value"),
-    *[Output(f"drills-sched-{name}", "value") for name in SCHEDULE_OVERRIDES],
-    Input("drills-sched-pick", "value"),
-    prevent_initial_call=True,
-)
-def pick(schedule_id: str | None) -> tuple[Any, ...]:
-    if not schedule_id:
-        return (dash.no_update,) * (3 + len(SCHEDULE_OVERRIDES))
-    try:
-        s = session.client().drill_schedule(schedule_id)
-    except ApiError:
-        return (dash.no_update,) * (3 + len(SCHEDULE_OVERRIDES))
-    overrides = s.get("overrides") or {}
-    return (s["name"], s["scenario_id"], s["cron"], *[overrides.get(n) for n in SCHEDULE_OVERRIDES])
-
-
-@dash.callback(
-    Output("drills-sched-result", "children"),
-    Input("drills-sched-create", "n_clicks"),
-    Input("drills-sched-save", "n_clicks"),
-    Input({"type": "drills-sched-act", "index": ALL}, "n_clicks"),
-    State("drills-sched-pick", "value"),
-    State("drills-sched-name", "value"),
-    State("drills-sched-scenario", "value"),
-    State("drills-sched-cron", "value"),
-    *[State(f"drills-sched-{name}", "value") for name in SCHEDULE_OVERRIDES],
-    prevent_initial_call=True,
-)
-def schedule_action(_create: int, _save: int, acts: list[int | None], picked: str | None, name: str | None,
-                    scenario_id: str | None, cron: str | None, *values: Any) -> Any:
-    trigger = ctx.triggered_id
-    if isinstance(trigger, dict) and not any(acts):
-        return dash.no_update  # the table was redrawn; nobody clicked
-    overrides = {n: float(v) for n, v in zip(SCHEDULE_OVERRIDES, values, strict=True) if v is not None}
-    try:
-        api = session.client()
-        if isinstance(trigger, dict):
-            verb, _, schedule_id = str(trigger["index"]).partition(":")
-            if verb == "delete":
-                api.delete_drill_schedule(schedule_id)
-                return f"schedule {schedule_id} deleted"
-            change = api.pause_drill_schedule if verb == "pause" else api.resume_drill_schedule
-            changed = change(schedule_id)
-            return f"schedule {changed['name']}: {'paused' if changed.get('paused') else 'resumed'}"
-        if not name or not scenario_id or not cron:
-            return "give a name, a scenario and a cron expression"
-        if trigger == "drills-sched-save":
-            if not picked:
-                return "pick the schedule to edit"
-            edited = api.edit_drill_schedule(picked, name=name, scenario_id=scenario_id, cron=cron,
-                                             overrides=overrides)
-            return f"schedule {edited['name']} saved; next run {edited.get('next_run_time') or 'paused'}"
-        created = api.add_drill_schedule(name=name, scenario_id=scenario_id, cron=cron, overrides=overrides)
-    except ApiError as exc:
-        return html.Span(f"refused: {exc}", className="notice")
-    return f"schedule {created['name']} created; next run {created.get('next_run_time')}"

@@ -1,11 +1,13 @@
 """Scheduled drills: cron and time zone validation, next fire times across DST, the overlap policies, the
 run history, schedules that survive a restart (and a firing missed while down), the store's file shared
-with APScheduler's job table, and the REST API with roles and audit.
+with APScheduler's job table, the REST API with roles and audit, and schedules aimed at a replica or zone
+under a trace load, as a manual drill run is (scheduler, API and CLI).
 
 The drill runner is a fake here (``FakeStarter``): these tests are about when and whether a schedule starts
 a drill, and a real drill takes a fleet under load for tens of seconds. Everything else is real:
 APScheduler's background thread fires the jobs from the SQLAlchemy job store in the store's SQLite file,
-the scenario check is the shipped catalogue, the API is the control plane's own app.
+the scenario check is the shipped catalogue, the API is the control plane's own app. A firing aimed at a
+replica that is not in the fleet goes to the real drill service over a real (empty) fleet.
 """
 
 from __future__ import annotations
@@ -593,3 +595,6 @@ def test_control_plane_restart_keeps_schedules_made_from_the_cli(tmp_path: Path)
     finally:
         _stop(process)
     assert process.returncode == 0, log.read_text()[-3000:]
+
+
+# ---- CLI: aim and load -------------------------------------------------------------------------
