@@ -191,7 +191,7 @@ def create_api(services: Services) -> FastAPI:
         return {"name": body.name, "role": body.role, "token": secret}
 
     app.include_router(auth_router(services.store, services.tokens, services.auditor))
-    app.include_router(simulator_router(services.auditor))
+    app.include_router(simulator_router(services.auditor, services.store))
 
     @app.get("/api/v1/latency/breakdown", tags=["observability"])
     def latency_breakdown(window_s: float = Query(300.0, gt=0, le=7 * 86400), scope: str = "fleet",

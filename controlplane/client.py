@@ -232,14 +232,21 @@ class ControlPlaneClient:
     def add_drill_schedule(self, *, name: str, scenario_id: str, cron: str, timezone: str | None = None,
                            overrides: dict[str, float] | None = None, overlap: str | None = None,
                            max_wait_s: float | None = None, misfire_grace_s: float | None = None,
-                           coalesce: bool = True, paused: bool = False) -> dict[str, Any]:
-        body = {"name": name, "scenario_id": scenario_id, "cron": cron, "timezone": timezone,
-                "overrides": overrides or {}, "overlap": overlap, "max_wait_s": max_wait_s,
-                "misfire_grace_s": misfire_grace_s, "coalesce": coalesce, "paused": paused}
+                           coalesce: bool = True, paused: bool = False, replicas: list[str] | None = None,
+                           zones: list[str] | None = None,
+                           load: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Schedule a drill; ``replicas`` / ``zones`` / ``load`` aim and load it as :meth:`drill_run` does."""
+        body: dict[str, Any] = {"name": name, "scenario_id": scenario_id, "cron": cron, "timezone": timezone,
+                                "overrides": overrides or {}, "overlap": overlap, "max_wait_s": max_wait_s,
+                                "misfire_grace_s": misfire_grace_s, "coalesce": coalesce, "paused": paused}
+        for field_name, value in (("replicas", replicas), ("zones", zones), ("load", load)):
+            if value:
+                body[field_name] = value
         return dict(self._call("POST", "/api/v1/drills/schedules", json=body))
 
     def edit_drill_schedule(self, schedule_id: str, **changes: Any) -> dict[str, Any]:
-        """Change only the given fields (name, scenario_id, cron, timezone, overrides, overlap, ...)."""
+        """Change only the given fields (name, scenario_id, cron, timezone, overrides, overlap, replicas,
+        zones, load, ...); ``replicas=[]`` removes the aim, ``load={"kind": "rate"}`` the trace."""
         return dict(self._call("PATCH", f"/api/v1/drills/schedules/{schedule_id}", json=changes))
 
     def pause_drill_schedule(self, schedule_id: str) -> dict[str, Any]:
@@ -307,6 +314,22 @@ class ControlPlaneClient:
                 **options}
         return dict(self._call("POST", "/api/v1/simulate", json=body, timeout=timeout))
 
+    def start_simulation(self, *, trace: str = "synthetic-bursty", policies: list[str] | None = None,
+                         requests: list[dict[str, Any]] | None = None, **options: Any) -> dict[str, Any]:
+        """Start the same run as ``simulate`` as a background job (operator); returns the job (``id``,
+        ``status``, ``progress``) at once; follow it with ``simulation(id)``."""
+        body = {"trace": trace, "policies": policies or ["ours", "hpa"], "requests": requests or [],
+                **options}
+        return dict(self._call("POST", "/api/v1/simulations", json=body))
+
+    def simulation(self, simulation_id: int) -> dict[str, Any]:
+        """A job: status running | done | error | interrupted, progress, ``result`` when done."""
+        return dict(self._call("GET", f"/api/v1/simulations/{simulation_id}"))
+
+    def simulations(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The recent jobs, newest first, without their results."""
+        return list(self._call("GET", "/api/v1/simulations", params={"limit": limit}))
+
     # ---- transport -----------------------------------------------------------------------------
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -335,3 +358,16 @@ def _message(response: httpx.Response) -> str:
     except ValueError:
         message = None
     return f"HTTP {response.status_code}: {message or response.text[:200]}"
+
+
+def schedule_aim_and_load(overrides: dict[str, Any]) -> str:
+    """A drill schedule's aim and load (from its ``overrides``) in a few words, for the CLI and the console:
+    ``az-b-1; trace azure x2``, ``busiest; rate 2/s``."""
+    aim = ", ".join([*overrides.get("replicas", []), *overrides.get("zones", [])]) or "busiest at t0"
+    load = overrides.get("load") or {}
+    if load.get("kind") == "trace":
+        text = f"trace {load.get('trace')} x{load.get('compress', 1):g}"
+    else:
+        rate = load.get("rate", overrides.get("rate"))
+        text = "scenario's rate" if rate is None else f"rate {rate:g}/s"
+    return f"{aim}; {text}"

@@ -3,9 +3,11 @@ the policy editor (``PUT /api/v1/autoscaler/config``), pause and resume, the sch
 their next start and end, and a JSON editor that replaces them through ``PUT /api/v1/autoscaler/windows``,
 which validates them as the config file's) and the what-if simulator.
 
-The simulator's endpoint answers when the run is done (a few seconds on a bounded trace) and has no
-asynchronous form, so the form runs it in one callback behind a loading indicator; the rest of the page
-keeps refreshing. Viewers see everything with every control disabled; the API refuses their calls anyway.
+The simulator runs in the control plane as a background job (``POST /api/v1/simulations`` answers its id at
+once; a long trace takes tens of seconds to minutes): the page keeps the id in a ``dcc.Store`` and polls the
+job on its own interval, enabled only while the job runs, with a progress bar naming the policy simulated
+now, then draws the comparison. A job already running when the page opens (started from another browser)
+is followed too. Viewers see everything with every control disabled; the API refuses their calls anyway.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dashboards.figures import (
     decision_reason,
     empty,
     number,
+    progress,
     share,
     simulation_timeline,
     when,
@@ -31,7 +34,7 @@ from dashboards.shell import REFRESH
 
 DECISIONS = 200  # decision records drawn and listed
 LOG_ROWS = 50
-SIM_TIMEOUT_S = 120.0
+SIM_POLL_MS = 700  # how often a running simulation job is polled
 # (form field, config key, label, step) of the policy editor's numbers
 NUMBERS = (
     ("min_replicas", "min_replicas", "Min replicas", 1),
@@ -60,6 +63,7 @@ def layout(**_: Any) -> html.Div:
     except ApiError as exc:
         error = f"autoscaler: {exc}"
     config = status.get("config") or {}
+    following = _running_simulation()
     windows: list[dict[str, Any]] = []
     try:
         windows = session.client().autoscaler_windows().get("windows") or []
@@ -94,7 +98,8 @@ def layout(**_: Any) -> html.Div:
                 className="grid2",
                 children=[
                     html.Div(className="panel", children=[html.H3("Policy"), _editor(config, operate)]),
-                    html.Div(className="panel", children=[html.H3("What-if simulator"), _simulator(operate)]),
+                    html.Div(className="panel", children=[html.H3("What-if simulator"),
+                                                          _simulator(operate, following)]),
                 ],
             ),
         ]
@@ -235,7 +240,16 @@ def save_windows(_: int, text: str | None) -> Any:
     return html.Span(f"saved {len(view.get('windows') or [])} window(s): {names}", id="as-windows-saved")
 
 
-def _simulator(operate: bool) -> html.Div:
+def _running_simulation() -> int | None:
+    """The newest simulation job when it still runs (whoever started it), for the page to follow."""
+    try:
+        jobs = session.client().simulations(limit=1)
+    except ApiError:
+        return None
+    return int(jobs[0]["id"]) if jobs and jobs[0].get("status") == "running" else None
+
+
+def _simulator(operate: bool, following: int | None) -> html.Div:
     return html.Div(
         [
             html.Div(
@@ -271,18 +285,12 @@ def _simulator(operate: bool) -> html.Div:
                                 disabled=not operate),
                 ],
             ),
-            dcc.Loading(
-                id="as-sim-loading",
-                type="default",
-                children=html.Div(
-                    [
-                        html.Div(id="as-sim-note", className="muted"),
-                        html.Table(id="as-sim-table", className="data"),
-                        dcc.Graph(id="as-sim-graph", config={"displaylogo": False},
-                                  figure=simulation_timeline({})),
-                    ]
-                ),
-            ),
+            html.Div(id="as-sim-progress"),
+            html.Div(id="as-sim-note", className="muted"),
+            html.Table(id="as-sim-table", className="data"),
+            dcc.Graph(id="as-sim-graph", config={"displaylogo": False}, figure=simulation_timeline({})),
+            dcc.Store(id="as-sim-job", data=following),
+            dcc.Interval(id="as-sim-poll", interval=SIM_POLL_MS, n_intervals=0, disabled=following is None),
         ]
     )
 
@@ -392,10 +400,15 @@ def _changes(observe_only: list[str] | None, values: dict[str, Any]) -> dict[str
 
 
 @dash.callback(
+    Output("as-sim-progress", "children"),
     Output("as-sim-note", "children"),
     Output("as-sim-table", "children"),
     Output("as-sim-graph", "figure"),
+    Output("as-sim-job", "data"),
+    Output("as-sim-poll", "disabled"),
     Input("as-sim-run", "n_clicks"),
+    Input("as-sim-poll", "n_intervals"),
+    State("as-sim-job", "data"),
     State("as-sim-trace", "value"),
     State("as-sim-compress", "value"),
     State("as-sim-duration", "value"),
@@ -403,23 +416,67 @@ def _changes(observe_only: list[str] | None, values: dict[str, Any]) -> dict[str
     State("as-sim-static", "value"),
     prevent_initial_call=True,
 )
-def simulate(_: int, trace: str | None, compress: float | None, duration: float | None,
-             chosen: list[str] | None, static: int | None) -> tuple[Any, Any, Any]:
+def simulate(_run: int, _tick: int, job: int | None, trace: str | None, compress: float | None,
+             duration: float | None, chosen: list[str] | None, static: int | None) -> tuple[Any, ...]:
+    """The Simulate button starts a job; the poll interval follows it until it ends."""
+    if ctx.triggered_id == "as-sim-run":
+        return _start(trace, compress, duration, chosen, static)
+    return _follow(job)
+
+
+def _start(trace: str | None, compress: float | None, duration: float | None, chosen: list[str] | None,
+           static: int | None) -> tuple[Any, ...]:
+    keep = dash.no_update
     policies = [f"static:{int(static or 1)}" if p == "static" else p for p in chosen or []]
     if not policies:
-        return html.Span("choose at least one policy", className="notice"), [], dash.no_update
+        return keep, html.Span("choose at least one policy", className="notice"), [], keep, keep, keep
     options: dict[str, Any] = {"compress": float(compress or 4.0)}
     if duration:
         options["duration_s"] = float(duration)
     try:
-        result = session.client().simulate(trace=trace or "synthetic-bursty", policies=policies,
-                                           timeout=SIM_TIMEOUT_S, **options)
+        job = session.client().start_simulation(trace=trace or "synthetic-bursty", policies=policies,
+                                                **options)
     except ApiError as exc:
-        return html.Span(f"refused: {exc}", className="notice", id="as-sim-refused"), [], dash.no_update
+        refused = html.Span(f"refused: {exc}", className="notice", id="as-sim-refused")
+        return keep, refused, [], keep, keep, keep
+    return _running(job), "", [], simulation_timeline({}), int(job["id"]), False
+
+
+def _follow(job_id: int | None) -> tuple[Any, ...]:
+    keep = dash.no_update
+    if job_id is None:
+        return keep, keep, keep, keep, keep, True
+    try:
+        job = session.client().simulation(int(job_id))
+    except ApiError as exc:  # a control plane that restarts comes back; a job that is gone does not
+        notice = html.Span(f"simulation {job_id}: {exc}", className="notice", id="as-sim-refused")
+        return keep, notice, keep, keep, keep, exc.status == 404
+    status = str(job.get("status"))
+    if status == "running":
+        return _running(job), keep, keep, keep, keep, False
+    if status != "done":
+        notice = html.Span(f"simulation {job_id} {status}: {job.get('error')}", className="notice",
+                           id="as-sim-refused" if status == "error" else "as-sim-interrupted")
+        return "", notice, [], keep, keep, True
+    result = job.get("result") or {}
     slo = result.get("slo") or {}
     note = (f"{result.get('num_requests')} requests of the {result.get('trace')} trace; SLO: TTFT <= "
             f"{slo.get('ttft_s')} s, TPOT <= {slo.get('tpot_s')} s; replica profile: {result.get('profile')}")
-    return note, _comparison(result.get("policies") or []), simulation_timeline(result)
+    return "", note, _comparison(result.get("policies") or []), simulation_timeline(result), keep, True
+
+
+def _running(job: dict[str, Any]) -> html.Div:
+    """The progress bar of a running job: the fraction of all policies' runs done, the policy now."""
+    p = job.get("progress") or {}
+    policies = [str(x) for x in job.get("policies") or []]
+    policy = str(p.get("policy") or "")
+    step = f" ({policies.index(policy) + 1} of {len(policies)})" if policy in policies else ""
+    return html.Div(
+        [html.Strong(f"Simulation {job.get('id')} on the {job.get('trace')} trace: running {policy}{step}"),
+         progress(p.get("fraction"), f"simulating {policy}")],
+        id="as-sim-running",
+        **figures.data_attrs(id=job.get("id"), fraction=p.get("fraction"), policy=policy),
+    )
 
 
 def _comparison(policies: list[dict[str, Any]]) -> list[Any]:

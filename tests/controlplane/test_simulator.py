@@ -29,6 +29,7 @@ from controlplane.simulator import PolicySpec, SimSettings, count_reversals, fig
 from controlplane.store import Store
 from tests.controlplane.conftest import FakeClock
 from tests.controlplane.test_fleet import SimBackend
+from tests.polling import wait_until
 
 STEP = 0.01
 
@@ -429,3 +430,162 @@ def test_rest_what_if_replays_the_servers_azure_trace(
     assert resp.status_code == 200, resp.text
     report = resp.json()["policies"][0]
     assert report["num_requests"] == 120 and report["duration_s"] == pytest.approx(59.5)
+
+
+# ---- what-if runs as background jobs ------------------------------------------------------------
+class Api:
+    """The control plane's REST API in process on ``store`` (building another on the same store is what a
+    restarted control plane does), with a token per role."""
+
+    def __init__(self, store: Store) -> None:
+        fleet = Fleet(load_config().fleet, SimBackend(), store, secret=b"k" * 32)
+        self.tokens = TokenAuthority(store)
+        self.app = create_api(Services(fleet, store, self.tokens, Auditor(store)))
+        self.headers: dict[str, dict[str, str]] = {}
+
+    def call(self, method: str, path: str, *, role: str = "operator", body: Any = None) -> httpx.Response:
+        if role not in self.headers:
+            token = self.tokens.issue(f"{role}-{secrets.token_hex(4)}", Role(role))
+            self.headers[role] = {"Authorization": f"Bearer {token}"}
+
+        async def go() -> httpx.Response:
+            transport = httpx.ASGITransport(app=self.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://cp") as http:
+                return await http.request(method, path, json=body, headers=self.headers[role], timeout=120)
+
+        return asyncio.run(go())
+
+    def follow(self, job_id: int, timeout: float = 180.0) -> tuple[dict[str, Any], list[tuple[float, str]]]:
+        """Poll a job as the console does until it ends: the last answer and the progress seen on the way."""
+        seen: list[tuple[float, str]] = []
+
+        def ended() -> dict[str, Any] | None:
+            resp = self.call("GET", f"/api/v1/simulations/{job_id}", role="viewer")
+            assert resp.status_code == 200, resp.text
+            job: dict[str, Any] = resp.json()
+            seen.append((job["progress"]["fraction"], job["progress"]["policy"]))
+            return None if job["status"] == "running" else job
+
+        return wait_until(ended, timeout=timeout, what=f"simulation {job_id} to end"), seen
+
+
+# Long enough (a few seconds of simulation on this machine) to be seen running, polled and refused.
+LONG = {"trace": "synthetic-bursty", "duration_s": 3600, "compress": 1, "policies": ["ours", "hpa"],
+        "seed": 3}
+
+
+def _without_wall_time(result: dict[str, Any]) -> dict[str, Any]:
+    """A result less each policy's measured wall time (the only figure that differs between equal runs)."""
+    return {**result, "policies": [{k: v for k, v in p.items() if k != "wall_s"} for p in result["policies"]]}
+
+
+def _is_openai_error(resp: httpx.Response) -> bool:
+    return set(resp.json().get("error", {})) == {"message", "type", "param", "code"}
+
+
+def test_a_simulation_job_reports_rising_progress_and_ends_with_the_synchronous_result(
+    store: Store, clock: FakeClock
+) -> None:
+    api = Api(store)
+    started = api.call("POST", "/api/v1/simulations", body=LONG)
+    assert started.status_code == 202, started.text
+    job = started.json()
+    assert job["status"] == "running" and job["progress"] == {"fraction": 0.0, "policy": "ours"}
+    job_id = job["id"]
+
+    second = api.call("POST", "/api/v1/simulations", body=LONG)  # one run at a time, across both endpoints
+    assert second.status_code == 409 and _is_openai_error(second), second.text
+    assert f"simulation {job_id}" in second.json()["error"]["message"]
+    assert api.call("POST", "/api/v1/simulate", body=LONG).status_code == 409
+
+    done, seen = api.follow(job_id)
+    assert done["status"] == "done", done
+    assert done["progress"]["fraction"] == 1.0 and done["progress"]["policy"] == "hpa"
+    fractions = [f for f, _ in seen]
+    assert fractions == sorted(fractions), fractions
+    assert any(0.0 < f < 1.0 for f in fractions), f"never seen mid-run: {seen}"
+    order = [["ours", "hpa"].index(p) for _, p in seen]
+    assert order == sorted(order) and 0 in order, seen  # ours, then hpa
+
+    sync = api.call("POST", "/api/v1/simulate", body=LONG)  # the lock is free again
+    assert sync.status_code == 200, sync.text
+    assert _without_wall_time(done["result"]) == _without_wall_time(sync.json())
+    assert [p["policy"] for p in done["result"]["policies"]] == ["ours", "hpa"]
+
+    listed = api.call("GET", "/api/v1/simulations", role="viewer").json()
+    assert [j["id"] for j in listed][:1] == [job_id] and "result" not in listed[0]
+    assert listed[0]["status"] == "done" and listed[0]["policies"] == ["ours", "hpa"]
+
+    audit = [(a.action, a.outcome, a.actor.split("-")[0]) for a in reversed(store.audit(limit=20))]
+    assert [a for a in audit if a[0].startswith("simulate.")] == [
+        ("simulate.start", "ok", "operator"),
+        ("simulate.start", "denied", "operator"),
+        ("simulate.run", "denied", "operator"),  # the synchronous endpoint while the job ran
+        ("simulate.run", "ok", "operator"),  # the job's outcome
+        ("simulate.run", "ok", "operator"),  # the synchronous run after it
+    ], audit
+    start_detail = next(a.detail for a in store.audit(limit=20)
+                        if a.action == "simulate.start" and a.outcome == "ok")
+    assert start_detail == f"simulation {job_id}"
+
+
+def test_simulation_jobs_are_started_by_operators_and_read_by_viewers(store: Store, clock: FakeClock) -> None:
+    api = Api(store)
+    denied = api.call("POST", "/api/v1/simulations", role="viewer", body=INLINE)
+    assert denied.status_code == 403 and _is_openai_error(denied)
+    bad_policy = api.call("POST", "/api/v1/simulations", body={**INLINE, "policies": ["kpa"]})
+    assert bad_policy.status_code == 400 and _is_openai_error(bad_policy)
+    error = bad_policy.json()["error"]
+    assert error["param"] == "policies" and "policy" in error["message"]
+    bad_body = api.call("POST", "/api/v1/simulations", body={**INLINE, "compress": 0})
+    assert bad_body.status_code == 400 and bad_body.json()["error"]["param"] == "compress"
+    assert api.call("GET", "/api/v1/simulations", role="viewer").json() == []  # nothing refused was started
+
+    job_id = api.call("POST", "/api/v1/simulations", body=INLINE).json()["id"]
+    done, _ = api.follow(job_id)
+    assert done["status"] == "done"
+    assert done["result"]["policies"][1]["replica_seconds"] == pytest.approx(99.5)
+    assert api.call("GET", f"/api/v1/simulations/{job_id}", role="viewer").status_code == 200
+    missing = api.call("GET", f"/api/v1/simulations/{job_id + 1000}", role="viewer")
+    assert missing.status_code == 404 and _is_openai_error(missing)
+    starts = [(a.outcome, a.role) for a in store.audit(limit=20) if a.action == "simulate.start"]
+    assert sorted(starts) == [("error", "operator"), ("ok", "operator")], starts
+
+
+def test_a_bad_trace_ends_the_job_in_error_with_the_reason(
+    store: Store, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CONTROLPLANE_AZURE_TRACE", raising=False)
+    api = Api(store)
+    started = api.call("POST", "/api/v1/simulations", body={"trace": "azure", "policies": ["hpa"]})
+    assert started.status_code == 202, started.text
+    failed, _ = api.follow(started.json()["id"])
+    assert failed["status"] == "error" and "CONTROLPLANE_AZURE_TRACE" in failed["error"], failed
+    assert "result" not in failed
+
+    empty = api.call("POST", "/api/v1/simulations", body={**INLINE, "requests": []})
+    assert empty.status_code == 202  # the lock went with the failed job
+    failed_too, _ = api.follow(empty.json()["id"])
+    assert failed_too["status"] == "error" and "no request" in failed_too["error"]
+    runs = [(a.outcome, a.detail) for a in store.audit(limit=20) if a.action == "simulate.run"]
+    assert [o for o, _ in runs] == ["error", "error"] and "no request" in runs[0][1], runs
+
+
+def test_a_job_survives_a_restart_and_one_left_running_is_interrupted(store: Store, clock: FakeClock) -> None:
+    before = Api(store)
+    job_id = before.call("POST", "/api/v1/simulations", body=INLINE).json()["id"]
+    done, _ = before.follow(job_id)
+    # a job acknowledged by a control plane that was killed during the run: its record says running
+    orphan = store.add_record("simulations", {"status": "running", "trace": "inline", "policies": ["ours"],
+                                              "progress": {"fraction": 0.4, "policy": "ours"}}, key="inline")
+
+    after = Api(store)  # the restarted control plane
+    kept = after.call("GET", f"/api/v1/simulations/{job_id}", role="viewer").json()
+    assert kept["status"] == "done" and kept["result"] == done["result"]
+    cut = after.call("GET", f"/api/v1/simulations/{orphan.id}", role="viewer").json()
+    assert cut["status"] == "interrupted" and "stopped" in cut["error"], cut
+    listed = after.call("GET", "/api/v1/simulations", role="viewer").json()
+    assert [(j["id"], j["status"]) for j in listed] == [(orphan.id, "interrupted"), (job_id, "done")]
+    again = after.call("POST", "/api/v1/simulations", body=INLINE)
+    assert again.status_code == 202, again.text  # nothing holds the lock
+    assert after.follow(again.json()["id"])[0]["status"] == "done"

@@ -14,6 +14,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from selenium.common.exceptions import StaleElementReferenceException
@@ -23,6 +24,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from controlplane.client import ApiError, ControlPlaneClient
+from tests.polling import wait_until
 
 from .conftest import (
     ADMIN_PASSWORD,
@@ -248,26 +250,35 @@ def test_a_drill_aborted_from_the_page_is_compared_with_the_first(console: Conso
 
 
 def test_drill_schedules_are_created_edited_paused_and_deleted(console: Console, driver: WebDriver) -> None:
+    with console.running.client() as api:
+        aimed = max(api.fleet().replicas, key=lambda r: r.replica_id)  # not the first: a real choice
+    log_in(driver, console.url, "admin", console.admin_password)  # also when run on its own (-k)
     driver.get(console.url + "/drills")
     wait_for(driver, "#drills-schedules tr")
     _type(driver, "drills-sched-name", "weekly-crash")
     _type(driver, "drills-sched-cron", "0 3 * * 1")
     _type(driver, "drills-sched-rate", "2")
+    choose(driver, "drills-sched-replica", f"{aimed.replica_id} ({aimed.zone})")
     driver.find_element(By.ID, "drills-sched-create").click()
     wait_text(driver, "#drills-sched-result", r"schedule weekly-crash created; next run \d{4}-")
     wait_for(driver, "#drills-schedules tr[data-name='weekly-crash'][data-paused='false']")
+    [row] = rows_of(driver, "#drills-schedules tr[data-name='weekly-crash']")
+    assert row["aim"] == f"{aimed.replica_id}; rate 2/s" and f"{aimed.replica_id}; rate 2/s" in row["text"]
     with console.running.client() as api:
         [schedule] = api.drill_schedules()
         assert (schedule["scenario_id"], schedule["cron"], schedule["overrides"]) == (
-            "replica-crash", "0 3 * * 1", {"rate": 2.0})
+            "replica-crash", "0 3 * * 1", {"rate": 2.0, "replicas": [aimed.replica_id]})
 
         choose(driver, "drills-sched-pick", "weekly-crash")
         WebDriverWait(driver, 10).until(
             lambda b: b.find_element(By.ID, "drills-sched-cron").get_attribute("value") == "0 3 * * 1")
+        wait_text(driver, "#drills-sched-replica", re.escape(aimed.replica_id))  # the form shows the aim
         _type(driver, "drills-sched-cron", "30 4 * * 2")
         driver.find_element(By.ID, "drills-sched-save").click()
         wait_text(driver, "#drills-sched-result", r"schedule weekly-crash saved")
-        assert api.drill_schedule(schedule["id"])["cron"] == "30 4 * * 2"
+        saved = api.drill_schedule(schedule["id"])
+        assert (saved["cron"], saved["overrides"]) == ("30 4 * * 2",
+                                                       {"rate": 2.0, "replicas": [aimed.replica_id]})
 
         _click(driver, "#drills-schedules tr[data-name='weekly-crash'] button")
         wait_for(driver, "#drills-schedules tr[data-name='weekly-crash'][data-paused='true']")
@@ -339,12 +350,41 @@ def test_autoscaler_policy_editor_and_pause_change_the_live_loop(console: Consol
     assert_no_console_errors(driver, "autoscaler editor")
 
 
+SIM_TRACE_S = 3600  # an hour of the bursty trace, uncompressed: seconds of simulation per policy
+
+
+def _sim_progress(browser: WebDriver) -> list[Any]:
+    """[fraction, policy] of the progress bar shown now (None when there is none), and the table's rows."""
+    return browser.execute_script(  # type: ignore[no-any-return]
+        "const r = document.querySelector('#as-sim-progress #as-sim-running');"
+        "return [r && r.querySelector('progress') ? r.dataset.fraction : null, r ? r.dataset.policy : null,"
+        " document.querySelectorAll('#as-sim-table tr.sim-row').length];")
+
+
 def test_what_if_simulator_compares_policies_on_a_trace(console: Console, driver: WebDriver) -> None:
+    log_in(driver, console.url, "admin", console.admin_password)  # also when run on its own (-k)
     driver.get(console.url + "/autoscaler")
     wait_for(driver, "#as-sim-run")
-    _type(driver, "as-sim-duration", "600")
+    _type(driver, "as-sim-duration", str(SIM_TRACE_S))
+    _type(driver, "as-sim-compress", "1")
     driver.find_element(By.ID, "as-sim-run").click()
-    wait_for(driver, "#as-sim-table tr.sim-row", timeout_s=120)
+
+    # the run is a job in the control plane: the page polls it and shows a progress bar, then the table
+    seen: list[tuple[float, str]] = []
+
+    def table_drawn() -> bool:
+        fraction, policy, rows = _sim_progress(driver)
+        if fraction is not None:
+            seen.append((float(fraction), str(policy)))
+        return bool(rows)
+
+    wait_until(table_drawn, timeout=180, what="the simulation's table", interval=0.1)
+    assert seen, "no progress bar was shown before the table"
+    fractions = [f for f, _ in seen]
+    assert fractions == sorted(fractions) and any(0.0 < f < 1.0 for f in fractions), seen
+    assert {p for _, p in seen} <= {"ours", "hpa"} and seen[0][1] == "ours", seen
+    assert _sim_progress(driver)[0] is None  # the bar goes when the result is drawn
+
     rows = {r["policy"]: r for r in rows_of(driver, "#as-sim-table tr.sim-row")}
     assert set(rows) == {"ours", "hpa"}
     for row in rows.values():
@@ -354,8 +394,13 @@ def test_what_if_simulator_compares_policies_on_a_trace(console: Console, driver
     traces = {t["name"]: t["n"] for t in plot_data(driver, "as-sim-graph")}
     assert traces.get("ours replicas", 0) > 0 and traces.get("hpa replicas", 0) > 0, traces
     with console.running.client() as api:
-        runs = [a for a in api.audit(limit=50) if a["action"] == "simulate.run"]
-    assert runs and runs[0]["outcome"] == "ok" and runs[0]["params"]["duration_s"] == 600
+        audit = api.audit(limit=50)
+        jobs = api.simulations(limit=1)
+    runs = [a for a in audit if a["action"] == "simulate.run"]
+    assert runs and runs[0]["outcome"] == "ok" and runs[0]["params"]["duration_s"] == SIM_TRACE_S
+    starts = [a for a in audit if a["action"] == "simulate.start"]
+    assert starts and starts[0]["outcome"] == "ok" and starts[0]["detail"] == f"simulation {jobs[0]['id']}"
+    assert jobs[0]["status"] == "done" and jobs[0]["progress"]["fraction"] == 1.0
     screenshot(driver, "autoscaler-what-if")
     assert_no_console_errors(driver, "what-if")
 
