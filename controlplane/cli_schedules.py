@@ -41,6 +41,10 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
     edit.add_argument("--scenario", default=None)
     edit.add_argument("--cron", default=None)
     _spec_options(edit)
+    edit.add_argument("--any-replica", action="store_true",
+                      help="drop --replica and --zone: the fault hits the busiest replica at t0 again")
+    edit.add_argument("--poisson", action="store_true",
+                      help="drop --trace: back to the scenario's Poisson arrivals")
     runs = actions.add_parser("runs", help="a schedule's firings, newest first")
     runs.add_argument("id")
     runs.add_argument("--limit", type=int, default=20)
@@ -108,6 +112,20 @@ def trace_load(args: argparse.Namespace) -> dict[str, Any] | None:
     return {"kind": "trace", "trace": args.trace, **{k: v for k, v in trace_options.items() if v is not None}}
 
 
+def _cleared(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``edit --any-replica`` and ``--poisson`` take back (the API's ``[]`` and ``{"kind": "rate"}``)."""
+    out: dict[str, Any] = {}
+    if args.any_replica:
+        if args.replica or args.zone:
+            raise ApiError("--any-replica: leave --replica and --zone out")
+        out.update(replicas=[], zones=[])
+    if args.poisson:
+        if args.trace is not None:
+            raise ApiError("--poisson: leave --trace out")
+        out["load"] = {"kind": "rate"}
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     action = args.schedule_action
     with ControlPlaneClient(args.url, args.token) as client:
@@ -130,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
                                          ("overlap", args.overlap),
                                          ("max_wait_s", args.max_wait),
                                          ("misfire_grace_s", args.misfire_grace)) if v is not None}
+            changes.update(_cleared(args))
             if not changes:
                 raise ApiError("edit: nothing to change (give --cron, --timezone, --rate, --replica, ...)")
             edited = client.edit_drill_schedule(args.id, **changes)

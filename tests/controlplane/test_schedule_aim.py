@@ -226,6 +226,13 @@ def test_cli_schedule_aimed_at_a_missing_replica_under_a_trace_fails_its_firing_
         assert "replicas: no replica 'az-c-2' in the fleet" in runs[0]["reason"], runs[0]
         shown = _cli(url, "runs", schedule["id"])
         assert "error" in shown.stdout and "no replica 'az-c-2'" in shown.stdout
+        both = _cli(url, "edit", schedule["id"], "--any-replica", "--replica", "az-a-0")
+        assert (both.returncode, both.stderr.strip()) == (
+            2, "controlplane: --any-replica: leave --replica and --zone out")
+        cleared = _cli(url, "edit", schedule["id"], "--any-replica", "--poisson")
+        assert cleared.returncode == 0, cleared.stderr
+        with ControlPlaneClient(url, TOKEN) as client:
+            assert client.drill_schedule(schedule["id"])["overrides"] == {}  # the busiest at t0, Poisson
     finally:
         _stop(process)
     assert process.returncode == 0, log.read_text()[-3000:]
