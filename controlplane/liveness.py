@@ -26,7 +26,6 @@ from .gateway_errors import UpstreamError
 
 logger = logging.getLogger(__name__)
 
-STALL_REASONS = ("stall", "timeout")  # a replica that stops producing tokens, not one that refuses
 WATCH_TICKS = 4  # silence checks per stall timeout: a silent replica is found within 1.25 timeouts
 
 
@@ -73,7 +72,7 @@ class Liveness:
 
     def failed(self, exc: UpstreamError) -> None:
         """An upstream failure: a stall or timeout marks the replica stalled; refusals and resets do not."""
-        if exc.reason in STALL_REASONS:
+        if exc.is_silence:
             self.stalled(exc.replica_id, str(exc))
 
     def stalled(self, replica_id: str, why: str) -> None:
