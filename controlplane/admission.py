@@ -118,10 +118,7 @@ class OutlierDetector:
     def record_failure(self, replica_id: str) -> bool:
         """True when this failure ejected the replica."""
         self._failures[replica_id] += 1
-        if replica_id in self.ejected or self._failures[replica_id] < self.eject_after:
-            return False
-        self.ejected.add(replica_id)
-        return True
+        return self._failures[replica_id] >= self.eject_after and self.eject(replica_id)
 
     def eject(self, replica_id: str) -> bool:
         """Eject at once (it said it cannot serve); True unless it already was."""

@@ -239,10 +239,7 @@ class ControlPlaneClient:
         body: dict[str, Any] = {"name": name, "scenario_id": scenario_id, "cron": cron, "timezone": timezone,
                                 "overrides": overrides or {}, "overlap": overlap, "max_wait_s": max_wait_s,
                                 "misfire_grace_s": misfire_grace_s, "coalesce": coalesce, "paused": paused}
-        for field_name, value in (("replicas", replicas), ("zones", zones), ("load", load)):
-            if value:
-                body[field_name] = value
-        return dict(self._call("POST", "/api/v1/drills/schedules", json=body))
+        return dict(self._call("POST", "/api/v1/drills/schedules", json=_aimed(body, replicas, zones, load)))
 
     def edit_drill_schedule(self, schedule_id: str, **changes: Any) -> dict[str, Any]:
         """Change only the given fields (name, scenario_id, cron, timezone, overrides, overlap, replicas,
@@ -283,10 +280,7 @@ class ControlPlaneClient:
                                 "dry_run": dry_run}
         if capacity_deadline_s is not None:
             body["capacity_deadline_s"] = capacity_deadline_s
-        for name, value in (("replicas", replicas), ("zones", zones), ("load", load)):
-            if value:
-                body[name] = value
-        return dict(self._call("POST", "/api/v1/drills/run", json=body))
+        return dict(self._call("POST", "/api/v1/drills/run", json=_aimed(body, replicas, zones, load)))
 
     def drills(self, limit: int = 50) -> list[dict[str, Any]]:
         return list(self._call("GET", "/api/v1/drills", params={"limit": limit}))
@@ -310,16 +304,14 @@ class ControlPlaneClient:
                  **options: Any) -> dict[str, Any]:
         """Run policies on a trace in the fleet simulator (operator); options as in ``POST /api/v1/simulate``
         (compress, token_scale, duration_s, seed, ttft_slo_s, tpot_slo_s, max_replicas, crashes)."""
-        body = {"trace": trace, "policies": policies or ["ours", "hpa"], "requests": requests or [],
-                **options}
+        body = _simulation(trace, policies, requests, options)
         return dict(self._call("POST", "/api/v1/simulate", json=body, timeout=timeout))
 
     def start_simulation(self, *, trace: str = "synthetic-bursty", policies: list[str] | None = None,
                          requests: list[dict[str, Any]] | None = None, **options: Any) -> dict[str, Any]:
         """Start the same run as ``simulate`` as a background job (operator); returns the job (``id``,
         ``status``, ``progress``) at once; follow it with ``simulation(id)``."""
-        body = {"trace": trace, "policies": policies or ["ours", "hpa"], "requests": requests or [],
-                **options}
+        body = _simulation(trace, policies, requests, options)
         return dict(self._call("POST", "/api/v1/simulations", json=body))
 
     def simulation(self, simulation_id: int) -> dict[str, Any]:
@@ -358,6 +350,18 @@ def _message(response: httpx.Response) -> str:
     except ValueError:
         message = None
     return f"HTTP {response.status_code}: {message or response.text[:200]}"
+
+
+def _aimed(body: dict[str, Any], replicas: list[str] | None, zones: list[str] | None,
+           load: dict[str, Any] | None) -> dict[str, Any]:
+    """A drill run's or schedule's body with its aim and load, where given."""
+    return {**body, **{k: v for k, v in (("replicas", replicas), ("zones", zones), ("load", load)) if v}}
+
+
+def _simulation(trace: str, policies: list[str] | None, requests: list[dict[str, Any]] | None,
+                options: dict[str, Any]) -> dict[str, Any]:
+    """The body of a what-if run, synchronous or as a job."""
+    return {"trace": trace, "policies": policies or ["ours", "hpa"], "requests": requests or [], **options}
 
 
 def schedule_aim_and_load(overrides: dict[str, Any]) -> str:
