@@ -10,7 +10,8 @@ round's still run, are not counted.
 The client is the gateway's own upstream client (:class:`~controlplane.upstream_http.UpstreamPool`: a
 keep-alive HTTP/1.1 connection per stream, parsed by httptools). An httpx client spends about as much
 per chunk as the gateway does, and its pauses would land on whichever route runs; for the same reason
-its garbage collector is off while a level runs.
+its garbage collector is off while a level runs, and it parses a stream's events only after the level
+(while requests run it keeps the raw bytes and the time of the first token).
 """
 
 from __future__ import annotations
@@ -110,12 +111,31 @@ def request_body(max_tokens: int) -> dict[str, Any]:
             "ignore_eos": True, "stream": True}
 
 
+@dataclass(slots=True)
+class _Received:
+    """What one request's stream left before it was read: timestamps and the raw body. The events are
+    parsed after the level (:meth:`sample`), so that the client's own work while requests run is only
+    what timing them needs: its CPU is the gateway's CPU too, and every microsecond it spends between
+    chunks during a gateway round would be counted as the gateway's."""
+
+    ticket: Ticket
+    sent: float
+    first: float | None
+    done: float
+    pieces: list[bytes]
+
+    def sample(self) -> RequestSample:
+        return _finished(self.ticket, sent=self.sent, first=self.first, done=self.done,
+                         events=_events(b"".join(self.pieces)))
+
+
 async def stream_once(pool: UpstreamPool, address: tuple[str, int], ticket: Ticket,
-                      body: bytes) -> RequestSample:
+                      body: bytes) -> RequestSample | _Received:
     """One streaming request; failures come back as a sample with ``error``, never as an exception."""
     sent = time.perf_counter()
     first: float | None = None
-    buffer = b""
+    pieces: list[bytes] = []
+    head = b""  # the body until the first token, parsed as it grows
     try:
         async with asyncio.timeout(REQUEST_TIMEOUT_S):
             response = await pool.post(*address, "/v1/completions", body)
@@ -124,15 +144,17 @@ async def stream_once(pool: UpstreamPool, address: tuple[str, int], ticket: Tick
                     text = (await response.aread()).decode(errors="replace")[:ERROR_CHARS]
                     return _sample(ticket, error=f"HTTP {response.status_code}: {text}")
                 async for piece in response.aiter_bytes():
-                    buffer += piece
-                    if first is None and _has_token(buffer):
-                        first = time.perf_counter()
+                    pieces.append(piece)
+                    if first is None:
+                        head += piece
+                        if _has_token(head):
+                            first = time.perf_counter()
                 done = time.perf_counter()
             finally:
-                await response.aclose(reuse=buffer.endswith(b"data: [DONE]\n\n"))
+                await response.aclose(reuse=bool(pieces) and pieces[-1].endswith(b"data: [DONE]\n\n"))
     except (TimeoutError, TransportError) as exc:
         return _sample(ticket, error=f"{type(exc).__name__}: {exc}")
-    return _finished(ticket, sent=sent, first=first, done=done, events=_events(buffer))
+    return _Received(ticket, sent, first, done, pieces)
 
 
 def _has_token(buffer: bytes) -> bool:
@@ -192,7 +214,7 @@ async def run_load(urls: dict[Route, str], *, concurrency: int, num_requests: in
     body = json.dumps(request_body(max_tokens)).encode()
     addresses = {route: _address(url) for route, url in urls.items()}
     tickets = iter(ticket_plan(num_requests, round_size=round_size, concurrency=concurrency))
-    samples: list[RequestSample] = []
+    samples: list[RequestSample | _Received] = []
     pool = UpstreamPool()
 
     async def worker() -> None:
@@ -206,7 +228,7 @@ async def run_load(urls: dict[Route, str], *, concurrency: int, num_requests: in
     finally:
         gc.enable()
         await pool.aclose()
-    return samples
+    return [s.sample() if isinstance(s, _Received) else s for s in samples]
 
 
 def _address(url: str) -> tuple[str, int]:

@@ -19,6 +19,17 @@ from pathlib import Path
 import httpx
 
 
+def unwind_on_sigterm() -> None:
+    """SIGTERM unwinds the main thread as Ctrl-C does (``KeyboardInterrupt``), so that the ``finally``
+    blocks that stop child processes run: a benchmark stopped by ``kill`` or a CI timeout leaves no
+    replica behind. Call it from the main thread of a command that starts replicas."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))

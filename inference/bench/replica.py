@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from inference.bench.report import LoadReport, format_table
 from inference.bench.serve import LoadConfig, run_load
 from inference.config import EngineConfig
 from inference.engine import LLMEngine
-from inference.launcher import ReplicaProcess, free_port
+from inference.launcher import ReplicaProcess, free_port, unwind_on_sigterm
 from inference.models.default import ensure_default_model
 from inference.sampling_params import SamplingParams
 
@@ -113,6 +114,15 @@ def _ms(value: float | None) -> str:  # report distributions are in ms already
 
 
 def main(args: argparse.Namespace) -> int:
+    unwind_on_sigterm()  # a SIGTERM stops the replica it started too
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print("interrupted: the benchmark stopped its replica", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
     ensure_default_model()
     rates = [float(r) for r in args.rates.split(",")]
     datasets = [DatasetConfig(num_requests=args.num_requests, input_len=args.input_len,

@@ -7,13 +7,19 @@ request answered on its route, counts, ordered percentiles, finite added latenci
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from controlplane.bench import main, run_gateway_bench
+from controlplane.bench import format_report, main, run_gateway_bench
 from controlplane.bench_load import ROUTES, round_plan, ticket_plan
+from controlplane.config import STATE_DIR_ENV
 
 LEVELS = (1, 4)
 REQUESTS = 20
@@ -72,4 +78,65 @@ def test_small_run_answers_every_request_on_both_routes(tmp_path: Path) -> None:
             assert 0 < stats.ttft.p50 <= stats.e2e.p50
         for added in (level.added_ttft, level.added_overhead, level.added_e2e):
             assert math.isfinite(added.p50) and math.isfinite(added.p99)
+        cpu = level.gateway_cpu_per_request_s  # the gateway runs in its own process: /proc has its time
+        assert cpu is not None and 0 <= cpu < level.wall_s
     assert result.machine.num_cpus >= 1
+    report = format_report(result)
+    assert result.client_policy == "SCHED_BATCH" or result.client_policy.startswith("default (SCHED_BATCH "
+                                                                                    "unavailable: ")
+    assert f"load client scheduling: {result.client_policy}" in report
+    assert "gateway CPU per request relayed: C=1 " in report and "unknown" not in report
+
+
+def _children(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_sigterm_mid_run_stops_the_replica_and_the_gateway(tmp_path: Path) -> None:
+    """Stopped by ``kill`` (or a CI timeout) in the middle of a level, the benchmark stops what it started:
+    before, SIGTERM ended it without its ``finally`` blocks and left the replica and the gateway running."""
+    env = {**os.environ, STATE_DIR_ENV: str(tmp_path)}
+    bench = subprocess.Popen([sys.executable, "-m", "controlplane.bench", "gateway", "--levels", "1",
+                              "--requests", "100000"], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert bench.stderr is not None
+        for line in bench.stderr:  # the replica and the gateway are up once this is logged
+            if "gateway (process) on" in line:
+                break
+        else:
+            pytest.fail(f"the benchmark exited before it started its processes (rc {bench.wait()})")
+        time.sleep(1.0)  # into the level
+        started = _children(bench.pid)
+        assert len(started) >= 2, started  # the replica and the gateway (and any helper of theirs)
+        bench.send_signal(signal.SIGTERM)
+        _, err = bench.communicate(timeout=60)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert bench.returncode == 130
+    assert "interrupted: the benchmark stopped its replica and gateway" in err
+    deadline = time.monotonic() + 10  # an exiting child may take a moment to be reaped
+    while (left := [pid for pid in started if _alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == [], [Path(f"/proc/{pid}/cmdline").read_bytes()[:200] for pid in left]
