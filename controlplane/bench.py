@@ -10,9 +10,10 @@ it records the client's TTFT (send -> first chunk with a choice, i.e. the first 
 
 The gateway's added latency is estimated two ways: the difference of the routes' TTFT percentiles, and
 per request as client TTFT - replica (queue + prefill), gateway minus direct, which takes out the
-engine's share of each TTFT. By default the gateway runs in its own process: served from a thread of
-the client's process it would share one GIL with the load client, whose timestamps would then wait on the
-gateway's relaying (the switch interval alone is 5 ms), inflating what is measured.
+engine's share of each TTFT. Each added TTFT percentile comes with a 95% interval from resampling whole
+rounds (:mod:`controlplane.bench_stats`). By default the gateway runs in its own process: served from a
+thread of the client's process it would share one GIL with the load client, whose timestamps would then
+wait on the gateway's relaying (the switch interval alone is 5 ms), inflating what is measured.
 """
 
 from __future__ import annotations
@@ -36,11 +37,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-import numpy as np
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.bench_load import MODEL, ROUTES, RequestSample, Route, run_load
+from controlplane.bench_stats import AddedIntervals, Interval, Percentiles, added_interval
 from controlplane.config import STATE_DIR_ENV, GatewayConfig
 from controlplane.gateway import Gateway
 from controlplane.gateway_app import create_gateway_app
@@ -143,24 +144,6 @@ def _load_thread(cpus: Sequence[int]) -> Iterator[str]:
 
 # ---- records ---------------------------------------------------------------------------------
 @dataclass(slots=True, frozen=True)
-class Percentiles:
-    """p50 and p99 in seconds (NaN for no values); differences of two are still Percentiles."""
-
-    p50: float
-    p99: float
-
-    @classmethod
-    def of(cls, values: Sequence[float]) -> Percentiles:
-        if not values:
-            return cls(math.nan, math.nan)
-        p50, p99 = np.percentile(np.asarray(values, dtype=float), [50, 99])
-        return cls(float(p50), float(p99))
-
-    def minus(self, other: Percentiles) -> Percentiles:
-        return Percentiles(self.p50 - other.p50, self.p99 - other.p99)
-
-
-@dataclass(slots=True, frozen=True)
 class RouteStats:
     """One route at one level: successful requests only."""
 
@@ -200,6 +183,15 @@ class LevelResult:
     def added_ttft(self) -> Percentiles:
         """The estimate judged against the targets: gateway TTFT percentile - direct TTFT percentile."""
         return self.gateway.ttft.minus(self.direct.ttft)
+
+    @property
+    def added_ttft_interval(self) -> AddedIntervals:
+        """95% intervals of :attr:`added_ttft`, from resampling rounds (:mod:`controlplane.bench_stats`)."""
+        rounds: dict[Route, dict[int, list[float]]] = {route: {} for route in ROUTES}
+        for s in self.counted:
+            if s.is_success and s.ttft_s is not None:
+                rounds[s.route].setdefault(s.round_index, []).append(s.ttft_s)
+        return added_interval(list(rounds["direct"].values()), list(rounds["gateway"].values()))
 
     @property
     def added_overhead(self) -> Percentiles:
@@ -490,7 +482,8 @@ def format_report(result: GatewayBenchResult) -> str:
              "TTFT: send -> first chunk with a token; E2E: send -> [DONE]. added = gateway - direct, "
              "percentile by percentile;",
              "per-request = client TTFT - replica (queue + prefill), gateway median/p99 - direct median/p99.",
-             ""]
+             "95% CI: from resampling whole rounds of each route (the spread one run leaves); the verdict "
+             "judges the estimate itself.", ""]
     lines += [_verdict(level) for level in result.levels]
     lines.append("gateway CPU per request relayed: " + ", ".join(
         f"C={level.concurrency} {_cpu_ms(level.gateway_cpu_per_request_s)}" for level in result.levels))
@@ -518,11 +511,17 @@ def _table(levels: Sequence[LevelResult]) -> list[str]:
 
 
 def _verdict(level: LevelResult) -> str:
-    added = level.added_ttft
+    added, interval = level.added_ttft, level.added_ttft_interval
     failed = f"; {len(level.failures)} failed requests" if level.failures else ""
-    return (f"C={level.concurrency}: added TTFT p50 {_ms(added.p50)} ms (target <= "
-            f"{TARGET_ADDED_P50_S * 1000:g}), p99 {_ms(added.p99)} ms (target <= "
+    return (f"C={level.concurrency}: added TTFT p50 {_ms(added.p50)} ms {_interval(interval.p50)} (target <= "
+            f"{TARGET_ADDED_P50_S * 1000:g}), p99 {_ms(added.p99)} ms {_interval(interval.p99)} (target <= "
             f"{TARGET_ADDED_P99_S * 1000:g}){failed}: {'PASS' if level.is_pass else 'FAIL'}")
+
+
+def _interval(interval: Interval) -> str:
+    if math.isnan(interval.low):
+        return "[95% CI: too few rounds]"
+    return f"[95% CI {_ms(interval.low)} to {_ms(interval.high)}]"
 
 
 def _cpu_ms(seconds: float | None) -> str:
