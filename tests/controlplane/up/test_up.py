@@ -38,6 +38,12 @@ def test_up_serves_three_ready_replicas_in_three_zones_and_sigterm_leaves_no_chi
     children = replica_pids(running.state_dir)
     assert len(children) == 3
     assert len(prometheus_pids(running.state_dir)) == 1
+    spec = httpx.get(f"{running.api}/openapi.json", timeout=10).json()  # the spec itself is public
+    paths = set(spec["paths"])
+    for path in ("/api/v1/fleet", "/api/v1/fleet/scale", "/api/v1/fleet/rollout", "/api/v1/events",
+                 "/api/v1/metrics/summary", "/api/v1/traces/slow"):
+        assert path in paths, sorted(paths)
+    assert "/api/v1/fleet/replicas/{replica_id}/restart" in paths and "/api/v1/audit" in paths
 
     running.process.send_signal(signal.SIGTERM)
     assert running.process.wait(90) == 0
