@@ -73,7 +73,8 @@ def build(config: Config) -> ControlPlane:
     tokens = TokenAuthority(store)
     secret, created = tokens.ensure_admin(os.environ.get(ADMIN_TOKEN_ENV) or config.api.admin_token or None)
     backend = LocalProcessBackend(log_dir=state / "logs", state_dir=state)
-    fleet = Fleet(config.fleet, backend, store, secret=load_or_create_secret(state / "replica-admin.key"))
+    fleet = Fleet(config.fleet, backend, store, secret=load_or_create_secret(state / "replica-admin.key"),
+                  reserved_ports=config.listener_ports)
     prometheus = _prometheus(config, rule_switches(store))
     telemetry = select_source(config.telemetry, prometheus.url if prometheus else None, fleet.endpoints)
     fleet.error_rate = replica_error_rate(telemetry)

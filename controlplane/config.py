@@ -244,6 +244,12 @@ class Config:
         env = os.environ.get(STATE_DIR_ENV)
         return Path(env) if env else Path.home() / ".local" / "state" / "llm-sre"
 
+    @property
+    def listener_ports(self) -> frozenset[int]:
+        """The ports the control plane's own servers bind; replica ports are chosen around them (a replica
+        spawned before the gateway binds would otherwise take the gateway's port)."""
+        return frozenset({self.api.port, self.gateway.port, self.prometheus.port, self.console.port})
+
 
 def validate(config: Config) -> list[tuple[str, str]]:
     """(key, reason) for every bad value."""

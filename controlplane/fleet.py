@@ -17,7 +17,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -113,8 +113,10 @@ class Fleet:
     def __init__(self, config: FleetConfig, backend: ReplicaBackend, store: FleetStore, *, secret: bytes,
                  clock: Callable[[], float] = time.monotonic,
                  ready_probe: Callable[[ReplicaEndpoint], Any] | None = None,
-                 error_rate: Callable[[str], float | None] = lambda _: None) -> None:
+                 error_rate: Callable[[str], float | None] = lambda _: None,
+                 reserved_ports: frozenset[int] = frozenset()) -> None:
         self.config = config
+        self.reserved_ports = reserved_ports  # the control plane's own listeners: never given to a replica
         self.backend = backend
         self.store = store
         self.secret = secret
@@ -272,7 +274,8 @@ class Fleet:
                 if replica.handle is not None:
                     self._forget(replica)
                 self._event("replica.restarting", replica.spec.replica_id, {"restarts": replica.restarts + 1})
-                self._spawn(replica.spec, restarts=replica.restarts + 1, crash_times=replica.crash_times)
+                self._spawn(self._bindable(replica.spec), restarts=replica.restarts + 1,
+                            crash_times=replica.crash_times)
 
     def _converge_counts(self) -> None:
         if self.rollout is not None:
@@ -428,11 +431,20 @@ class Fleet:
         return f"{zone}-{n}"
 
     def _free_port(self) -> int:
-        used = {r.spec.port for r in self.replicas.values()}
+        used = {r.spec.port for r in self.replicas.values()} | self.reserved_ports
         port = self.config.base_port
         while port in used or not _port_free(port):
             port += 1
         return port
+
+    def _bindable(self, spec: ReplicaSpec) -> ReplicaSpec:
+        """``spec``, or a copy on a free port when something else now listens on its port: a replica that
+        crashed because its port was taken would otherwise crash the same way at every restart."""
+        if spec.port not in self.reserved_ports and _port_free(spec.port):
+            return spec
+        moved = replace(spec, port=self._free_port())
+        self._event("replica.port_moved", spec.replica_id, {"from": spec.port, "to": moved.port})
+        return moved
 
     def _spawn(self, spec: ReplicaSpec, *, restarts: int = 0, crash_times: list[float] | None = None) -> None:
         handle = self.backend.spawn(spec)
@@ -485,7 +497,10 @@ class Fleet:
 
 
 def _port_free(port: int) -> bool:
+    """Whether a server could listen on ``port`` now. SO_REUSEADDR as uvicorn sets it: connections in
+    TIME_WAIT from a replica that just exited do not count as taken, a listening socket does."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((HOST, port))
         except OSError:

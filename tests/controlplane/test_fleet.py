@@ -8,13 +8,14 @@ replica processes.
 from __future__ import annotations
 
 import asyncio
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from controlplane.backends.base import ReplicaHandle, ReplicaSpec
-from controlplane.config import FleetConfig
+from controlplane.config import FleetConfig, load_config
 from controlplane.fleet import Fleet, zone_targets
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
 from controlplane.store import ReplicaRow, Store
@@ -81,7 +82,7 @@ class Harness:
         return [f"{e.kind}:{e.subject}" for e in self.store.events(kind_prefix=prefix, limit=5000)]
 
 
-def make(tmp_path: Path, **overrides: object) -> Harness:
+def make(tmp_path: Path, reserved_ports: frozenset[int] = frozenset(), **overrides: object) -> Harness:
     config = FleetConfig(**{"replicas": 3, "base_port": 18101, **overrides})  # type: ignore[arg-type]
     store = Store(tmp_path / "cp.db")
     backend, clock = SimBackend(), Clock()
@@ -91,7 +92,7 @@ def make(tmp_path: Path, **overrides: object) -> Harness:
         return endpoint.replica_id not in harness.unready
 
     fleet = Fleet(config, backend, store, secret=b"s" * 32, clock=clock, ready_probe=probe,  # type: ignore[arg-type]
-                  error_rate=lambda rid: harness.errors.get(rid))
+                  error_rate=lambda rid: harness.errors.get(rid), reserved_ports=reserved_ports)
     harness = Harness(fleet, backend, clock, store)
     return harness
 
@@ -111,6 +112,36 @@ def test_fresh_fleet_starts_one_replica_per_zone_and_marks_them_ready(tmp_path: 
     assert len({s.port for s in h.backend.spawned}) == 3
     assert {r.replica_id for r in h.store.replicas()} == set(h.states())
     assert len(h.events("replica.spawned")) == 3 and len(h.events("replica.ready")) == 3
+
+
+def test_replica_ports_skip_the_control_planes_own_listeners(tmp_path: Path) -> None:
+    """Replicas spawn before the gateway and the API bind: a port scan alone would hand a replica the
+    gateway's port when it lies in the replica range (seen in CI, where every port is chosen at random)."""
+    h = make(tmp_path, reserved_ports=load_config().listener_ports | {18102, 18104})
+    h.tick()
+    assert sorted(s.port for s in h.backend.spawned) == [18101, 18103, 18105]
+    assert load_config().listener_ports == {8000, 8050, 8080, 9090}
+
+
+def test_replica_whose_port_was_taken_restarts_on_another_port(tmp_path: Path) -> None:
+    h = make(tmp_path)
+    h.tick()
+    h.tick()
+    victim = next(e for e in h.fleet.endpoints() if e.replica_id == "az-a-1")
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", victim.port))
+        squatter.listen()
+        h.backend.running.discard(victim.pid or 0)
+        h.tick(0.1)
+        while h.states()["az-a-1"] == "crashed":
+            h.tick(0.25)
+        h.tick()
+        moved = next(e for e in h.fleet.endpoints() if e.replica_id == "az-a-1")
+    assert h.states()["az-a-1"] == "ready"
+    assert moved.port != victim.port and moved.port not in {e.port for e in h.fleet.endpoints() if e != moved}
+    assert h.backend.spawned[-1].port == moved.port
+    assert h.events("replica.port_moved") == ["replica.port_moved:az-a-1"]
+    assert [r.port for r in h.store.replicas() if r.replica_id == "az-a-1"] == [moved.port]  # adopted there
 
 
 def test_crashed_replica_restarts_with_exponential_backoff_and_a_crash_loop_is_reported(

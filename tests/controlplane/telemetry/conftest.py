@@ -102,6 +102,20 @@ class Observed:
     sources: dict[str, Telemetry]
     server: PrometheusServer | None
     sent: dict[str, int]  # successful requests sent, by replica
+    sent_at: tuple[float, float]  # wall-clock start and end of that traffic
+
+    def explain(self) -> str:
+        """What Prometheus knows of its targets and the tail of its log: attached to a failed assertion."""
+        if self.server is None:
+            return ""
+        try:
+            targets = httpx.get(f"{self.server.url}/api/v1/targets", timeout=5, trust_env=False).json()
+            keys = ("labels", "health", "lastError", "lastScrape", "lastScrapeDuration")
+            health = [{k: t.get(k) for k in keys} for t in targets["data"]["activeTargets"]]
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            health = [{"error": str(exc)}]
+        log = self.server.log_path.read_text(errors="replace").splitlines()[-20:]
+        return f"traffic at {self.sent_at}; targets: {health}; prometheus log:\n" + "\n".join(log)
 
 
 @pytest.fixture(scope="session")
@@ -174,8 +188,9 @@ def observed(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             wait_until(functools.partial(_observes_fleet, source, fleet), timeout=OBSERVE_TIMEOUT_S,
                        what=f"the {name} source to scrape both replicas twice")
         time.sleep(HISTORY_SCRAPES * SCRAPE_INTERVAL_S)
+        began = time.time()
         sent = send_traffic(fleet)
-        yield Observed(fleet, sources, server, sent)
+        yield Observed(fleet, sources, server, sent, (began, time.time()))
     finally:
         for source in sources.values():
             source.stop()

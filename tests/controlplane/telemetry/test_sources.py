@@ -25,7 +25,7 @@ from controlplane.telemetry import (
     Telemetry,
 )
 
-from .conftest import MAX_TOKENS, WINDOW_S, Observed, wait_until
+from .conftest import MAX_TOKENS, SCRAPE_INTERVAL_S, WINDOW_S, Observed, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -149,14 +149,17 @@ def test_summary_of_an_unknown_zone_has_no_made_up_numbers(source: Telemetry) ->
 
 def test_range_gives_chart_series_per_replica(source: Telemetry, observed: Observed) -> None:
     settled_rates(source, observed)
+    scraped_after = observed.sent_at[1] + 3 * SCRAPE_INTERVAL_S  # a scrape after the last request is in
+    time.sleep(max(0.0, scraped_after + 2 - time.time()))
     end = time.time()
-    start = end - 20
+    start = observed.sent_at[0] - 10  # the chart spans the traffic: every window after it holds it
     lines = source.range("rate", GENERATION_TOKENS, start=start, end=end, step=2)
-    assert {s.group for s in lines} == {(rid,) for rid in observed.sent}
+    assert [s.group for s in lines] == sorted((rid,) for rid in observed.sent), observed.explain()
     for line in lines:
         assert line.labels == {"replica": line.group[0]}
         times = [t for t, _ in line.points]
         assert times == sorted(times) and start - 1 <= times[0] and times[-1] <= end + 1
-        assert any(v > 0 for _, v in line.points), line
+        after = [v for t, v in line.points if t >= scraped_after]
+        assert after and all(v > 0 for v in after), (line, observed.explain())
     p99 = source.range("quantile", TTFT, start=start, end=end, step=5, q=0.99, by=())
     assert len(p99) == 1 and p99[0].points and all(v > 0 for _, v in p99[0].points)
