@@ -149,8 +149,11 @@ def test_summary_of_an_unknown_zone_has_no_made_up_numbers(source: Telemetry) ->
 
 def test_range_gives_chart_series_per_replica(source: Telemetry, observed: Observed) -> None:
     settled_rates(source, observed)
-    scraped_after = observed.sent_at[1] + 3 * SCRAPE_INTERVAL_S  # a scrape after the last request is in
-    time.sleep(max(0.0, scraped_after + 2 - time.time()))
+    # A range's last point can lie up to a step and a half-second rounding before ``end`` (Prometheus'
+    # client sends whole seconds), so it may miss the scrape an instant query at ``end`` saw: the
+    # points checked lie a few scrapes after the traffic, and the range reaches past them.
+    scraped_after = observed.sent_at[1] + 3 * SCRAPE_INTERVAL_S
+    time.sleep(max(0.0, scraped_after + 3 - time.time()))
     end = time.time()
     start = observed.sent_at[0] - 10  # the chart spans the traffic: every window after it holds it
     lines = source.range("rate", GENERATION_TOKENS, start=start, end=end, step=2)
