@@ -244,7 +244,7 @@ class PrometheusServer:
             while True:
                 if self.process is not None and self.process.poll() is not None:
                     raise PrometheusError(f"prometheus exited with {self.process.returncode} before it was "
-                                          f"ready{self._log_tail()}")
+                                          f"ready{self.log_tail()}")
                 try:
                     if http.get(f"{self.url}/-/ready").status_code == 200 and self._answers_as_ours(http):
                         return
@@ -252,7 +252,7 @@ class PrometheusServer:
                     pass
                 if time.monotonic() > deadline:
                     raise PrometheusError(f"prometheus not ready after {self.ready_timeout_s:g}s"
-                                          f"{self._log_tail()}")
+                                          f"{self.log_tail()}")
                 time.sleep(POLL_S)
 
     def _answers_as_ours(self, http: httpx.Client) -> bool:
@@ -314,7 +314,8 @@ class PrometheusServer:
             os.kill(pid, signal.SIGKILL)
         self.pid_path.unlink(missing_ok=True)
 
-    def _log_tail(self) -> str:
+    def log_tail(self) -> str:
+        """The last lines of its log, each on a new line (empty when there is no log): for error messages."""
         if not self.log_path.exists():
             return ""
         lines = self.log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]

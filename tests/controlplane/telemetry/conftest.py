@@ -114,8 +114,7 @@ class Observed:
             health = [{k: t.get(k) for k in keys} for t in targets["data"]["activeTargets"]]
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             health = [{"error": str(exc)}]
-        log = self.server.log_path.read_text(errors="replace").splitlines()[-20:]
-        return f"traffic at {self.sent_at}; targets: {health}; prometheus log:\n" + "\n".join(log)
+        return f"traffic at {self.sent_at}; targets: {health}; prometheus log:{self.server.log_tail()}"
 
 
 @pytest.fixture(scope="session")
