@@ -1,4 +1,4 @@
-"""``python -m chaos.drills bench``: the zone-outage drill at two load levels, N runs each, with RTO and RPO.
+"""``python -m chaos.drill_bench``: the zone-outage drill at two load levels, N runs each, with RTO and RPO.
 
 It drives a control plane through its REST API only (chaos never imports the control plane): the one at
 ``--url`` with ``--token``, or, without ``--url``, one it starts itself (``python -m controlplane up`` on free
@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from chaos.drills import percentile
+from chaos.drill_figures import percentile
 from inference.launcher import free_port
 
 FINISHED = ("passed", "failed", "aborted", "error", "interrupted")
@@ -185,9 +185,8 @@ def format_table(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m chaos.drills")
-    sub = p.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("bench", help="the zone-outage drill at two load levels, N runs each")
+    b = argparse.ArgumentParser(prog="python -m chaos.drill_bench",
+                                description="the zone-outage drill at two load levels, N runs each")
     b.add_argument("--url", default=None, help="a running control plane (default: start one)")
     b.add_argument("--token", default=os.environ.get("CONTROLPLANE_TOKEN"), help="operator token")
     b.add_argument("--scenario", default="zone-outage")
@@ -197,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--max-tokens", type=int, default=24)
     b.add_argument("--replicas", type=int, default=3, help="fleet size when starting our own")
     b.add_argument("--json", type=Path, default=None, help="also write the results here")
-    args = p.parse_args(argv)
+    args = b.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
     try:
         if args.url:
@@ -219,3 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2))
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """RTO/RPO failover drills: steady state -> load -> fault at t0 -> observe -> revert -> report.
 
-Where it sits: the control plane's ``DrillService`` (``controlplane.drills_api``) hands a
+Where it sits: the control plane's ``DrillService`` (``controlplane.drills.service``) hands a
 :class:`DrillRunner` a :class:`DrillPort` (fleet view, targets, rollout trigger, gateway events, store marks)
 and the :class:`~chaos.safety.FaultManager`; the runner starts the load client as a separate process
 (``python -m inference.bench serve`` against the gateway, loopback only, temperature 0, fixed seed,
@@ -86,7 +86,7 @@ class DrillAborted(Exception):
 
 # ---- what the control plane provides ----------------------------------------------------------------
 class DrillPort(Protocol):
-    """The control plane as a drill needs it (``controlplane.drills_api.FleetDrillPort`` satisfies it)."""
+    """The control plane as a drill needs it (``controlplane.drills.port.FleetDrillPort`` satisfies it)."""
 
     @property
     def gateway_url(self) -> str: ...
@@ -542,8 +542,3 @@ __all__ = ["SCENARIOS", "ClientRequest", "DrillError", "DrillPort", "DrillRunner
            "Prediction", "Thresholds", "Timings", "client_timeline", "derive_figures", "percentile",
            "predict", "scenario", "timeline_series", "verdict"]
 
-
-if __name__ == "__main__":
-    from chaos.drill_bench import main
-
-    sys.exit(main())

@@ -7,7 +7,8 @@ leaves a ledger row that :meth:`FaultManager.revert_leftovers` undoes at the nex
 big red button: every active fault is reverted concurrently within a deadline and nothing new goes in until
 ``release()``. Revert failures are values: stored as ``revert_failed`` with the error, never raised.
 
-The ledger is a protocol that ``controlplane.store.Store`` satisfies (chaos never imports the control plane).
+The ledger is a protocol that ``controlplane.store.database.Store`` satisfies (chaos never imports the control
+plane).
 
 Stop conditions for experiments and drills (:class:`StopCondition`, :class:`StopMonitor`, :func:`guard`,
 the ready-made conditions and :func:`fleet_conditions`) live in :mod:`chaos.stop_conditions`, the clock in
@@ -27,7 +28,15 @@ from typing import Any, Literal, Protocol
 
 from chaos.catalogue import Catalogue
 from chaos.clock import Clock, MonotonicClock
-from chaos.faults.base import Fault, FaultError, FaultKindInfo, FaultSpec, RevertFailed, RevertToken
+from chaos.faults.base import (
+    Fault,
+    FaultError,
+    FaultKindInfo,
+    FaultSpec,
+    RevertFailed,
+    RevertResult,
+    RevertToken,
+)
 from chaos.stop_conditions import (
     DEFAULT_CHECK_INTERVAL_S,
     Comparison,
@@ -87,7 +96,7 @@ class LedgerRow(Protocol):
 
 
 class Ledger(Protocol):
-    """The durable faults ledger (``controlplane.store.Store`` satisfies it)."""
+    """The durable faults ledger (``controlplane.store.database.Store`` satisfies it)."""
 
     def register_fault(self, kind: str, target: str, params: Mapping[str, Any],
                        revert: Mapping[str, Any]) -> LedgerRow: ...
@@ -142,14 +151,6 @@ class ActiveFault:
     @property
     def ok(self) -> bool:
         return self.error is None
-
-
-@dataclass(slots=True, frozen=True)
-class RevertResult:
-    fault_id: int
-    ok: bool
-    detail: str = ""
-    retryable: bool = False
 
 
 @dataclass(slots=True, frozen=True)

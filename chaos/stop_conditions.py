@@ -2,9 +2,9 @@
 
 Where it sits: the experiment runner (:mod:`chaos.experiment`), the drills and the REST API build
 conditions from the limits a user gives; a monitor watches them while the work runs and, on a trip, the
-work is cancelled and its faults reverted through :class:`chaos.safety.FaultManager` (which this module
-only names for typing, so the two import each other only for the type checker). ``chaos.safety``
-re-exports every public name here, so ``from chaos.safety import StopCondition`` keeps working.
+work is cancelled and its faults reverted through a :class:`Reverter` (``chaos.safety.FaultManager``
+satisfies it; this module does not import it). ``chaos.safety`` re-exports every public name here, so
+``from chaos.safety import StopCondition`` keeps working.
 
 A :class:`StopCondition` is a name, a probe (a callable, sync or async, returning a float, or None for "no
 data", which never trips), a comparison and a threshold; it *trips* when ``value <comparison> threshold``
@@ -37,12 +37,10 @@ import math
 import operator
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from chaos.clock import Clock, MonotonicClock
-
-if TYPE_CHECKING:  # safety re-exports this module: importing it at run time would be circular
-    from chaos.safety import FaultManager, RevertResult
+from chaos.faults.base import RevertResult
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +204,12 @@ class StopMonitor:
             await self._clock.sleep(self.interval_s)
 
 
+class Reverter(Protocol):
+    """What reverts a run's faults when a condition trips (``chaos.safety.FaultManager``)."""
+
+    async def revert(self, fault_id: int) -> RevertResult: ...
+
+
 @dataclass(slots=True, frozen=True)
 class Guarded(Generic[T]):
     """What :func:`guard` saw: the work's result, or the trip that cancelled it and the reverts it did."""
@@ -219,7 +223,7 @@ class Guarded(Generic[T]):
         return self.trip is not None
 
 
-async def guard(work: Coroutine[Any, Any, T], monitor: StopMonitor, *, manager: FaultManager | None = None,
+async def guard(work: Coroutine[Any, Any, T], monitor: StopMonitor, *, manager: Reverter | None = None,
                 fault_ids: Callable[[], Iterable[int]] = tuple,
                 on_trip: Callable[[StopTrip], Awaitable[None] | None] | None = None) -> Guarded[T]:
     """Run ``work`` while ``monitor`` watches; on a trip cancel it and revert the run's faults.
@@ -252,7 +256,7 @@ async def guard(work: Coroutine[Any, Any, T], monitor: StopMonitor, *, manager: 
     return Guarded(None, trip, reverts)
 
 
-async def abort_run(trip: StopTrip, *, manager: FaultManager | None,
+async def abort_run(trip: StopTrip, *, manager: Reverter | None,
                     fault_ids: Iterable[int]) -> tuple[RevertResult, ...]:
     """Revert every fault of a run that a stop condition aborted; failures come back as values."""
     ids = sorted(set(fault_ids))

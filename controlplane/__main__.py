@@ -2,6 +2,6 @@
 
 import sys
 
-from controlplane.cli import main
+from controlplane.cli.main import main
 
 sys.exit(main())

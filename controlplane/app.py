@@ -25,24 +25,26 @@ import uvicorn
 from chaos.catalogue import default_catalogue
 from chaos.drills import DrillRunner
 from chaos.safety import FaultManager
-from controlplane.alert_delegation import delegated_rules_path
-from controlplane.alerts import alert_delegation, build_engine, rule_file_writer, rule_switches
-from controlplane.api import Services, create_api
+from controlplane.alerts.delegation import delegated_rules_path
+from controlplane.alerts.engine import alert_delegation, build_engine, rule_file_writer, rule_switches
+from controlplane.api.auth import ADMIN_PASSWORD_ENV, FIRST_ADMIN_NAME, USERS_ENV, ensure_users, parse_users
+from controlplane.api.factory import Services, create_api
 from controlplane.auth import Auditor, TokenAuthority
-from controlplane.auth_api import ADMIN_PASSWORD_ENV, FIRST_ADMIN_NAME, USERS_ENV, ensure_users, parse_users
-from controlplane.autoscaler import Autoscaler
-from controlplane.backends.local import LocalProcessBackend
+from controlplane.autoscale.loop import Autoscaler
 from controlplane.client import TOKEN_ENV
 from controlplane.config import Config, ConfigError
-from controlplane.drills_api import DrillService, FleetDrillPort
-from controlplane.fleet import Fleet, load_or_create_secret
-from controlplane.gateway import Gateway
-from controlplane.gateway_app import create_gateway_app
-from controlplane.prometheus import PrometheusServer
+from controlplane.drills.port import FleetDrillPort
+from controlplane.drills.service import DrillService
+from controlplane.fleet.backends.local import LocalProcessBackend
+from controlplane.fleet.reconcile import Fleet, load_or_create_secret
+from controlplane.gateway.handler import Gateway
+from controlplane.gateway.server import create_gateway_app
 from controlplane.replicas import ReplicaLoad
-from controlplane.schedules import drill_scheduler
-from controlplane.store import Store
-from controlplane.telemetry import Regex, Telemetry, TelemetryError, select_source
+from controlplane.schedules.scheduler import drill_scheduler
+from controlplane.store.database import Store
+from controlplane.telemetry.base import Regex, Telemetry, TelemetryError
+from controlplane.telemetry.prometheus import PrometheusServer
+from controlplane.telemetry.select import select_source
 from controlplane.traces import TraceSampler
 
 logger = logging.getLogger(__name__)
@@ -163,7 +165,7 @@ def _prometheus(config: Config, switches: Mapping[str, bool]) -> PrometheusServe
     server = PrometheusServer(config.prometheus, config.state_path / "prometheus",
                               static_jobs={"controlplane": [f"{api.host}:{api.port}"],
                                            "gateway": [f"{gw.host}:{gw.port}"]},
-                              **alert_delegation(config, switches))
+                              **alert_delegation(config.alerts, config.state_path, switches))
     if not server.is_available():
         if config.prometheus.enabled == "on":
             raise RuntimeError("unavailable: prometheus binary not found (install Debian's prometheus)")
@@ -218,14 +220,15 @@ async def serve(cp: ControlPlane) -> None:
     leftovers = await chaos.revert_leftovers()  # a crash mid-drill leaves nothing paused or partitioned
     if leftovers:
         logger.warning("reverted %d faults left active by an earlier control plane", len(leftovers))
-    drill_port = FleetDrillPort(cfg, cp.fleet, cp.store, inflight=cp.gateway.inflight)
+    drill_port = FleetDrillPort(cp.fleet, cp.store, gateway=cfg.gateway, state_path=cfg.state_path,
+                                inflight=cp.gateway.inflight)
     drills = DrillService(DrillRunner(drill_port, chaos), cp.store, cfg.state_path,
                           loop=asyncio.get_running_loop())
     drills.mark_interrupted()  # a report left "running" by a crash mid-drill
     alerts = build_engine(cfg.alerts, store=cp.store, auditor=Auditor(cp.store), telemetry=cp.telemetry,
                           fleet=cp.fleet, abort_drill=abort_running_drill(drills))
     if cp.prometheus is not None and cfg.alerts.alertmanager_url:  # it evaluates the rules: keep it in step
-        alerts.on_rules_changed = rule_file_writer(delegated_rules_path(cfg), cp.prometheus.reload)
+        alerts.on_rules_changed = rule_file_writer(delegated_rules_path(cfg.state_path), cp.prometheus.reload)
     services = Services(cp.fleet, cp.store, TokenAuthority(cp.store), Auditor(cp.store), cp.telemetry,
                         chaos, alerts=alerts, drills=drills)
     autoscaler = services.autoscaler = Autoscaler(cfg.autoscaler, cp.fleet, cp.telemetry, cp.store)

@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
-from controlplane.store import AuditRecord, Outcome, Store, StoreConflictError, redact
+from controlplane.store.database import AuditRecord, Outcome, Store, StoreConflictError, redact
 
 log = logging.getLogger(__name__)
 

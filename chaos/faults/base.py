@@ -35,6 +35,17 @@ class RevertFailed(FaultError):
 
 
 @dataclass(slots=True, frozen=True)
+class RevertResult:
+    """How one revert went; a failure is a value (``ok`` False), with whether a retry may help."""
+
+    fault_id: int
+    ok: bool
+    detail: str = ""
+    retryable: bool = False
+
+
+
+@dataclass(slots=True, frozen=True)
 class FaultSpec:
     """What to inject, with what parameters, for how long, and where."""
 

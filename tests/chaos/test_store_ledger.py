@@ -13,7 +13,7 @@ from pathlib import Path
 from chaos.catalogue import Catalogue
 from chaos.faults.base import FaultSpec
 from chaos.safety import FaultManager, Ledger
-from controlplane.store import Store
+from controlplane.store.database import Store
 
 from .fakes import FakeClock, RecordingFault, fleet
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.store import Store
+from controlplane.store.database import Store
 
 
 class FakeClock:

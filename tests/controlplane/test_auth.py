@@ -22,7 +22,7 @@ from controlplane.auth import (
     install,
     require,
 )
-from controlplane.store import Store
+from controlplane.store.database import Store
 
 from .conftest import FakeClock
 

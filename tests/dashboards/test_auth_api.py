@@ -10,8 +10,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from controlplane.auth import Auditor, Role, TokenAuthority, check_password, hash_password, install
-from controlplane.auth_api import (
+from controlplane.api.auth import (
     FIRST_ADMIN_NAME,
     MAX_SESSION_TTL_S,
     USERS_ENV,
@@ -20,7 +19,8 @@ from controlplane.auth_api import (
     ensure_users,
     parse_users,
 )
-from controlplane.store import Store
+from controlplane.auth import Auditor, Role, TokenAuthority, check_password, hash_password, install
+from controlplane.store.database import Store
 from tests.controlplane.conftest import FakeClock
 
 

@@ -16,10 +16,10 @@ import uvicorn
 from fastapi import FastAPI
 from flask.testing import FlaskClient
 
+from controlplane.api.auth import auth_router
 from controlplane.auth import Auditor, TokenAuthority, hash_password, install
-from controlplane.auth_api import auth_router
 from controlplane.client import ControlPlaneClient
-from controlplane.store import Store
+from controlplane.store.database import Store
 from dashboards.app import ConsoleConfig, create_console
 from dashboards.session import Session, SessionStore
 from inference.launcher import free_port

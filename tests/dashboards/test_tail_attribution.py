@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.api import STAGES, stage_times, tail_attribution
+from controlplane.api.factory import STAGES, stage_times, tail_attribution
 from controlplane.traces import TraceRecord
 
 

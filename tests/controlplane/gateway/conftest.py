@@ -26,9 +26,9 @@ import httpx
 import pytest
 import uvicorn
 
-from controlplane.config import GatewayConfig
-from controlplane.gateway import Gateway
-from controlplane.gateway_app import create_gateway_app
+from controlplane.gateway.config import GatewayConfig
+from controlplane.gateway.handler import Gateway
+from controlplane.gateway.server import create_gateway_app
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
 from controlplane.traces import TraceRecord
 from inference.launcher import ReplicaProcess, free_port

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from controlplane.assembly import PATHS, RequestParams, StreamAssembly
+from controlplane.gateway.assembly import PATHS, RequestParams, StreamAssembly
 
 from .conftest import (
     Fleet,

@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from controlplane.admission import RetryBudget, TokenBucket, shed_limit
-from controlplane.assembly import RequestParams, StreamAssembly
-from controlplane.config import GatewayConfig
-from controlplane.gateway import Gateway
-from controlplane.gateway_app import create_gateway_app
+from controlplane.gateway.admission import RetryBudget, TokenBucket, shed_limit
+from controlplane.gateway.assembly import RequestParams, StreamAssembly
+from controlplane.gateway.config import GatewayConfig
+from controlplane.gateway.handler import Gateway
+from controlplane.gateway.server import create_gateway_app
 from controlplane.replicas import ReplicaState
 from controlplane.traces import TraceRecord
 

@@ -13,7 +13,7 @@ import pytest
 from chaos.faults.base import FaultSpec
 from chaos.faults.link import LinkAbortFault, LinkDelayFault
 from chaos.targets import Selector
-from controlplane.toxics import LinkToxics
+from controlplane.gateway.toxics import LinkToxics
 
 from .fakes import expected_completion, sse_payloads, stream_token_ids
 from .test_fake_replicas import Harness, body_of, path_of, run

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from controlplane.upstream_http import TransportError, UpstreamPool
+from controlplane.gateway.upstream_http import TransportError, UpstreamPool
 from inference.launcher import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]

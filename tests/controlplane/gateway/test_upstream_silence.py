@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Mapping
 
 import pytest
 
-from controlplane.gateway_errors import UpstreamError
+from controlplane.gateway.errors import UpstreamError
+from controlplane.gateway.upstream import Upstream
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
-from controlplane.upstream import Upstream
 
 TIMEOUT_S = 0.3
 ENDPOINT = ReplicaEndpoint("r0", "az-a", "127.0.0.1", 1, ReplicaState.READY, "default")

@@ -23,11 +23,11 @@ from typing import TypeVar
 import httpx
 import pytest
 
-from controlplane.config import PrometheusConfig
-from controlplane.prometheus import UNAVAILABLE, PrometheusServer, PrometheusSource
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
-from controlplane.scraper import ScraperSource
-from controlplane.telemetry import REQUEST_SUCCESS, Telemetry
+from controlplane.telemetry.base import REQUEST_SUCCESS, Telemetry
+from controlplane.telemetry.config import PrometheusConfig
+from controlplane.telemetry.prometheus import UNAVAILABLE, PrometheusServer, PrometheusSource
+from controlplane.telemetry.scraper import ScraperSource
 from inference.launcher import ReplicaProcess, free_port
 from inference.models.default import ensure_default_model
 from tests import polling

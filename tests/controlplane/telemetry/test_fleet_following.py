@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controlplane.prometheus import PrometheusServer, PrometheusSource
 from controlplane.replicas import ReplicaEndpoint
-from controlplane.scraper import ScraperSource
-from controlplane.telemetry import NUM_RUNNING, Telemetry
+from controlplane.telemetry.base import NUM_RUNNING, Telemetry
+from controlplane.telemetry.prometheus import PrometheusServer, PrometheusSource
+from controlplane.telemetry.scraper import ScraperSource
 
 from .conftest import SCRAPE_INTERVAL_S, Fleet, pid_exists, prometheus_config, require_binary, wait_until
 

@@ -10,8 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controlplane.config import PrometheusConfig
-from controlplane.prometheus import (
+from controlplane.replicas import ReplicaEndpoint, ReplicaState
+from controlplane.telemetry.base import Regex, TelemetryError
+from controlplane.telemetry.config import PrometheusConfig
+from controlplane.telemetry.prometheus import (
     UNAVAILABLE,
     PrometheusError,
     PrometheusServer,
@@ -23,8 +25,6 @@ from controlplane.prometheus import (
     rate_query,
     selector,
 )
-from controlplane.replicas import ReplicaEndpoint, ReplicaState
-from controlplane.telemetry import Regex, TelemetryError
 from inference.launcher import free_port
 
 from .conftest import pid_exists, prometheus_config

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.prometheus import gauge_query, quantile_query, rate_query
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
-from controlplane.scraper import ScraperSource
-from controlplane.telemetry import Group
+from controlplane.telemetry.base import Group
+from controlplane.telemetry.prometheus import gauge_query, quantile_query, rate_query
+from controlplane.telemetry.scraper import ScraperSource
 
 STEP_S = 10
 NUM_STEPS = 7  # samples at 0, 10, ..., 60 s

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from controlplane.scraper import extrapolated_rate, histogram_quantile
+from controlplane.telemetry.scraper import extrapolated_rate, histogram_quantile
 
 INF = math.inf
 

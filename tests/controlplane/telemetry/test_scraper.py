@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
-from controlplane.scraper import ScraperSource
-from controlplane.telemetry import Scope
+from controlplane.telemetry.base import Scope
+from controlplane.telemetry.scraper import ScraperSource
 
 INTERVAL_S = 2.0
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from controlplane.telemetry import (
+from controlplane.telemetry.base import (
     DECODE_TIME,
     GENERATION_TOKENS,
     KV_USAGE,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.config import TelemetryConfig
-from controlplane.prometheus import PrometheusSource
 from controlplane.replicas import ReplicaEndpoint
-from controlplane.scraper import ScraperSource
-from controlplane.telemetry import Regex, Scope, TelemetryError, label_matches, select_source
+from controlplane.telemetry.base import Regex, Scope, TelemetryError, label_matches
+from controlplane.telemetry.config import TelemetryConfig
+from controlplane.telemetry.prometheus import PrometheusSource
+from controlplane.telemetry.scraper import ScraperSource
+from controlplane.telemetry.select import select_source
 
 
 @pytest.mark.parametrize(("text", "scope", "matchers"), [

@@ -20,7 +20,7 @@ import pytest
 
 from chaos.drill_bench import quiet_base_port
 from controlplane.client import ApiError, ControlPlaneClient
-from controlplane.drill_report import timeline_figure
+from controlplane.drills.report import timeline_figure
 from inference.bench.datasets import read_trace
 from inference.bench.report import read_jsonl
 from inference.launcher import free_port

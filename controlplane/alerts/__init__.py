@@ -1,0 +1,1 @@
+"""Alert rules, their engine and actions, and their delegation to Prometheus/Alertmanager."""

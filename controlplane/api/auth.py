@@ -1,0 +1,149 @@
+"""Console users: who they are (hashed passwords in the store) and how they turn a password into a token.
+
+Where it sits: ``controlplane up`` calls :func:`ensure_users` at start (users from the ``[console]`` config
+and ``$CONTROLPLANE_USERS``, and a first admin whose password is ``$CONTROLPLANE_ADMIN_PASSWORD``, the
+config's ``console.admin_password``, or generated and printed once). The console posts a user's name and
+password to ``POST /api/v1/auth/login`` and gets back a short-lived bearer token of that user's role; every
+later call of that browser session carries it, so the API itself refuses what the role may not do.
+``POST /api/v1/auth/logout`` revokes the caller's token. Every login, failed or not, is audited.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from controlplane.auth import (
+    Auditor,
+    Principal,
+    Role,
+    TokenAuthority,
+    check_password,
+    hash_password,
+    openai_error,
+    require,
+)
+from controlplane.store.database import AuditRecord, Store, StoreConflictError
+
+log = logging.getLogger(__name__)
+
+ADMIN_PASSWORD_ENV = "CONTROLPLANE_ADMIN_PASSWORD"
+USERS_ENV = "CONTROLPLANE_USERS"  # comma-separated NAME:ROLE:PASSWORD_HASH entries, as in console.users
+FIRST_ADMIN_NAME = "admin"
+DEFAULT_SESSION_TTL_S = 3600.0
+MAX_SESSION_TTL_S = 12 * 3600.0
+USER_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+# A wrong user name costs as much as a wrong password: the timing does not tell which names exist.
+_DUMMY_HASH = hash_password(secrets.token_urlsafe(16))
+
+
+@dataclass(slots=True, frozen=True)
+class UserEntry:
+    """A configured user: ``NAME:ROLE:PASSWORD_HASH`` (the hash from ``controlplane hash-password``)."""
+
+    name: str
+    role: Role
+    password_hash: str
+
+    @classmethod
+    def parse(cls, text: str) -> UserEntry:
+        name, _, rest = text.strip().partition(":")
+        role_text, _, password_hash = rest.partition(":")
+        if not USER_NAME.match(name):
+            raise ValueError(f"user entry: bad name {name!r} (expected NAME:ROLE:PASSWORD_HASH)")
+        try:
+            role = Role(role_text)
+        except ValueError as exc:
+            raise ValueError(f"user {name}: role must be viewer, operator or admin: {role_text!r}") from exc
+        if not password_hash.startswith("scrypt$"):
+            raise ValueError(f"user {name}: the password must be a hash from `controlplane hash-password`")
+        return cls(name, role, password_hash)
+
+
+def parse_users(config_entries: Sequence[str], env: Mapping[str, str]) -> list[UserEntry]:
+    """Users from the config, then from ``$CONTROLPLANE_USERS``; a bad entry raises ValueError."""
+    texts = [*config_entries, *(e for e in env.get(USERS_ENV, "").split(",") if e.strip())]
+    return [UserEntry.parse(t) for t in texts]
+
+
+def ensure_users(store: Store, entries: Sequence[UserEntry], admin_password: str | None) -> str | None:
+    """Add configured users missing from the store, and a first admin when no admin user exists.
+
+    The first admin's password is ``admin_password`` or a generated one; returns the password when this
+    call created the first admin with a generated one (to print once), else None. Existing users are left
+    as they are: the store is the authority once a user exists.
+    """
+    known = {u.name for u in store.users()}
+    for entry in entries:
+        if entry.name not in known:
+            _add_user(store, entry.name, entry.password_hash, entry.role)
+            known.add(entry.name)
+    if any(u.role == Role.ADMIN.value for u in store.users()):
+        return None
+    password = admin_password or secrets.token_urlsafe(12)
+    _add_user(store, FIRST_ADMIN_NAME, hash_password(password), Role.ADMIN)
+    return None if admin_password else password
+
+
+def _add_user(store: Store, name: str, password_hash: str, role: Role) -> None:
+    try:
+        store.add_user(name, password_hash, role.value)
+        log.info("user added name=%s role=%s", name, role.value)
+    except StoreConflictError:  # another control plane added it at the same moment
+        log.info("user name=%s exists already", name)
+
+
+class LoginRequest(BaseModel):
+    user: str = Field(min_length=1, max_length=64)
+    password: str = Field(min_length=1, max_length=1024)
+    ttl_s: float = Field(DEFAULT_SESSION_TTL_S, gt=0, le=MAX_SESSION_TTL_S)
+
+
+def auth_router(store: Store, tokens: TokenAuthority, auditor: Auditor) -> APIRouter:
+    router = APIRouter(prefix="/api/v1/auth", tags=["security"])
+    viewer = require(Role.VIEWER)
+
+    @router.post("/login", response_model=None)
+    def login(body: LoginRequest) -> dict[str, object] | JSONResponse:
+        # A plain def: scrypt takes tens of milliseconds, so FastAPI runs it in a worker thread.
+        user = store.user(body.user)
+        matches = check_password(body.password, user.password_hash if user else _DUMMY_HASH)
+        role = _role(user.role) if user is not None else None
+        if user is None or not matches or role is None:
+            store.add_audit(AuditRecord(actor=body.user, role="-", action="auth.login", target=body.user,
+                                        params={}, outcome="denied", detail="wrong user name or password"))
+            return JSONResponse(openai_error("wrong user name or password", type_="authentication_error",
+                                             code="invalid_credentials"), status_code=401)
+        # "alice/console-1a2b3c": the audit names the user; "/" is in no user or API token name.
+        token_name = f"{user.name}/console-{secrets.token_hex(3)}"
+        secret = tokens.issue(token_name, role, body.ttl_s)
+        auditor.record(Principal(user.name, role), "auth.login", user.name, {"ttl_s": body.ttl_s}, "ok",
+                       detail=f"session token {token_name}")
+        return {"user": user.name, "role": role.value, "token": secret, "ttl_s": body.ttl_s}
+
+    @router.post("/logout")
+    def logout(who: Principal = Depends(viewer)) -> dict[str, object]:
+        revoked = tokens.revoke(who.name)
+        auditor.record(who, "auth.logout", who.name, {}, "ok" if revoked else "error")
+        return {"revoked": revoked}
+
+    @router.get("/whoami")
+    def whoami(who: Principal = Depends(viewer)) -> dict[str, str]:
+        return {"name": who.name, "role": who.role.value}
+
+    return router
+
+
+def _role(text: str) -> Role | None:
+    try:
+        return Role(text)
+    except ValueError:
+        log.warning("a user has an unknown role %r; login refused", text)
+        return None

@@ -1,0 +1,316 @@
+"""What-if runs of autoscaling policies in the fleet simulator, over REST.
+
+``POST /api/v1/simulate`` answers with the result when the run is done. ``POST /api/v1/simulations`` starts
+the same run as a background job (202 with its id) whose progress (the fraction of all policies' runs done,
+and the policy simulated now) ``GET /api/v1/simulations/{id}`` reports, with the result once it is done;
+the console follows it with a progress bar. Jobs are JSON records of the store's ``simulations`` collection
+(the newest ``KEEP_JOBS`` kept, results included); a job still ``running`` when the API starts was cut short
+by the process stopping and is shown as ``interrupted``.
+
+A run changes nothing in the fleet, but it is CPU work on the control plane's host: starting one needs an
+operator token, is audited (``simulate.run`` for its outcome, ``simulate.start`` for a job's start), runs
+in a worker thread, one run at a time across both endpoints (a second one gets 409), on a bounded trace
+(at most ``MAX_REQUESTS`` requests and ``MAX_DURATION_S`` simulated seconds). The trace is the seeded
+synthetic bursty one, the Azure trace at ``$CONTROLPLANE_AZURE_TRACE`` (``azure``), or requests sent inline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from controlplane.auth import Auditor, Principal, Role, require
+from controlplane.store.database import Store, StoreError
+
+logger = logging.getLogger(__name__)
+
+MAX_REQUESTS = 50_000
+MAX_DURATION_S = 4 * 3600.0
+AZURE_TRACE_ENV = "CONTROLPLANE_AZURE_TRACE"
+COLLECTION = "simulations"
+KEEP_JOBS = 50  # job records kept, results included (4 policies on a 4-hour trace: about 0.5 MB each)
+LIST_LIMIT = 20
+INTERRUPTED = "the control plane stopped during the simulation"
+
+Progress = Callable[[float, str], None]  # fraction of all policies' runs done (0..1), the policy running now
+
+
+class InlineRequest(BaseModel):
+    arrival: float = Field(ge=0, le=MAX_DURATION_S)
+    prompt_len: int = Field(ge=1, le=1_000_000)
+    output_len: int = Field(ge=1, le=1_000_000)
+
+
+class SimulateRequest(BaseModel):
+    trace: str = Field("synthetic-bursty", pattern="^(synthetic-bursty|azure|inline)$")
+    requests: list[InlineRequest] = Field(
+        default_factory=list,
+        max_length=MAX_REQUESTS,
+        description="the trace when 'inline'; compress and token_scale apply",
+    )
+    policies: list[str] = Field(
+        default_factory=lambda: ["ours", "hpa"],
+        min_length=1,
+        max_length=4,
+        description="ours, hpa or static:N",
+    )
+    compress: float = Field(4.0, gt=0, le=1000)
+    token_scale: float = Field(0.25, gt=0, le=10)
+    duration_s: float | None = Field(
+        None, gt=0, le=MAX_DURATION_S, description="seconds of the trace kept, before compression"
+    )
+    seed: int = 0
+    ttft_slo_s: float = Field(1.0, gt=0, le=600)
+    tpot_slo_s: float = Field(0.1, gt=0, le=60)
+    max_replicas: int = Field(12, ge=1, le=64)
+    crashes: list[float] = Field(
+        default_factory=list,
+        max_length=100,
+        description="simulated seconds at which the busiest replica crashes",
+    )
+
+
+def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
+    type_ = "conflict" if status == 409 else "invalid_request_error"
+    return JSONResponse(
+        {"error": {"message": message, "type": type_, "param": param, "code": None}}, status_code=status
+    )
+
+
+class SimulationBusy(Exception):
+    """A run is going on (a job or a synchronous ``/simulate``): one at a time."""
+
+
+class SimulationJobs:
+    """What-if runs as background jobs, one run at a time, each in a daemon thread (a process that stops
+    mid-run leaves its record ``running``, which the next start shows as ``interrupted``).
+
+    ``lock`` is held for the whole of any run; ``POST /simulate`` takes it too.
+    """
+
+    def __init__(self, store: Store, auditor: Auditor) -> None:
+        self.store, self.auditor = store, auditor
+        self.lock = threading.Lock()
+        self._running_id: int | None = None
+        self._progress: dict[str, Any] = {}  # of the running job; written by its thread
+
+    def mark_interrupted(self) -> int:
+        """Jobs left ``running`` by a process that stopped during the run become ``interrupted``."""
+        records = self.store.records(COLLECTION, limit=KEEP_JOBS)
+        stale = [r for r in records if r.body.get("status") == "running"]
+        for r in stale:
+            self.store.update_record(r.id, {**r.body, "status": "interrupted", "error": INTERRUPTED})
+        return len(stale)
+
+    def start(self, body: SimulateRequest, who: Principal) -> dict[str, Any]:
+        """Record the job, audit its start and run it in the background; returns the job as ``get`` does.
+
+        ValueError: a bad policy (checked before anything runs); SimulationBusy: a run is going on.
+        """
+        from controlplane.sim.simulator import PolicySpec
+
+        labels = [PolicySpec.parse(p).label for p in body.policies]
+        if not self.lock.acquire(blocking=False):
+            running = "" if self._running_id is None else f" (simulation {self._running_id})"
+            raise SimulationBusy(f"a simulation is already running{running}; try again when it has finished")
+        try:
+            progress = {"fraction": 0.0, "policy": labels[0]}
+            record = self.store.add_record(
+                COLLECTION,
+                {"status": "running", "trace": body.trace, "policies": labels, "params": _params(body),
+                 "actor": who.name, "started_at": time.time(), "progress": progress},
+                key=body.trace,
+            )
+            self.store.trim_records(COLLECTION, KEEP_JOBS)
+            self._running_id, self._progress = record.id, progress
+            self.auditor.record(who, "simulate.start", body.trace, _params(body), "ok",
+                                f"simulation {record.id}")
+            threading.Thread(target=self._run, args=(record.id, body, who), name=f"simulation-{record.id}",
+                             daemon=True).start()
+        except BaseException:
+            self._running_id = None
+            self.lock.release()
+            raise
+        logger.info("simulation %d: %s on the %s trace started by %s", record.id, ",".join(labels),
+                    body.trace, who.name)
+        return {**record.body, "id": record.id}
+
+    def _run(self, job_id: int, body: SimulateRequest, who: Principal) -> None:
+        try:
+            result = run_what_if(body, progress=self._advance)
+        except ValueError as exc:
+            self._finish(job_id, body, who, error=str(exc))
+        except Exception as exc:  # a failure becomes the job's error, not a dead thread with a running record
+            logger.exception("simulation %d crashed", job_id)
+            self._finish(job_id, body, who, error=f"{type(exc).__name__}: {exc}")
+        else:
+            self._finish(job_id, body, who, result=result)
+        finally:
+            self._running_id = None
+            self.lock.release()
+
+    def _advance(self, fraction: float, policy: str) -> None:
+        done = max(float(self._progress.get("fraction", 0.0)), round(min(fraction, 1.0), 3))
+        self._progress = {"fraction": done, "policy": policy}
+
+    def _finish(self, job_id: int, body: SimulateRequest, who: Principal, *,
+                result: dict[str, Any] | None = None, error: str | None = None) -> None:
+        if result is not None:
+            ending: dict[str, Any] = {"status": "done", "result": result,
+                                      "progress": {**self._progress, "fraction": 1.0}}
+        else:
+            ending = {"status": "error", "error": error, "progress": dict(self._progress)}
+        try:
+            current = self.store.record(job_id, COLLECTION)
+            if current is None:
+                logger.warning("simulation %d: its record was trimmed meanwhile; outcome dropped", job_id)
+            else:
+                self.store.update_record(job_id, {**current.body, **ending, "finished_at": time.time()})
+            if result is not None:
+                self.auditor.record(who, "simulate.run", body.trace, _params(body), "ok", _summary(result))
+            else:
+                self.auditor.record(who, "simulate.run", body.trace, _params(body), "error", str(error))
+        except StoreError:
+            logger.exception("simulation %d: its outcome could not be stored", job_id)
+        logger.info("simulation %d: %s", job_id, ending["status"])
+
+    def get(self, job_id: int) -> dict[str, Any] | None:
+        record = self.store.record(job_id, COLLECTION)
+        return None if record is None else self._view(record.id, record.body)
+
+    def list(self, limit: int = LIST_LIMIT) -> list[dict[str, Any]]:
+        """The newest jobs first, without their results."""
+        records = self.store.records(COLLECTION, limit=limit)
+        return [{k: v for k, v in self._view(r.id, r.body).items() if k != "result"} for r in records]
+
+    def _view(self, job_id: int, body: dict[str, Any]) -> dict[str, Any]:
+        view = {**body, "id": job_id}
+        if self._running_id == job_id and body.get("status") == "running":
+            view["progress"] = dict(self._progress)
+        return view
+
+
+def simulator_router(auditor: Auditor, store: Store) -> APIRouter:
+    router = APIRouter(prefix="/api/v1", tags=["simulator"])
+    viewer, operator = require(Role.VIEWER), require(Role.OPERATOR)
+    jobs = SimulationJobs(store, auditor)
+    if interrupted := jobs.mark_interrupted():
+        logger.warning("%d simulation(s) running when the control plane stopped: interrupted", interrupted)
+
+    @router.post("/simulate", response_model=None)
+    async def simulate(
+        body: SimulateRequest, who: Principal = Depends(operator)
+    ) -> dict[str, Any] | JSONResponse:
+        params = _params(body)
+        if not jobs.lock.acquire(blocking=False):
+            auditor.record(who, "simulate.run", body.trace, params, "denied", "a simulation is running")
+            return _error(409, "a simulation is already running; try again when it has finished")
+        try:
+            result = await asyncio.to_thread(run_what_if, body)
+        except ValueError as exc:
+            auditor.record(who, "simulate.run", body.trace, params, "error", str(exc))
+            return _error(400, str(exc))
+        finally:
+            jobs.lock.release()
+        auditor.record(who, "simulate.run", body.trace, params, "ok", _summary(result))
+        return result
+
+    @router.post("/simulations", status_code=202, response_model=None)
+    async def start(
+        body: SimulateRequest, who: Principal = Depends(operator)
+    ) -> dict[str, Any] | JSONResponse:
+        try:
+            return jobs.start(body, who)
+        except ValueError as exc:
+            auditor.record(who, "simulate.start", body.trace, _params(body), "error", str(exc))
+            return _error(400, str(exc), param="policies")
+        except SimulationBusy as exc:
+            auditor.record(who, "simulate.start", body.trace, _params(body), "denied", str(exc))
+            return _error(409, str(exc))
+
+    @router.get("/simulations")
+    async def listing(limit: int = Query(LIST_LIMIT, ge=1, le=KEEP_JOBS),
+                      _: Principal = Depends(viewer)) -> list[dict[str, Any]]:
+        return jobs.list(limit)
+
+    @router.get("/simulations/{job_id}", response_model=None)
+    async def show(job_id: int, _: Principal = Depends(viewer)) -> dict[str, Any] | JSONResponse:
+        job = jobs.get(job_id)
+        return _error(404, f"no simulation {job_id}", param="id") if job is None else job
+
+    return router
+
+
+def _params(body: SimulateRequest) -> dict[str, Any]:
+    """What the audit records and the job keep of a request (not the inline requests themselves)."""
+    return body.model_dump(exclude={"requests"}) | {"num_inline_requests": len(body.requests)}
+
+
+def _summary(result: dict[str, Any]) -> str:
+    return "; ".join(
+        f"{p['policy']}: {p['slo_attainment']:.3f} SLO, {p['replica_seconds']:.0f} replica-s"
+        for p in result["policies"]
+    )
+
+
+def run_what_if(body: SimulateRequest, progress: Progress | None = None) -> dict[str, Any]:
+    """The simulation behind the endpoints (also callable without HTTP); ValueError for bad input.
+
+    ``progress`` sees the fraction of all policies' runs done and the policy simulated now.
+    """
+    from controlplane.autoscale.profile import load_profile
+    from controlplane.sim.simulator import PolicySpec, SimSettings, Slo, compare
+    from controlplane.sim.trace import BurstyConfig, TraceShape, azure_trace, shaped, synthetic_bursty
+
+    specs = [PolicySpec.parse(p) for p in body.policies]
+    profile = load_profile()
+    shape = TraceShape(
+        compress=body.compress,
+        token_scale=body.token_scale,
+        duration_s=body.duration_s,
+        max_prompt_len=profile.max_model_len * 3 // 4,
+        max_output_len=profile.max_model_len // 4,
+    )
+    if body.trace == "synthetic-bursty":
+        requests = synthetic_bursty(BurstyConfig(seed=body.seed, duration_s=body.duration_s or 3600.0), shape)
+    elif body.trace == "azure":
+        path = os.environ.get(AZURE_TRACE_ENV)
+        if not path:
+            raise ValueError(f"trace: 'azure' needs ${AZURE_TRACE_ENV} on the server; send the trace inline")
+        requests = azure_trace(path, shape)
+    else:
+        requests = shaped([(r.arrival, r.prompt_len, r.output_len) for r in body.requests], shape)
+    if not requests:
+        raise ValueError("trace: no request to simulate")
+    if len(requests) > MAX_REQUESTS or max(r.arrival for r in requests) > MAX_DURATION_S:
+        raise ValueError(f"trace: at most {MAX_REQUESTS} requests over {MAX_DURATION_S:g} simulated seconds")
+    settings = SimSettings(
+        slo=Slo(body.ttft_slo_s, body.tpot_slo_s),
+        max_replicas=body.max_replicas,
+        initial_replicas=min(2, body.max_replicas),
+        crashes=tuple(body.crashes),
+    )
+    hook = None
+    if progress is not None:
+        labels = [s.label for s in specs]
+
+        def hook(fraction: float) -> None:
+            progress(fraction, labels[min(int(fraction * len(labels)), len(labels) - 1)])
+
+    reports = compare(requests, specs, profile=profile, settings=settings, progress=hook)
+    return {
+        "trace": body.trace,
+        "num_requests": len(requests),
+        "profile": profile.source,
+        "slo": {"ttft_s": settings.slo.ttft_s, "tpot_s": settings.slo.tpot_s},
+        "policies": [r.to_json() for r in reports],
+    }

@@ -1,0 +1,203 @@
+"""The autoscaler's anomaly source: demand or latency that the season does not explain.
+
+Each tick brings one point (request rate, P95 TTFT). STL (statsmodels, robust) splits the bounded history
+before it into trend, season and residual; the point's residual is what is left after the latest trend
+and the season one period ago. An IsolationForest (scikit-learn), refit every few ticks on the residuals
+of earlier normal points, scores it. A point is anomalous when the forest isolates it and one of its
+residuals is also above ``z`` robust standard deviations upwards (only more demand or slower first
+tokens call for replicas). An anomalous point enters the history as its expected value, so a burst does
+not teach the fit that bursts are normal (unless it lasts a whole period: then it is the new normal).
+Three anomalous points in a row propose +1 replica, five propose +2; once it fired, the source waits
+out its own cooldown before a new episode may fire again.
+
+Pure bookkeeping with numerical libraries: no I/O and no clock (time comes in with each point).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sklearn.ensemble import IsolationForest  # type: ignore[import-untyped]
+from statsmodels.tsa.seasonal import STL  # type: ignore[import-untyped]
+
+from controlplane.autoscale.policies import Proposal
+
+STEPS = ((5, 2), (3, 1))  # (consecutive anomalous points, replicas added), largest first
+_MAD_TO_SIGMA = 1.4826
+
+
+@dataclass(slots=True, frozen=True)
+class AnomalySettings:
+    period: int = 12
+    history: int = 120
+    refit_every: int = 12
+    z: float = 3.0
+    cooldown_s: float = 300.0
+    # Scale floors: below these a residual is noise whatever the history says (an idle fleet's first
+    # request is not an anomaly).
+    min_rate_sigma: float = 0.2  # requests/s
+    min_ttft_sigma_s: float = 0.05
+    trees: int = 50  # enough for two residual features; the fit stays well under a tick
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.period < 2 or self.history < 3 * self.period:
+            raise ValueError(f"period/history: need period >= 2 and history >= 3 periods, got "
+                             f"{self.period}/{self.history}")
+        if self.refit_every < 1 or self.z <= 0 or self.cooldown_s <= 0:
+            raise ValueError("refit_every >= 1, z > 0 and cooldown_s > 0 required")
+        if self.min_rate_sigma <= 0 or self.min_ttft_sigma_s <= 0:
+            raise ValueError("min_rate_sigma and min_ttft_sigma_s: must be > 0")
+
+
+@dataclass(slots=True, frozen=True)
+class AnomalyReading:
+    """What the source saw at one tick; stored in the decision record."""
+
+    points: int
+    anomalous: bool
+    consecutive: int
+    residual_rate: float | None = None  # request rate minus trend and season (requests/s)
+    residual_ttft_s: float | None = None
+    z_rate: float | None = None  # residual over its robust standard deviation
+    z_ttft: float | None = None
+    score: float | None = None  # IsolationForest score_samples: lower is more anomalous
+    threshold: float | None = None  # the forest's offset: scores below it are outliers
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclass(slots=True)
+class AnomalyDetector:
+    settings: AnomalySettings = field(default_factory=AnomalySettings)
+    rates: deque[float] = field(init=False)
+    ttfts: deque[float] = field(init=False)
+    errors: deque[tuple[float, float]] = field(init=False)  # one-step forecast residuals of normal points
+    ttft_seen: bool = False
+    consecutive: int = 0
+    episode_base: int | None = None  # replicas when the current episode's first point came
+    fired_step: int = 0  # replicas the current episode added
+    last_fired_at: float | None = None
+    ticks_since_fit: int = 0
+    forest: IsolationForest | None = None
+    scale: tuple[float, float] = (1.0, 1.0)  # residual scales the forest was fitted with
+
+    def __post_init__(self) -> None:
+        self.rates = deque(maxlen=self.settings.history)
+        self.ttfts = deque(maxlen=self.settings.history)
+        self.errors = deque(maxlen=self.settings.history)
+
+    def observe(self, now: float, current: int, rate: float | None,
+                ttft_p95_s: float | None) -> tuple[Proposal | None, AnomalyReading]:
+        """Add one point and say whether the source proposes replicas now; ``ttft_p95_s`` None: no request
+        in the window (the last known latency carries on)."""
+        ttft = ttft_p95_s if ttft_p95_s is not None and math.isfinite(ttft_p95_s) else None
+        if ttft is not None and not self.ttft_seen:  # until the first request, latency is unknown: backfill
+            self.ttfts = deque([ttft] * len(self.ttfts), maxlen=self.settings.history)
+            self.ttft_seen = True
+        last_ttft = self.ttfts[-1] if self.ttfts else 0.0
+        point = (0.0 if rate is None or not math.isfinite(rate) else rate,
+                 last_ttft if ttft is None else ttft)
+        if len(self.rates) < 3 * self.settings.period:
+            self._append(point)
+            return None, AnomalyReading(len(self.rates), False, 0,
+                                        note=f"warming up ({len(self.rates)}/{3 * self.settings.period} "
+                                             "points)")
+        reading, expected = self._score(point)
+        self.consecutive = self.consecutive + 1 if reading.anomalous else 0
+        # An anomalous point enters the history as what was expected, so that the fit keeps describing
+        # normal load; a shift that lasts a whole period is the new normal and enters as it is.
+        self._append(expected if reading.anomalous and self.consecutive < self.settings.period else point)
+        reading = _with(reading, consecutive=self.consecutive)
+        if not reading.anomalous:
+            self.episode_base, self.fired_step = None, 0
+            return None, reading
+        if self.episode_base is None:
+            self.episode_base = current
+        return self._propose(now, reading)
+
+    def _append(self, point: tuple[float, float]) -> None:
+        self.rates.append(point[0])
+        self.ttfts.append(point[1])
+
+    def _propose(self, now: float, reading: AnomalyReading) -> tuple[Proposal | None, AnomalyReading]:
+        step = next((add for count, add in STEPS if self.consecutive >= count), 0)
+        if step == 0:
+            return None, reading
+        if step > self.fired_step:  # a new step fires unless a finished episode's cooldown still runs
+            last = self.last_fired_at
+            if self.fired_step == 0 and last is not None and now - last < self.settings.cooldown_s:
+                left = self.settings.cooldown_s - (now - last)
+                return None, _with(reading, note=f"anomalous, but in cooldown for {left:.0f}s more")
+            self.fired_step, self.last_fired_at = step, now
+        assert self.episode_base is not None
+        wanted = self.episode_base + self.fired_step
+        reason = (f"{self.consecutive} anomalous points in a row "
+                  f"(residual rate {reading.residual_rate:+.3g}/s z={reading.z_rate:.1f}, "
+                  f"ttft {reading.residual_ttft_s:+.3g}s z={reading.z_ttft:.1f}, "
+                  f"forest score {reading.score:.3f} vs {reading.threshold:.3f}): "
+                  f"{self.episode_base} + {self.fired_step} = {wanted}")
+        return Proposal("anomaly", wanted, reason), reading
+
+    def _score(self, point: tuple[float, float]) -> tuple[AnomalyReading, tuple[float, float]]:
+        """The point's residual against the fit of the history before it (trend now + the season one
+        period ago), scored against earlier such residuals by their robust scale and an IsolationForest."""
+        period = self.settings.period
+        fits = [_decompose(np.asarray(s, dtype=float), period) for s in (self.rates, self.ttfts)]
+        expected = (float(fits[0][0][-1] + fits[0][1][-period]), float(fits[1][0][-1] + fits[1][1][-period]))
+        newest = np.asarray(point) - np.asarray(expected)
+        if len(self.errors) < 2 * period:  # the forecast errors of normal load are not known yet
+            self.errors.append((float(newest[0]), float(newest[1])))
+            return AnomalyReading(len(self.rates) + 1, False, 0, float(newest[0]), float(newest[1]),
+                                  note=f"calibrating ({len(self.errors)}/{2 * period} residuals)"), expected
+        errors = np.asarray(self.errors)
+        scales = (max(_robust_sigma(errors[:, 0]), self.settings.min_rate_sigma),
+                  max(_robust_sigma(errors[:, 1]), self.settings.min_ttft_sigma_s))
+        if self.forest is None or self.ticks_since_fit >= self.settings.refit_every:
+            self.scale = scales
+            self.forest = IsolationForest(n_estimators=self.settings.trees, contamination="auto",
+                                          random_state=self.settings.seed)
+            self.forest.fit(errors / np.asarray(self.scale))
+            self.ticks_since_fit = 0
+        self.ticks_since_fit += 1
+        score = float(self.forest.score_samples((newest / np.asarray(self.scale)).reshape(1, -1))[0])
+        threshold = float(self.forest.offset_)
+        z_rate, z_ttft = float(newest[0] / scales[0]), float(newest[1] / scales[1])
+        # Residuals without any spread (an idle fleet) give the forest nothing to isolate: z alone decides.
+        flat = bool(np.all(np.ptp(errors, axis=0) == 0))
+        anomalous = (flat or score < threshold) and max(z_rate, z_ttft) >= self.settings.z
+        if not anomalous or self.consecutive + 1 >= period:  # the residuals of normal load, and a new normal
+            self.errors.append((float(newest[0]), float(newest[1])))
+        reading = AnomalyReading(len(self.rates) + 1, anomalous, 0, float(newest[0]), float(newest[1]),
+                                 z_rate, z_ttft, score, threshold,
+                                 note="no spread in earlier residuals: z alone decides" if flat else "")
+        return reading, expected
+
+
+def _decompose(series: np.ndarray, period: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Trend, season and residual of a robust STL fit."""
+    if float(np.ptp(series)) == 0.0:  # a flat series has nothing to decompose (and STL divides by it)
+        zeros = np.zeros_like(series)
+        return series.copy(), zeros, zeros
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = STL(series, period=period, robust=True).fit()
+    return (np.asarray(fit.trend, dtype=float), np.asarray(fit.seasonal, dtype=float),
+            np.asarray(fit.resid, dtype=float))
+
+
+def _robust_sigma(values: np.ndarray) -> float:
+    """Median absolute deviation as a standard deviation."""
+    return float(np.median(np.abs(values - np.median(values)))) * _MAD_TO_SIGMA
+
+
+def _with(reading: AnomalyReading, **changes: Any) -> AnomalyReading:
+    return dataclasses.replace(reading, **changes)

@@ -1,0 +1,178 @@
+"""The autoscaler's decision: one observation and the remembered state in, a plan with its reasons out.
+
+Each source proposes a replica count with its reason (target tracking and panic mode from
+:mod:`controlplane.autoscale.policies`, the anomaly source from :mod:`controlplane.autoscale.anomaly`), the
+largest wins, then the clamps apply (min/max, stabilization, rate limits, the scale-down period, and last the
+bounds of the active cron window from :mod:`controlplane.autoscale.windows`). No I/O, no clock: the live
+loop (:mod:`controlplane.autoscale.loop`) and the what-if simulator (:mod:`controlplane.sim.simulator`,
+policy ``ours``) call the same :func:`decide`, so the benchmark measures what runs live.
+
+Our policy has one definition, :func:`ours_policy` with :func:`offered_engine_load`: the request rate
+times the mean prompt and output tokens of the requests that finished in the window, in engine seconds
+per second through the replica profile (:mod:`controlplane.autoscale.profile`); it sizes the fleet and is
+panic mode's demand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from controlplane.autoscale.anomaly import AnomalyDetector, AnomalyReading, AnomalySettings
+from controlplane.autoscale.config import AUTOSCALER_METRICS, AutoscalerConfig
+from controlplane.autoscale.policies import (
+    Decision,
+    History,
+    MetricTarget,
+    PanicState,
+    PolicyConfig,
+    Proposal,
+    Snapshot,
+)
+from controlplane.autoscale.policies import decide as decide_policy
+from controlplane.autoscale.profile import ReplicaProfile
+from controlplane.autoscale.windows import Window, active_window
+
+METRICS = AUTOSCALER_METRICS
+
+
+@dataclass(slots=True, frozen=True)
+class Observation:
+    """One tick's inputs. ``now`` is the loop's monotonic clock, ``wall`` POSIX seconds."""
+
+    now: float
+    wall: float
+    current: int
+    ready: int
+    starting: int
+    metrics: Mapping[str, float | None]  # per name in METRICS; None: unknown
+    demand: float | None = None  # offered engine load over the panic window, fleet-wide (engine s per s)
+    request_rate: float | None = None  # inference requests per second, fleet-wide
+    notes: tuple[str, ...] = ()
+    panic_request_rate: float | None = None  # over the panic window
+    mean_prompt_tokens: float | None = None  # of the requests finished in the metrics window
+    mean_output_tokens: float | None = None
+
+
+@dataclass(slots=True)
+class LoopState:
+    """What decisions remember between ticks."""
+
+    history: History
+    panic: PanicState = field(default_factory=PanicState)
+    anomaly: AnomalyDetector | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Plan:
+    decision: Decision
+    replicas: int  # the final count, after the window's bounds
+    clamps: tuple[str, ...]
+    window: Window | None
+    bounds: tuple[int, int]
+    anomaly: AnomalyReading | None
+
+
+def ours_policy(cfg: AutoscalerConfig) -> PolicyConfig:
+    """Our policy, for the live loop and the simulator alike: HPA target tracking on every metric of
+    ``METRICS``, where ``cfg.guards`` only forbid scale-down, the offered engine load sizes the fleet and is
+    panic mode's demand (capacity ``target_engine_load_per_replica`` per ready replica), panic may skip the
+    scale-up rate limit and scale-down goes one step per ``scale_down_period_s``."""
+    values = {"waiting_per_replica": cfg.target_waiting_per_replica,
+              "kv_cache_usage": cfg.target_kv_cache_usage, "ttft_p95_s": cfg.ttft_slo_s,
+              "tokens_per_s_per_replica": cfg.target_tokens_per_s_per_replica,
+              "engine_load_per_replica": cfg.target_engine_load_per_replica}
+    targets = tuple(MetricTarget(name, values[name], guard=name in cfg.guards) for name in METRICS)
+    return PolicyConfig(
+        min_replicas=cfg.min_replicas, max_replicas=cfg.max_replicas, targets=targets,
+        tolerance=cfg.tolerance,
+        scale_down_stabilization_s=cfg.scale_down_stabilization_s, scale_up_max_step=cfg.scale_up_max_step,
+        scale_up_max_percent=cfg.scale_up_max_percent, scale_down_max_step=cfg.scale_down_max_step,
+        panic_window_s=cfg.panic_window_s, panic_threshold=cfg.panic_threshold,
+        scale_down_period_s=cfg.scale_down_period_s, panic_skips_rate_limit=cfg.panic_skips_rate_limit)
+
+
+def offered_engine_load(profile: ReplicaProfile, *, request_rate: float | None,
+                        mean_prompt_tokens: float | None, mean_output_tokens: float | None) -> float | None:
+    """Engine seconds per second that arriving requests need: request rate x mean tokens per request,
+    converted with the replica profile. Linear in the load and, unlike served token rates, it keeps growing
+    past saturation; unlike the queue it counts no backlog. None when unknown (no rate, or requests arrive
+    but none finished in the window to tell their size); 0 when nothing arrives."""
+    if request_rate is None:
+        return None
+    if request_rate <= 0:
+        return 0.0
+    if mean_prompt_tokens is None or mean_output_tokens is None:
+        return None
+    return profile.engine_load(prompt_tokens_per_s=request_rate * mean_prompt_tokens,
+                               generated_tokens_per_s=request_rate * mean_output_tokens)
+
+
+def per_replica(value: float | None, ready: int) -> float | None:
+    """A fleet-wide value averaged over ready replicas (HPA's AverageValue); None without a ready one."""
+    return None if value is None or ready <= 0 else value / ready
+
+
+def anomaly_settings(cfg: AutoscalerConfig) -> AnomalySettings:
+    return AnomalySettings(period=cfg.anomaly_period, history=cfg.anomaly_history,
+                           refit_every=cfg.anomaly_refit_every, z=cfg.anomaly_z,
+                           cooldown_s=cfg.anomaly_cooldown_s, min_rate_sigma=cfg.anomaly_min_rate_sigma,
+                           min_ttft_sigma_s=cfg.anomaly_min_ttft_sigma_s)
+
+
+def new_state(cfg: AutoscalerConfig) -> LoopState:
+    return LoopState(History(cfg.scale_down_stabilization_s),
+                     anomaly=AnomalyDetector(anomaly_settings(cfg)) if cfg.anomaly_enabled else None)
+
+
+def decide(obs: Observation, state: LoopState, cfg: AutoscalerConfig, windows: list[Window]) -> Plan:
+    """Proposals, merge and clamps for one observation; updates ``state`` (history, panic, anomaly)."""
+    extra: list[Proposal] = []
+    reading = None
+    if state.anomaly is not None:
+        # Without requests there is no latency to judge (the target source reads it as 0).
+        ttft = obs.metrics.get("ttft_p95_s") if obs.request_rate else None
+        proposal, reading = state.anomaly.observe(obs.now, obs.current, obs.request_rate, ttft)
+        if proposal is not None:
+            extra.append(proposal)
+    snapshot = Snapshot(obs.now, obs.current, obs.ready, obs.starting, obs.metrics, obs.demand,
+                        cfg.target_engine_load_per_replica)
+    decision = decide_policy(snapshot, ours_policy(cfg), state.history.items, state.panic, extra)
+    state.history.window_s = cfg.scale_down_stabilization_s
+    state.history.add(obs.now, decision.recommendation)
+    window = active_window(windows, datetime.fromtimestamp(obs.wall, UTC))
+    low, high = window.bounds(cfg.min_replicas, cfg.max_replicas) if window else (cfg.min_replicas,
+                                                                                    cfg.max_replicas)
+    replicas = min(max(decision.replicas, low), high)
+    clamps = list(decision.clamps)
+    if replicas != decision.replicas:  # bounds are hard, as in HPA: they win over stabilization
+        what = f"schedule window {window.name!r}" if window else "min/max"
+        clamps.append(f"{what}: {decision.replicas} -> {replicas} (bounds {low}..{high})")
+    return Plan(decision, replicas, tuple(clamps), window, (low, high), reading)
+
+
+def record_body(obs: Observation, plan: Plan, *, tick: int, mode: str, applied: bool, outcome: str,
+                error: str | None = None) -> dict[str, Any]:
+    """The decision record: enough to recompute every number from its inputs."""
+    d = plan.decision
+    window = None if plan.window is None else {"name": plan.window.name, "schedule": plan.window.describe}
+    return {
+        "at": obs.wall, "tick": tick, "mode": mode,
+        "inputs": {"current": obs.current, "ready": obs.ready, "starting": obs.starting,
+                   "metrics": {k: _round(v) for k, v in obs.metrics.items()}, "demand": _round(obs.demand),
+                   "request_rate": _round(obs.request_rate),
+                   "panic_request_rate": _round(obs.panic_request_rate),
+                   "mean_prompt_tokens": _round(obs.mean_prompt_tokens),
+                   "mean_output_tokens": _round(obs.mean_output_tokens), "notes": list(obs.notes)},
+        "proposals": [{"source": p.source, "replicas": p.replicas, "reason": p.reason} for p in d.proposals],
+        "recommendation": d.recommendation, "panic": d.panic, "window": window,
+        "bounds": list(plan.bounds), "clamps": list(plan.clamps), "final": plan.replicas,
+        "applied": applied, "outcome": outcome, "error": error,
+        "anomaly": None if plan.anomaly is None else plan.anomaly.as_dict(),
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)

@@ -1,0 +1,83 @@
+"""What the autoscaler observes each tick: fleet-level inputs read from telemetry into an
+:class:`~controlplane.autoscale.decide.Observation` (waiting requests, KV-cache usage, P95 TTFT, generated
+tokens/s and offered engine load per ready replica; the request rate, over the metrics and panic windows).
+The offered engine load uses the requests that finished in the window (``vllm:prompt_tokens_total`` and
+``vllm:generation_tokens_total`` over ``vllm:request_success_total``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from controlplane.autoscale.decide import METRICS, Observation, offered_engine_load, per_replica
+from controlplane.autoscale.profile import ReplicaProfile
+from controlplane.replicas import ReplicaEndpoint, ReplicaState
+from controlplane.telemetry.base import (
+    GENERATION_TOKENS,
+    HTTP_REQUESTS,
+    INFERENCE_PATHS,
+    KV_USAGE,
+    NUM_WAITING,
+    REQUEST_SUCCESS,
+    TTFT,
+    Regex,
+    Telemetry,
+    TelemetryError,
+)
+
+PROMPT_TOKENS = "vllm:prompt_tokens_total"  # incremented when a request finishes, as generation tokens are
+
+
+def observe_telemetry(telemetry: Telemetry, endpoints: list[ReplicaEndpoint], *, now: float, wall: float,
+                      current: int, window_s: float | None, profile: ReplicaProfile,
+                      panic_window_s: float) -> Observation:
+    """Fleet-level inputs from per-replica series; averages are over ready replicas (HPA's AverageValue)."""
+    ready = [e.replica_id for e in endpoints if e.state is ReplicaState.READY]
+    starting = sum(1 for e in endpoints if e.state is ReplicaState.STARTING)
+    notes: list[str] = []
+    inference = {"path": Regex(INFERENCE_PATHS)}
+    try:
+        waiting = telemetry.gauge(NUM_WAITING)
+        kv = telemetry.gauge(KV_USAGE, agg="max")
+        tokens = telemetry.rate(GENERATION_TOKENS, window_s=window_s)
+        rate = telemetry.rate(HTTP_REQUESTS, window_s=window_s, by=(), match=inference).get(())
+        ttft = telemetry.quantile(TTFT, 0.95, window_s=window_s, by=()).get(())
+        short = telemetry.rate(HTTP_REQUESTS, window_s=panic_window_s, by=(), match=inference).get(())
+        finished = telemetry.rate(REQUEST_SUCCESS, window_s=window_s, by=()).get(())
+        prompt = telemetry.rate(PROMPT_TOKENS, window_s=window_s, by=()).get(())
+    except TelemetryError as exc:
+        notes.append(f"telemetry unavailable: {exc}")
+        return Observation(now, wall, current, len(ready), starting, dict.fromkeys(METRICS),
+                           notes=tuple(notes))
+    if ttft is None and rate is not None and rate == 0:
+        ttft = 0.0  # no request in the window: nothing waited for a first token
+        notes.append("ttft_p95_s: no request in the window, counted as 0")
+    mean_prompt, mean_output = _means(finished, prompt, sum(tokens.values()) if tokens else None)
+    if short is None and rate is not None:
+        short = rate  # the panic window holds too few scrapes for a rate: the metrics window stands in
+        notes.append(f"request rate over {panic_window_s:g}s unknown: the metrics window's used")
+    load = offered_engine_load(profile, request_rate=rate, mean_prompt_tokens=mean_prompt,
+                               mean_output_tokens=mean_output)
+    if load is None and rate:
+        notes.append("engine_load_per_replica: no request finished in the window to size the load")
+    metrics = {"waiting_per_replica": _mean(waiting, ready), "kv_cache_usage": _mean(kv, ready),
+               "ttft_p95_s": ttft, "tokens_per_s_per_replica": _mean(tokens, ready),
+               "engine_load_per_replica": per_replica(load, len(ready))}
+    demand = offered_engine_load(profile, request_rate=short, mean_prompt_tokens=mean_prompt,
+                                 mean_output_tokens=mean_output)
+    return Observation(now, wall, current, len(ready), starting, metrics, demand, rate, tuple(notes),
+                       short, mean_prompt, mean_output)
+
+
+def _means(finished: float | None, prompt: float | None,
+           generated: float | None) -> tuple[float | None, float | None]:
+    """Mean prompt and output tokens of the requests that finished in the window (counter rates)."""
+    if not finished or prompt is None or generated is None:
+        return None, None
+    return prompt / finished, generated / finished
+
+
+def _mean(values: Mapping[tuple[str, ...], float], replicas: list[str]) -> float | None:
+    known = [values[(r,)] for r in replicas if (r,) in values and math.isfinite(values[(r,)])]
+    return sum(known) / len(known) if known else None

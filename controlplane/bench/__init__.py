@@ -1,0 +1,1 @@
+"""Benchmarks of the control plane's data path (``python -m controlplane.bench gateway``)."""

@@ -1,0 +1,1 @@
+"""The ``controlplane`` command and one module per command group."""

@@ -1,0 +1,119 @@
+"""Replicas as local subprocesses: ``python -m inference serve``, one per replica, each in its own session.
+
+Own sessions keep a terminal's Ctrl-C away from the replicas: the control plane drains them itself. After
+a crash of the control plane the replicas keep running, and the next control plane adopts them by pid
+(checking the command line names the same replica) or stops them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from controlplane.fleet.backends.base import ReplicaHandle, ReplicaSpec
+from inference.launcher import replica_environment
+
+logger = logging.getLogger(__name__)
+
+
+class LocalProcessBackend:
+    def __init__(self, *, log_dir: Path, state_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.state_dir = state_dir
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    def command(self, spec: ReplicaSpec) -> list[str]:
+        return [sys.executable, "-m", "inference", "serve", "--model", spec.model, "--host", spec.host,
+                "--port", str(spec.port), "--replica-id", spec.replica_id, "--zone", spec.zone,
+                "--num-threads", str(spec.threads), "--max-num-seqs", str(spec.max_num_seqs),
+                "--drain-timeout", str(spec.drain_timeout_s)]
+
+    def spawn(self, spec: ReplicaSpec) -> ReplicaHandle:
+        log_path = self.log_dir / f"{spec.replica_id}.log"
+        env = replica_environment({"LLMSRE_STATE_DIR": str(self.state_dir),
+                                   "INFERENCE_ADMIN_TOKEN": spec.admin_token})  # not on the command line (ps)
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(self.command(spec), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True)
+        self._children[process.pid] = process
+        logger.info("[%s] spawned pid %d on port %d (zone %s, model %s)", spec.replica_id, process.pid,
+                    spec.port, spec.zone, spec.model)
+        return ReplicaHandle(spec.replica_id, process.pid, str(log_path))
+
+    def is_running(self, handle: ReplicaHandle) -> bool:
+        if handle.pid is None:
+            return False
+        child = self._children.get(handle.pid)
+        if child is not None:
+            return child.poll() is None
+        return _pid_alive(handle.pid)
+
+    def exit_status(self, handle: ReplicaHandle) -> int | None:
+        child = self._children.get(handle.pid) if handle.pid is not None else None
+        return None if child is None else child.poll()
+
+    def drain(self, handle: ReplicaHandle) -> None:
+        self._signal(handle, signal.SIGTERM)
+
+    def kill(self, handle: ReplicaHandle) -> None:
+        self._signal(handle, signal.SIGKILL)
+        child = self._children.pop(handle.pid, None) if handle.pid is not None else None
+        if child is not None:
+            try:
+                child.wait(5)
+            except subprocess.TimeoutExpired:
+                logger.error("[%s] pid %d did not exit after SIGKILL", handle.replica_id, handle.pid)
+
+    def forget(self, handle: ReplicaHandle) -> None:
+        """Reap an exited child so that no zombie is left."""
+        child = self._children.pop(handle.pid, None) if handle.pid is not None else None
+        if child is not None:
+            child.poll()
+
+    def adopt(self, spec: ReplicaSpec, pid: int | None) -> ReplicaHandle | None:
+        if pid is None or not _pid_alive(pid):
+            return None
+        if not _is_our_replica(pid, spec.replica_id):
+            logger.warning("[%s] pid %d runs something else; not adopting it", spec.replica_id, pid)
+            return None
+        return ReplicaHandle(spec.replica_id, pid, str(self.log_dir / f"{spec.replica_id}.log"))
+
+    def _signal(self, handle: ReplicaHandle, sig: signal.Signals) -> None:
+        if handle.pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(handle.pid, sig)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def _is_our_replica(pid: int, replica_id: str) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    args = [a.decode(errors="replace") for a in argv]
+    return "inference" in args and "serve" in args and "--replica-id" in args and \
+        args[args.index("--replica-id") + 1] == replica_id

@@ -1,0 +1,588 @@
+"""The gateway: the OpenAI-compatible entry point that clients call, routing every request to a replica.
+
+client -> :meth:`Gateway.handle`: authenticate, parse, admit (load shedding, per-key rate limits), route
+(:mod:`controlplane.gateway.routing`), open a stream on a replica (retried on another replica before the first
+byte), relay its chunks -> client; when the stream breaks mid-way (connection reset, error frame, stall),
+resume on another replica from the tokens already delivered -> one :class:`TraceRecord` per request.
+
+Every upstream request is a stream with ``return_token_ids`` and usage, whatever the client asked, so any
+request can be resumed: the continuation is a ``/v1/completions`` request whose prompt is the original
+prompt's token ids plus the tokens delivered, with ``output_offset`` so that seeded sampling goes on where
+it stopped (chat continuations are translated back into chat chunks). With greedy or seeded sampling the
+client's stream equals an undisturbed run, text included: a continuation starts at the last token whose
+text the replica had released, and the gateway drops what it regenerates up to the point delivered.
+Non-streaming requests run as streams too, assembled at the end.
+
+Transport failures become an :class:`UpstreamError` in one place (:meth:`Gateway._send`, :class:`Upstream`);
+refusals are :class:`GatewayError` s in the OpenAI error shape. See :mod:`controlplane.gateway.upstream_http`,
+:mod:`controlplane.gateway.liveness`, :mod:`controlplane.gateway.health_checks`,
+:mod:`controlplane.gateway.toxics` (link faults) and :mod:`controlplane.gateway.server`. """
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import math
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncGenerator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from controlplane.gateway.admission import OutlierDetector, RateLimiter, RetryBudget, shed_limit
+from controlplane.gateway.assembly import RequestParams, StreamAssembly
+from controlplane.gateway.config import GatewayConfig
+from controlplane.gateway.errors import GatewayError, UpstreamError, bad_request
+from controlplane.gateway.health_checks import ActiveChecks
+from controlplane.gateway.liveness import Liveness
+from controlplane.gateway.metrics import GatewayMetrics
+from controlplane.gateway.routing import Candidate, Router, routable
+from controlplane.gateway.toxics import LinkToxics
+from controlplane.gateway.upstream import DONE_EVENT, EventStreamResponse, Upstream, sse_event
+from controlplane.gateway.upstream_http import (
+    HttpxStreams,
+    StreamClient,
+    StreamResponse,
+    TransportError,
+    UpstreamPool,
+)
+from controlplane.replicas import ReplicaEndpoint, ReplicaLoad
+from controlplane.traces import TraceRecord
+from inference.protocol import error_body
+
+logger = logging.getLogger(__name__)
+
+PRIORITY_HEADER = "x-priority"
+REPLICA_HEADER = "x-replica-id"
+TRIED_HEADER = "x-gateway-tried"  # replicas tried first that failed before the first byte (when any)
+PRIORITIES = {"interactive": 0, "standard": 1, "batch": 2}  # header class -> the replica's priority field
+DEFAULT_PRIORITY = "standard"
+PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
+STAGES = ("queue", "prefill", "decode", "detokenize", "serialize")  # the replica's timings, in order
+
+MAX_RESUMES = 3  # mid-stream continuations per request
+MODELS_TIMEOUT_S = 5.0
+KEY_ID_CHARS = 12  # sha256 hex prefix that stands for an API key in traces
+
+Clock = Callable[[], float]
+EventSink = Callable[[str, str, str], None]  # (kind, replica_id, detail)
+
+
+# ---- one request -----------------------------------------------------------------------------
+@dataclass(slots=True)
+class _Job:
+    request_id: str
+    kind: str
+    started: float  # gateway clock
+    started_wall: float
+    key_id: str | None = None
+    priority: str = DEFAULT_PRIORITY
+    params: RequestParams | None = None
+    assembly: StreamAssembly | None = None
+    upstream: Upstream | None = None  # the stream being relayed now
+    replica: ReplicaEndpoint | None = None  # the replica that produced the latest token
+    failed: set[str] = field(default_factory=set)  # replicas that failed this request
+    retries: int = 0
+    first_token_at: float | None = None
+    done: bool = False  # its trace was emitted
+
+    @property
+    def endpoint(self) -> str:
+        return PATHS[self.kind]
+
+
+def _key_id(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:KEY_ID_CHARS]
+
+
+def _bearer(request: Request) -> str | None:
+    value = request.headers.get("authorization", "")
+    return value[7:].strip() if value.lower().startswith("bearer ") else None
+
+
+def _priority(request: Request) -> str:
+    value = request.headers.get(PRIORITY_HEADER, DEFAULT_PRIORITY).strip().lower()
+    if value not in PRIORITIES:
+        raise bad_request(PRIORITY_HEADER, f"must be one of {', '.join(PRIORITIES)}, got {value!r}")
+    return value
+
+
+async def _read_body(request: Request) -> Any:
+    try:
+        return json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request("body", f"not valid JSON: {exc}") from exc
+
+
+def _error_message(body: Any) -> str:
+    error = body.get("error") if isinstance(body, dict) else None
+    return str(error.get("message", "")) if isinstance(error, dict) else ""
+
+
+def _stage_seconds(timings: Mapping[str, Any] | None) -> dict[str, float | None]:
+    """The replica's stage timings from a final chunk (None where it sent none)."""
+    timings = timings or {}
+    return {stage: _seconds(timings.get(stage)) for stage in STAGES}
+
+
+def _seconds(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+# ---- the gateway -----------------------------------------------------------------------------
+class Gateway:
+    """Routes, retries, resumes, ejects, admits and traces; :func:`create_gateway_app` serves it."""
+
+    def __init__(self, config: GatewayConfig, *, endpoints: Callable[[], list[ReplicaEndpoint]],
+                 load: Callable[[str], ReplicaLoad | None] = lambda _: None,
+                 on_trace: Callable[[TraceRecord], None] = lambda _: None,
+                 on_event: EventSink = lambda kind, replica_id, detail: None,
+                 clock: Clock = time.monotonic, transport: httpx.AsyncBaseTransport | None = None,
+                 router: Router | None = None) -> None:
+        self.config = config
+        self._endpoints, self._load, self._on_trace, self._on_event = endpoints, load, on_trace, on_event
+        self.clock = clock
+        self.router = router or Router(config.routing)
+        self.metrics = GatewayMetrics()
+        self.limiter = RateLimiter(requests_per_s=config.rate_limit_rps,
+                                   tokens_per_s=config.rate_limit_tokens_per_s, clock=clock)
+        self.budget = RetryBudget(config.retry_budget_ratio, clock=clock)
+        self.outliers = OutlierDetector(config.eject_after_failures)
+        self.toxics = LinkToxics(clock=clock)  # link faults injected by chaos (chaos.faults.link)
+        self.liveness = Liveness(config.stall_timeout_s, on_event=self._emit)  # stalled: routed around
+        self._inflight: dict[str, int] = defaultdict(int)
+        self._client = self._new_client(transport)
+        self.checks = ActiveChecks(client=self._client, endpoints=endpoints, outliers=self.outliers,
+                                   liveness=self.liveness, inflight=lambda rid: self._inflight.get(rid, 0),
+                                   interval_s=config.probe_interval_s, silence_s=config.stall_timeout_s,
+                                   probe_idle=config.probe_idle_replicas, readmit=self._readmit,
+                                   ejected=self._ejected)
+        # Streams go through the pooled client; an httpx transport given here (in-process fake replicas
+        # in tests) carries them instead.
+        self._streams: StreamClient = HttpxStreams(self._client) if transport is not None else UpstreamPool()
+
+    def _new_client(self, transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
+        t = self.config.first_byte_timeout_s
+        # Reads have no httpx timeout: the first byte and stalls are timed per event by Upstream.
+        timeout = httpx.Timeout(connect=t, read=None, write=t, pool=t)
+        # Probes and /v1/models only, unless a transport carries the streams too (no connection limit).
+        limits = httpx.Limits(max_connections=None if transport is not None else 100)
+        return httpx.AsyncClient(transport=transport, timeout=timeout, limits=limits, trust_env=False)
+
+    # ---- lifecycle ----
+    async def start(self) -> None:
+        """Start the active health checks (idempotent)."""
+        self.checks.start()
+
+    async def stop(self) -> None:
+        """Stop the health checks and close every upstream connection."""
+        await self.checks.stop()
+        self.liveness.stop()
+        await self._streams.aclose()
+        await self._client.aclose()
+
+    def ejected(self) -> set[str]:
+        """The replicas ejected now."""
+        return set(self.outliers.ejected)
+
+    def inflight(self) -> dict[str, int]:
+        """Upstream requests in flight per replica."""
+        return {rid: n for rid, n in self._inflight.items() if n}
+
+    # ---- requests ----
+    async def handle(self, request: Request, kind: str) -> Response:
+        """One /v1/completions or /v1/chat/completions request, streaming or not."""
+        job = _Job(uuid.uuid4().hex, kind, self.clock(), time.time())
+        try:
+            job.key_id = self._authenticate(request)
+            job.priority = _priority(request)
+            job.params = RequestParams.parse(kind, await _read_body(request))
+            job.assembly = StreamAssembly(job.params)
+            self._admit(job)
+            self.budget.record_request()
+            body = job.params.upstream_body(PRIORITIES[job.priority])
+            job.upstream = await self._open(job, job.params.path, body, budgeted=True)
+        except GatewayError as exc:
+            self._finish(job, exc.status, str(exc))
+            return exc.response()
+        job.replica = job.upstream.endpoint
+        if job.params.stream:
+            return self._streaming_response(job)
+        return await self._collected_response(job)
+
+    def _authenticate(self, request: Request) -> str | None:
+        """The key's id (a hash prefix), or None without a key; 401 when keys are required."""
+        given = _bearer(request)
+        keys = self.config.api_keys
+        if keys and (given is None or not any(hmac.compare_digest(given.encode(), k.encode()) for k in keys)):
+            self.metrics.rejected.labels("unauthorized").inc()
+            raise GatewayError(401, "missing or invalid API key", type_="invalid_request_error",
+                               code="invalid_api_key")
+        return _key_id(given) if given else None
+
+    def _admit(self, job: _Job) -> None:
+        """Before any byte goes upstream: a routable replica, room for the priority class, rate limits."""
+        assert job.params is not None
+        pool = routable(self._candidates())
+        if not pool:
+            self.metrics.rejected.labels("no_replica").inc()
+            raise GatewayError(503, "no routable replica (none ready, or all ejected)",
+                               type_="service_unavailable", code="no_replica",
+                               headers={"Retry-After": str(self.config.retry_after_s)})
+        limit = shed_limit(job.priority, self.config.max_inflight_per_replica)
+        if all(c.num_inflight >= limit for c in pool):
+            self.metrics.rejected.labels(f"shed_{job.priority}").inc()
+            raise GatewayError(429, f"every replica has {limit} or more requests in flight; {job.priority} "
+                               "requests are shed at this load", type_="rate_limit_error", code="overloaded",
+                               headers={"Retry-After": str(self.config.retry_after_s)})
+        wait = self.limiter.admit(job.key_id or "anonymous", job.params.num_tokens_estimate)
+        if wait > 0:
+            self.metrics.rejected.labels("rate_limited").inc()
+            raise GatewayError(429, "rate limit exceeded for this API key", type_="rate_limit_error",
+                               code="rate_limit_exceeded", headers={"Retry-After": str(math.ceil(wait))})
+
+    def _candidates(self) -> list[Candidate]:
+        ejected = self.outliers.ejected
+        return [Candidate(e, self._load(e.replica_id), self._inflight.get(e.replica_id, 0),
+                          e.replica_id in ejected) for e in self._endpoints()]
+
+    # ---- upstream attempts ----
+    async def _open(self, job: _Job, path: str, body: dict[str, Any], *, budgeted: bool) -> Upstream:
+        """A primed stream on some replica: up to ``max_retries`` other replicas after a failure."""
+        assert job.params is not None
+        last: UpstreamError | None = None
+        for _ in range(self.config.max_retries + 1):
+            candidates = self._candidates()
+            avoid = job.failed
+            suspects = self.liveness.suspects
+            if suspects and routable(candidates, exclude=job.failed | suspects):
+                avoid = job.failed | suspects
+            decision = self.router.pick(candidates, block_hashes=job.params.block_hashes, exclude=avoid)
+            if not decision.is_routed:
+                break
+            if last is not None and budgeted and not last.is_silence and not self.budget.try_spend():
+                break
+            if last is not None:
+                job.retries += 1
+                self.metrics.retries.labels(last.replica_id, last.reason).inc()
+            endpoint = next(c.endpoint for c in candidates if c.replica_id == decision.replica_id)
+            logger.debug("[%s] request %s -> %s (%s)", endpoint.replica_id, job.request_id,
+                         decision.replica_id, decision.scores)
+            try:
+                upstream = await self._attempt(endpoint, path, body)
+            except UpstreamError as exc:
+                job.failed.add(endpoint.replica_id)
+                self._record_failure(exc)
+                if not exc.is_retryable:
+                    raise exc.to_client(self.config.retry_after_s) from exc
+                last = exc
+                continue
+            self.router.remember(endpoint.replica_id, job.params.block_hashes)
+            return upstream
+        if last is None:
+            raise GatewayError(503, "no routable replica left for this request", type_="service_unavailable",
+                               code="no_replica", headers={"Retry-After": str(self.config.retry_after_s)})
+        raise last.to_client(self.config.retry_after_s) from last
+
+    async def _attempt(self, endpoint: ReplicaEndpoint, path: str, body: dict[str, Any]) -> Upstream:
+        """Send to one replica and wait for its first event; counted in flight until closed."""
+        self._acquire(endpoint.replica_id)
+        upstream: Upstream | None = None
+        try:
+            if self.toxics:
+                await self._through_toxics(endpoint.replica_id)
+            async with self.liveness.watching(endpoint.replica_id):
+                response = await self._send(endpoint, path, body)
+                upstream = Upstream(endpoint, response, self._release)
+                await upstream.prime(self.config.first_byte_timeout_s)
+            self.liveness.heard(endpoint.replica_id)
+            return upstream
+        except BaseException:
+            if upstream is None:
+                self._release(endpoint.replica_id)
+            else:
+                await upstream.aclose()
+            raise
+
+    async def _through_toxics(self, replica_id: str) -> None:
+        if self.toxics.refuses(replica_id):
+            raise UpstreamError(replica_id, "connect", "link refused (link-abort fault)")
+        delay = self.toxics.request_delay(replica_id)
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def _send(self, endpoint: ReplicaEndpoint, path: str, body: dict[str, Any]) -> StreamResponse:
+        """POST and wait for the status line; transport failures and refusals become UpstreamError."""
+        rid = endpoint.replica_id
+        # A replica answers with its status line as soon as it accepts a stream, before any token: no
+        # answer within the stall timeout means it is not serving (partitioned, stopped), whatever its queue.
+        wait = min(self.config.first_byte_timeout_s, self.config.stall_timeout_s)
+        try:
+            async with asyncio.timeout(wait):
+                response = await self._streams.post(endpoint.host, endpoint.port, path, orjson.dumps(body))
+        except TimeoutError as exc:
+            raise UpstreamError(rid, "timeout", f"no response within {wait:g}s") from exc
+        except TransportError as exc:
+            raise UpstreamError(rid, "connect", str(exc)) from exc
+        if response.status_code == 200:
+            return response
+        raise await self._refusal(rid, response)
+
+    async def _refusal(self, replica_id: str, response: StreamResponse) -> UpstreamError:
+        status = response.status_code
+        try:
+            async with asyncio.timeout(self.config.first_byte_timeout_s):
+                raw = await response.aread()
+            body: Any = json.loads(raw)
+        except (TimeoutError, TransportError, ValueError):
+            body = None
+        finally:
+            await response.aclose()
+        return UpstreamError(replica_id, f"status_{status}", f"HTTP {status} {_error_message(body)}".strip(),
+                             status=status, body=body, retry_after=response.headers.get("retry-after"))
+
+    def _acquire(self, replica_id: str) -> None:
+        self._inflight[replica_id] += 1
+        self.metrics.inflight.labels(replica_id).set(self._inflight[replica_id])
+
+    def _release(self, replica_id: str) -> None:
+        self._inflight[replica_id] -= 1
+        self.metrics.inflight.labels(replica_id).set(self._inflight[replica_id])
+
+    def _record_failure(self, exc: UpstreamError) -> None:
+        rid = exc.replica_id
+        logger.info("[%s] upstream failure: %s", rid, exc)
+        self.liveness.failed(exc)
+        if exc.is_failure and self.outliers.record_failure(rid):
+            self._ejected(rid, f"{self.config.eject_after_failures} consecutive failures; last: {exc}")
+
+    def _ejected(self, replica_id: str, why: str) -> None:
+        """``replica_id`` was just ejected (routed around until a probe re-admits it)."""
+        logger.warning("[%s] ejected: %s", replica_id, why)
+        self.metrics.ejections.labels(replica_id).inc()
+        self.metrics.ejected.set(len(self.outliers.ejected))
+        self._emit("ejected", replica_id, why)
+
+    def _emit(self, kind: str, replica_id: str, detail: str) -> None:
+        try:
+            self._on_event(kind, replica_id, detail)
+        except Exception:
+            logger.exception("[%s] on_event(%s) failed", replica_id, kind)
+
+    # ---- relaying and resuming ----
+    async def _chunks(self, job: _Job) -> AsyncGenerator[list[dict[str, Any]], None]:
+        """The client's chunks in batches (one per read), resumed elsewhere when a stream breaks."""
+        assert job.assembly is not None and job.upstream is not None
+        while True:
+            try:
+                async with contextlib.aclosing(self._relay(job, job.upstream)) as relay:
+                    async for batch in relay:
+                        yield batch
+                break
+            except UpstreamError as exc:
+                self._record_failure(exc)
+                if job.assembly.is_finished:
+                    break  # broken after the last token: nothing is lost
+                job.upstream = await self._resume(job, exc)
+                if job.upstream is None:
+                    break
+
+    async def _relay(self, job: _Job, upstream: Upstream) -> AsyncGenerator[list[dict[str, Any]], None]:
+        """One upstream stream's chunks for the client until ``[DONE]``, a batch per read (one write)."""
+        assembly = job.assembly
+        assert assembly is not None
+        opened = self.clock()
+        batch: list[dict[str, Any]] = []
+        try:
+            while (event := await upstream.next_event(self.config.stall_timeout_s)) is not None:
+                if self.toxics and self.toxics.reset_due(upstream.replica_id, opened):
+                    raise UpstreamError(upstream.replica_id, "broken", "link reset (link-abort fault)")
+                self.liveness.heard(upstream.replica_id)
+                batch += assembly.accept(event)
+                if event.get("choices"):
+                    job.replica = upstream.endpoint
+                if job.first_token_at is None and assembly.token_ids:
+                    job.first_token_at = self.clock()
+                if batch and not upstream.has_buffered:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
+            if not assembly.is_finished:
+                raise UpstreamError(upstream.replica_id, "closed", "[DONE] before the last token")
+            self.outliers.record_success(upstream.replica_id)
+            self.liveness.heard(upstream.replica_id)
+        finally:
+            await upstream.aclose()
+
+    async def _resume(self, job: _Job, exc: UpstreamError) -> Upstream | None:
+        """Go on elsewhere from what was delivered; None when nothing is left to generate."""
+        assembly = job.assembly
+        assert assembly is not None
+        job.failed.add(exc.replica_id)
+        if assembly.is_exhausted():
+            assembly.finish_locally("length")
+            return None
+        if assembly.num_resumes >= MAX_RESUMES:
+            raise GatewayError(503, f"the stream broke {MAX_RESUMES + 1} times; last: {exc}",
+                               type_="service_unavailable", code="resume_failed") from exc
+        detail = (f"request {job.request_id}: {exc.reason} after {len(assembly.token_ids)} tokens; "
+                  f"continuing from token {assembly.resume_point()[0]}")
+        path, body = assembly.continuation(PRIORITIES[job.priority])
+        logger.warning("[%s] resuming %s", exc.replica_id, detail)
+        self.metrics.resumes.labels(exc.replica_id, exc.reason).inc()
+        self._emit("resumed", exc.replica_id, detail)
+        return await self._open(job, path, body, budgeted=False)
+
+    def _streaming_response(self, job: _Job) -> Response:
+        assert job.upstream is not None
+        stream = self._event_stream(job)
+
+        async def close() -> None:
+            await stream.aclose()
+            if job.upstream is not None:
+                await job.upstream.aclose()
+            self._finish(job, 200, "client disconnected")
+
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                   REPLICA_HEADER: job.upstream.replica_id, **_tried(job)}
+        return EventStreamResponse(stream, on_close=close, headers=headers)
+
+    async def _event_stream(self, job: _Job) -> AsyncGenerator[bytes, None]:
+        assert job.assembly is not None
+        error: str | None = None
+        try:
+            async with contextlib.aclosing(self._chunks(job)) as batches:
+                async for batch in batches:
+                    yield b"".join(map(sse_event, batch))
+            yield b"".join(map(sse_event, job.assembly.closing_chunks())) + DONE_EVENT
+        except GatewayError as exc:
+            error = str(exc)
+            logger.error("request %s failed mid-stream: %s", job.request_id, exc)
+            yield sse_event(exc.body)
+        except Exception as exc:  # a bug must still end the stream the way an OpenAI client understands
+            error = f"internal error: {type(exc).__name__}: {exc}"
+            logger.exception("request %s: gateway error mid-stream", job.request_id)
+            yield sse_event(error_body(error, type_="server_error", code="gateway_error"))
+        finally:
+            self._finish(job, 200, error)
+
+    async def _collected_response(self, job: _Job) -> Response:
+        assert job.assembly is not None
+        try:
+            async with contextlib.aclosing(self._chunks(job)) as chunks:
+                async for _ in chunks:
+                    pass
+        except GatewayError as exc:
+            self._finish(job, exc.status, str(exc))
+            return exc.response()
+        finally:
+            if job.upstream is not None:
+                await job.upstream.aclose()
+        self._finish(job, 200, None)
+        rid = job.replica.replica_id if job.replica else ""
+        return JSONResponse(job.assembly.full_response(), headers={REPLICA_HEADER: rid, **_tried(job)})
+
+    # ---- traces ----
+    def _finish(self, job: _Job, status: int, error: str | None) -> None:
+        """Metrics and the trace of one request; once per request."""
+        if job.done:
+            return
+        job.done = True
+        e2e = max(self.clock() - job.started, 0.0)
+        assembly = job.assembly
+        if assembly is not None and status == 200 and not assembly.is_finished and error is None:
+            error = "client disconnected"
+        stages = _stage_seconds(assembly.timings if assembly else None)
+        gateway_s = max(e2e - sum(v for v in stages.values() if v is not None), 0.0)
+        ttft = None if job.first_token_at is None else job.first_token_at - job.started
+        replica = job.replica if status == 200 else None
+        self.metrics.requests.labels(job.endpoint, str(status), replica.replica_id if replica else "").inc()
+        if status == 200:
+            self.metrics.e2e.observe(e2e)
+            self.metrics.overhead.observe(gateway_s)
+            if ttft is not None and job.params is not None and job.params.stream:
+                self.metrics.ttft.observe(ttft)
+        self._emit_trace(self._trace(job, status=status, error=error, e2e=e2e, gateway_s=gateway_s,
+                                     ttft=ttft, stages=stages, replica=replica))
+
+    def _trace(self, job: _Job, *, status: int, error: str | None, e2e: float, gateway_s: float,
+               ttft: float | None, stages: dict[str, float | None],
+               replica: ReplicaEndpoint | None) -> TraceRecord:
+        assembly = job.assembly
+        prompt_tokens = 0
+        if assembly is not None:
+            prompt_tokens = int(assembly.usage().get("prompt_tokens", 0)) if assembly.meta else 0
+        return TraceRecord(
+            request_id=job.request_id, started_at=job.started_wall, endpoint=job.endpoint,
+            model=job.params.model if job.params else "", status=status,
+            replica_id=replica.replica_id if replica else None, zone=replica.zone if replica else None,
+            priority=job.priority, prompt_tokens=prompt_tokens,
+            output_tokens=len(assembly.token_ids) if assembly else 0, ttft_s=ttft, e2e_s=e2e,
+            gateway_s=gateway_s, queue_s=stages["queue"], prefill_s=stages["prefill"],
+            decode_s=stages["decode"], detokenize_s=stages["detokenize"], serialize_s=stages["serialize"],
+            retries=job.retries, resumes=assembly.num_resumes if assembly else 0, error=error,
+            api_key_id=job.key_id)
+
+    def _emit_trace(self, trace: TraceRecord) -> None:
+        try:
+            self._on_trace(trace)
+        except Exception:
+            logger.exception("on_trace failed for request %s", trace.request_id)
+
+    # ---- other endpoints ----
+    async def models(self, request: Request) -> Response:
+        """The models of the routable replicas, deduplicated by id."""
+        try:
+            self._authenticate(request)
+        except GatewayError as exc:
+            return exc.response()
+        pool = routable(self._candidates())
+        pages = await asyncio.gather(*(self._models_of(c.endpoint) for c in pool))
+        seen: dict[str, dict[str, Any]] = {}
+        for models in pages:
+            for model in models:
+                seen.setdefault(str(model.get("id")), model)
+        return JSONResponse({"object": "list", "data": list(seen.values())})
+
+    async def _models_of(self, endpoint: ReplicaEndpoint) -> list[dict[str, Any]]:
+        try:
+            response = await self._client.get(f"{endpoint.base_url}/v1/models", timeout=MODELS_TIMEOUT_S)
+            data = response.json().get("data", []) if response.status_code == 200 else []
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            logger.info("[%s] /v1/models failed: %s", endpoint.replica_id, exc)
+            return []
+        return [m for m in data if isinstance(m, dict)]
+
+    def health(self) -> dict[str, Any]:
+        """The gateway's own liveness, with what it routes to."""
+        return {"status": "ok", "routable": [c.replica_id for c in routable(self._candidates())],
+                "ejected": sorted(self.outliers.ejected), "inflight": self.inflight()}
+
+    # ---- re-admission ----
+    async def probe_once(self) -> None:
+        """One round of the active health checks (:mod:`controlplane.gateway.health_checks`)."""
+        await self.checks.run_once()
+
+    def _readmit(self, replica_id: str, why: str) -> None:
+        self.outliers.readmit(replica_id)
+        self.router.affinity.forget(replica_id)
+        self.metrics.ejected.set(len(self.outliers.ejected))
+        self.metrics.readmissions.labels(replica_id).inc()
+        logger.warning("[%s] re-admitted: %s", replica_id, why)
+        self._emit("readmitted", replica_id, why)
+
+
+def _tried(job: _Job) -> dict[str, str]:
+    """The replicas that failed this request before its first byte, for the client to see."""
+    return {TRIED_HEADER: ",".join(sorted(job.failed))} if job.failed else {}

@@ -1,0 +1,1 @@
+"""The what-if simulator: a discrete-event fleet that replays traces under the autoscaler's pure policies."""

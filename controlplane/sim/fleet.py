@@ -1,0 +1,530 @@
+"""The discrete-event core of the fleet simulator: replicas that batch continuously, a router, a clock.
+
+Where it sits: ``controlplane.sim.simulator`` feeds it a trace and a policy; every policy tick it hands the
+policy an :class:`Observation` (the same signals the live autoscaler reads from telemetry) and applies the
+returned replica count. Per request it records when the first token and the last token were produced.
+
+Each replica follows vLLM v1's scheduler: a FIFO of waiting requests, at most ``max_num_seqs`` running, a
+token budget of ``max_num_batched_tokens`` per step spent on one token per decoding sequence first and on
+prefill chunks with what is left; a request's first token comes at the end of the step that finishes its
+prefill. A step lasts ``profile.step_time(...)``. KV space is reserved for prompt + output on admission
+(no preemption). A replica is not ready (gets no requests) until ``start_s`` after it was started; a
+replica being removed drains (finishes what it runs, hands its waiting requests back to the router); a
+crashed replica hands every request back and the fleet starts a replacement.
+
+Speed: between two events a replica that only decodes runs ``k`` identical steps as one segment (until
+its next sequence finishes, or until an arrival it could admit), so the cost is per request, not per
+token. Within a segment the step time uses the batch's mean context (exact when the model's
+``per_context_token_s`` is 0).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from controlplane.autoscale.profile import ReplicaProfile
+from controlplane.sim.trace import SimRequest
+
+
+class ReplicaPhase(Enum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+@dataclass(slots=True)
+class RequestOutcome:
+    """What the client of one request saw; times in seconds of simulated time."""
+
+    arrival: float
+    prompt_len: int
+    output_len: int
+    first_token: float | None = None
+    finish: float | None = None
+    retries: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def tpot(self) -> float | None:
+        if self.finish is None or self.first_token is None:
+            return None
+        return 0.0 if self.output_len <= 1 else (self.finish - self.first_token) / (self.output_len - 1)
+
+
+@dataclass(slots=True)
+class _Seq:
+    outcome: RequestOutcome
+    prompt_len: int  # to prefill on this replica (prompt + tokens already streamed, after a resume)
+    output_left: int  # tokens still to generate
+    prefilled: int = 0
+    start_step: int = 0  # replica step counter when it joined the decoders
+    finish_step: int = 0
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.prompt_len + self.output_left
+
+
+@dataclass(slots=True, frozen=True)
+class Observation:
+    """The fleet as a policy sees it at ``now`` (what the live loop reads from telemetry)."""
+
+    now: float
+    desired: int
+    ready: int
+    starting: int
+    waiting: int  # queued in the router and on ready replicas, not yet admitted
+    running: int  # admitted (prefilling or decoding)
+    kv_cache_usage: float | None  # mean over ready replicas, 0..1
+    ttft_p95_s: float | None  # of first tokens in the last ``metric_window_s``
+    tokens_per_s: float  # generated tokens/s, fleet-wide, over the last ``metric_window_s``
+    busy_share: float | None  # share of the window ready replicas spent in engine steps, 0..1
+    prompt_tokens_per_s: float  # prefilled tokens/s, fleet-wide, over the last ``metric_window_s``
+    arrivals_per_s: float  # over the last ``metric_window_s``
+    arrivals_per_s_short: float = 0.0  # over the last ``short_window_s`` (panic mode's window)
+    # tokens per request, means over the requests finished in the last ``metric_window_s`` (what the
+    # vllm:request_prompt_tokens and vllm:request_generation_tokens histograms give); None: none finished
+    mean_prompt_tokens: float | None = None
+    mean_output_tokens: float | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class ScaleEvent:
+    at: float
+    before: int
+    after: int
+    reason: str
+
+
+@dataclass(slots=True, frozen=True)
+class FleetSample:
+    at: float
+    desired: int
+    alive: int  # starting + ready + draining: what is paid for
+    ready: int
+    waiting: int
+    running: int
+
+
+class Replica:
+    def __init__(self, replica_id: int, profile: ReplicaProfile, started_at: float) -> None:
+        self.replica_id = replica_id
+        self.profile = profile
+        self.started_at = started_at
+        self.stopped_at: float | None = None
+        self.phase = ReplicaPhase.STARTING
+        self.waiting: deque[_Seq] = deque()
+        self.prefilling: list[_Seq] = []
+        self.decoders: list[tuple[int, int, _Seq]] = []  # heap by finish step
+        self.step = 0
+        self.kv_reserved = 0
+        self.decode_prompt_sum = 0  # sum of (prompt_len + 1) over decoders, for their context size
+        self.decode_start_sum = 0  # sum of start_step over decoders
+        # the segment in progress: ``seg_steps`` steps of ``seg_dt`` from ``seg_start``
+        self.seg_start = 0.0
+        self.seg_dt = 0.0
+        self.seg_steps = 0
+        self.seg_prefill: list[tuple[_Seq, int]] = []
+        self.version = 0
+        self.busy = False
+
+    @property
+    def num_running(self) -> int:
+        return len(self.prefilling) + len(self.decoders)
+
+    @property
+    def load(self) -> int:
+        return len(self.waiting) + self.num_running
+
+    @property
+    def is_routable(self) -> bool:
+        return self.phase is ReplicaPhase.READY
+
+    def context_tokens(self) -> int:
+        n = len(self.decoders)
+        return self.decode_prompt_sum + n * self.step - self.decode_start_sum
+
+    def kv_usage(self) -> float:
+        used = self.context_tokens() + sum(s.prefilled for s in self.prefilling)
+        return min(used / self.profile.kv_capacity_tokens, 1.0)
+
+    def can_admit(self, seq: _Seq) -> bool:
+        return (
+            self.num_running < self.profile.max_num_seqs
+            and self.kv_reserved + seq.kv_tokens <= self.profile.kv_capacity_tokens
+        )
+
+
+@dataclass(slots=True)
+class _Clock:
+    heap: list[tuple[float, int, str, object, int]] = field(default_factory=list)
+    order: itertools.count[int] = field(default_factory=itertools.count)
+
+    def push(self, at: float, kind: str, obj: object = None, version: int = 0) -> None:
+        heapq.heappush(self.heap, (at, next(self.order), kind, obj, version))
+
+
+PolicyFn = Callable[[Observation], tuple[int, str]]
+TTFT_WINDOW = 30.0
+
+
+class FleetSim:
+    """One run: a trace through a fleet whose size a policy sets every ``tick_s``."""
+
+    def __init__(
+        self,
+        profile: ReplicaProfile,
+        requests: Sequence[SimRequest],
+        *,
+        initial_replicas: int,
+        policy: PolicyFn | None,
+        tick_s: float,
+        duration_s: float | None = None,
+        crashes: Sequence[float] = (),
+        metric_window_s: float = TTFT_WINDOW,
+        sample_s: float = 10.0,
+        drain_limit_s: float = 600.0,
+        initial_ready: bool = True,
+        progress: Callable[[float, float], None] | None = None,
+        short_window_s: float = 6.0,
+    ) -> None:
+        if initial_replicas < 0 or tick_s <= 0 or sample_s <= 0:
+            raise ValueError("initial_replicas must be >= 0, tick_s and sample_s > 0")
+        self.profile = profile
+        self.short_window_s = short_window_s
+        self.requests = sorted(requests, key=lambda r: r.arrival)
+        self.duration = (
+            duration_s if duration_s is not None else max((r.arrival for r in requests), default=0.0)
+        )
+        self.policy, self.tick_s = policy, tick_s
+        self.metric_window_s, self.sample_s = metric_window_s, sample_s
+        self.hard_end = self.duration + drain_limit_s
+        self.clock = _Clock()
+        self.replicas: list[Replica] = []
+        self.router: deque[_Seq] = deque()  # nowhere ready to go yet
+        self.outcomes: list[RequestOutcome] = []
+        self.events: list[ScaleEvent] = []
+        self.samples: list[FleetSample] = []
+        self.desired = initial_replicas
+        self.now = 0.0
+        self._first_tokens: deque[tuple[float, float]] = deque()  # (time, ttft)
+        self._tokens: deque[tuple[float, int]] = deque()  # (time, tokens generated)
+        self._prompt_tokens: deque[tuple[float, int]] = deque()  # (time, tokens prefilled)
+        self._arrivals: deque[float] = deque()
+        self._finished: deque[tuple[float, int, int]] = deque()  # (time, prompt, output tokens)
+        self._busy: deque[tuple[float, float]] = deque()  # (time, engine seconds), fleet-wide
+        self._unfinished = 0
+        self.progress = progress
+        for _ in range(initial_replicas):
+            self._start_replica(ready_now=initial_ready)
+        for at in crashes:
+            self.clock.push(at, "crash")
+
+    # ---- the run -------------------------------------------------------------------------------
+    def run(self) -> FleetSim:
+        if self.policy is not None:
+            self.clock.push(self.tick_s, "tick")
+        self.clock.push(0.0, "sample")
+        arrivals = iter(self.requests)
+        upcoming = next(arrivals, None)
+        while True:
+            next_event = self.clock.heap[0][0] if self.clock.heap else math.inf
+            if upcoming is not None and upcoming.arrival <= next_event:
+                self.now = upcoming.arrival
+                self._arrive(upcoming)
+                upcoming = next(arrivals, None)
+                continue
+            if next_event > self.hard_end or (upcoming is None and self._is_done()):
+                break
+            at, _, kind, obj, version = heapq.heappop(self.clock.heap)
+            self.now = at
+            self._handle(kind, obj, version)
+        self.now = min(self.now, self.hard_end)
+        return self
+
+    def _is_done(self) -> bool:
+        return self._unfinished == 0 and self.now >= self.duration
+
+    def _finish(self, outcome: RequestOutcome) -> None:
+        outcome.finish = self.now
+        self._unfinished -= 1
+        self._finished.append((self.now, outcome.prompt_len, outcome.output_len))
+
+    def _handle(self, kind: str, obj: object, version: int) -> None:
+        if kind == "step":
+            assert isinstance(obj, Replica)
+            if version == obj.version:
+                self._end_segment(obj)
+        elif kind == "ready":
+            assert isinstance(obj, Replica)
+            if obj.phase is ReplicaPhase.STARTING:
+                obj.phase = ReplicaPhase.READY
+                self._dispatch_router()
+        elif kind == "tick":
+            self._tick()
+        elif kind == "sample":
+            self._sample()
+        elif kind == "crash":
+            self._crash()
+
+    # ---- requests ------------------------------------------------------------------------------
+    def _arrive(self, request: SimRequest) -> None:
+        prompt = min(request.prompt_len, self.profile.max_model_len - 1)
+        output = max(1, min(request.output_len, self.profile.max_model_len - prompt))
+        outcome = RequestOutcome(request.arrival, prompt, output)
+        self.outcomes.append(outcome)
+        self._unfinished += 1
+        self._arrivals.append(self.now)
+        self._route(_Seq(outcome, prompt, output))
+
+    def _route(self, seq: _Seq) -> None:
+        """Least outstanding requests among ready replicas (the gateway's least-request pick)."""
+        candidates = [r for r in self.replicas if r.is_routable]
+        if not candidates:
+            self.router.append(seq)
+            return
+        replica = min(candidates, key=lambda r: r.load)
+        replica.waiting.append(seq)
+        self._poke(replica)
+
+    def _dispatch_router(self) -> None:
+        while self.router and any(r.is_routable for r in self.replicas):
+            self._route(self.router.popleft())
+
+    # ---- a replica's steps ---------------------------------------------------------------------
+    def _poke(self, replica: Replica) -> None:
+        """New work for ``replica``: start stepping if idle, or cut a long decode segment short."""
+        if not replica.busy:
+            # step after every arrival of this instant has been routed: they share the first step
+            replica.busy, replica.seg_start, replica.seg_dt, replica.seg_steps = True, self.now, 0.0, 0
+            replica.version += 1
+            self.clock.push(self.now, "step", replica, replica.version)
+            return
+        if replica.seg_steps <= 1 or not replica.waiting or not replica.can_admit(replica.waiting[0]):
+            return
+        done = math.floor((self.now - replica.seg_start) / replica.seg_dt) + 1  # the step in progress ends
+        if done < replica.seg_steps:
+            replica.seg_steps = done
+            replica.version += 1
+            self.clock.push(replica.seg_start + done * replica.seg_dt, "step", replica, replica.version)
+
+    def _start_segment(self, replica: Replica) -> None:
+        while replica.waiting and replica.can_admit(replica.waiting[0]):
+            seq = replica.waiting.popleft()
+            replica.kv_reserved += seq.kv_tokens
+            replica.prefilling.append(seq)
+        n = len(replica.decoders)
+        budget = replica.profile.max_num_batched_tokens - n
+        chunks: list[tuple[_Seq, int]] = []
+        for seq in replica.prefilling:
+            if budget <= 0:
+                break
+            take = min(seq.prompt_len - seq.prefilled, budget)
+            chunks.append((seq, take))
+            budget -= take
+        replica.seg_prefill = chunks
+        if chunks:
+            steps = 1
+            dt = replica.profile.step_time(
+                num_decode=n,
+                num_prefill_tokens=sum(c for _, c in chunks),
+                context_tokens=replica.context_tokens(),
+            )
+        elif n:
+            steps = replica.decoders[0][0] - replica.step
+            mean_context = replica.context_tokens() + n * (steps - 1) / 2
+            dt = replica.profile.step_time(
+                num_decode=n, num_prefill_tokens=0, context_tokens=round(mean_context)
+            )
+        else:
+            replica.busy = False
+            self._maybe_stop(replica)
+            return
+        replica.busy = True
+        replica.seg_start, replica.seg_dt, replica.seg_steps = self.now, dt, steps
+        replica.version += 1
+        self.clock.push(self.now + steps * dt, "step", replica, replica.version)
+
+    def _end_segment(self, replica: Replica) -> None:
+        steps = replica.seg_steps
+        replica.step += steps
+        self._busy.append((self.now, steps * replica.seg_dt))
+        self._tokens.append((self.now, steps * len(replica.decoders)))
+        if replica.seg_prefill:
+            self._prompt_tokens.append((self.now, sum(take for _, take in replica.seg_prefill)))
+        while replica.decoders and replica.decoders[0][0] <= replica.step:
+            _, _, seq = heapq.heappop(replica.decoders)
+            self._leave_decoders(replica, seq)
+            self._finish(seq.outcome)
+        for seq, take in replica.seg_prefill:
+            seq.prefilled += take
+            if seq.prefilled >= seq.prompt_len:
+                replica.prefilling.remove(seq)
+                self._first_token(replica, seq)
+        replica.seg_prefill = []
+        self._start_segment(replica)
+
+    def _first_token(self, replica: Replica, seq: _Seq) -> None:
+        outcome = seq.outcome
+        if outcome.first_token is None:
+            outcome.first_token = self.now
+            self._first_tokens.append((self.now, self.now - outcome.arrival))
+        self._tokens.append((self.now, 1))
+        seq.output_left -= 1
+        if seq.output_left <= 0:
+            replica.kv_reserved -= seq.prompt_len + 1
+            self._finish(outcome)
+            return
+        seq.start_step, seq.finish_step = replica.step, replica.step + seq.output_left
+        replica.decode_prompt_sum += seq.prompt_len + 1
+        replica.decode_start_sum += seq.start_step
+        heapq.heappush(replica.decoders, (seq.finish_step, id(seq), seq))
+
+    def _leave_decoders(self, replica: Replica, seq: _Seq) -> None:
+        replica.decode_prompt_sum -= seq.prompt_len + 1
+        replica.decode_start_sum -= seq.start_step
+        replica.kv_reserved -= seq.prompt_len + 1 + (seq.finish_step - seq.start_step)
+
+    # ---- fleet ---------------------------------------------------------------------------------
+    def _start_replica(self, *, ready_now: bool = False) -> Replica:
+        replica = Replica(len(self.replicas), self.profile, self.now)
+        self.replicas.append(replica)
+        if ready_now:
+            replica.phase = ReplicaPhase.READY
+        else:
+            self.clock.push(self.now + self.profile.start_s, "ready", replica)
+        return replica
+
+    def _alive(self) -> list[Replica]:
+        return [r for r in self.replicas if r.phase in (ReplicaPhase.STARTING, ReplicaPhase.READY)]
+
+    def _set_desired(self, desired: int, reason: str) -> None:
+        if desired != self.desired:
+            self.events.append(ScaleEvent(self.now, self.desired, desired, reason))
+        self.desired = desired
+        alive = self._alive()
+        for _ in range(desired - len(alive)):
+            self._start_replica()
+        if len(alive) > desired:
+            # remove replicas still starting first (newest first), then the least loaded ready ones
+            order = sorted(alive, key=lambda r: (r.phase is ReplicaPhase.READY, r.load, -r.started_at))
+            for replica in order[: len(alive) - desired]:
+                self._drain(replica)
+
+    def _drain(self, replica: Replica) -> None:
+        was_ready = replica.phase is ReplicaPhase.READY
+        replica.phase = ReplicaPhase.DRAINING
+        handback = list(replica.waiting)
+        replica.waiting.clear()
+        for seq in handback:
+            self._route(seq)
+        if not was_ready or not replica.busy:
+            self._maybe_stop(replica)
+
+    def _maybe_stop(self, replica: Replica) -> None:
+        if replica.phase is ReplicaPhase.DRAINING and replica.num_running == 0 and not replica.waiting:
+            replica.phase, replica.stopped_at = ReplicaPhase.STOPPED, self.now
+            replica.version += 1
+
+    def _crash(self) -> None:
+        """The busiest ready replica dies; its requests resume elsewhere and the fleet replaces it."""
+        ready = [r for r in self.replicas if r.phase is ReplicaPhase.READY]
+        if not ready:
+            return
+        victim = max(ready, key=lambda r: (r.load, -r.replica_id))
+        victim.phase, victim.stopped_at = ReplicaPhase.STOPPED, self.now
+        victim.version += 1
+        victim.busy = False
+        lost = list(victim.waiting) + victim.prefilling + [s for _, _, s in victim.decoders]
+        generated = {id(s): victim.step - s.start_step for _, _, s in victim.decoders}
+        victim.waiting.clear()
+        victim.prefilling, victim.decoders = [], []
+        self._set_desired(self.desired, "replace crashed replica")
+        for seq in lost:
+            done = generated.get(id(seq), 0)
+            streamed = done + (1 if id(seq) in generated else 0)
+            seq.outcome.retries += 1
+            # the gateway resumes from what was streamed: prompt + streamed tokens, the rest to generate
+            self._route(
+                _Seq(
+                    seq.outcome,
+                    min(seq.prompt_len + streamed, self.profile.max_model_len - 1),
+                    max(seq.output_left - done, 1),
+                )
+            )
+
+    # ---- policy and observation ----------------------------------------------------------------
+    def observe(self) -> Observation:
+        cutoff = self.now - self.metric_window_s
+        for q in (self._first_tokens, self._tokens, self._busy, self._prompt_tokens):
+            while q and q[0][0] < cutoff:
+                q.popleft()
+        while self._arrivals and self._arrivals[0] < cutoff:
+            self._arrivals.popleft()
+        while self._finished and self._finished[0][0] < cutoff:
+            self._finished.popleft()
+        short = min(self.short_window_s, max(self.now, 1e-9))
+        num_short = len(self._arrivals) - bisect.bisect_left(self._arrivals, self.now - short)
+        ready = [r for r in self.replicas if r.phase is ReplicaPhase.READY]
+        starting = sum(r.phase is ReplicaPhase.STARTING for r in self.replicas)
+        ttfts = sorted(t for _, t in self._first_tokens)
+        window = min(self.metric_window_s, max(self.now, 1e-9))
+        return Observation(
+            now=self.now,
+            desired=self.desired,
+            ready=len(ready),
+            starting=starting,
+            waiting=len(self.router) + sum(len(r.waiting) for r in ready),
+            running=sum(r.num_running for r in self.replicas if r.phase is not ReplicaPhase.STOPPED),
+            kv_cache_usage=sum(r.kv_usage() for r in ready) / len(ready) if ready else None,
+            ttft_p95_s=ttfts[min(len(ttfts) - 1, math.ceil(0.95 * len(ttfts)) - 1)] if ttfts else None,
+            tokens_per_s=sum(n for _, n in self._tokens) / window,
+            prompt_tokens_per_s=sum(n for _, n in self._prompt_tokens) / window,
+            busy_share=min(sum(b for _, b in self._busy) / (window * len(ready)), 1.0) if ready else None,
+            arrivals_per_s=len(self._arrivals) / window,
+            arrivals_per_s_short=num_short / short,
+            mean_prompt_tokens=_mean(p for _, p, _ in self._finished),
+            mean_output_tokens=_mean(o for _, _, o in self._finished),
+        )
+
+    def _tick(self) -> None:
+        assert self.policy is not None
+        desired, reason = self.policy(self.observe())
+        self._set_desired(desired, reason)
+        if self.now + self.tick_s <= self.duration:
+            self.clock.push(self.now + self.tick_s, "tick")
+
+    def _sample(self) -> None:
+        obs = self.observe()
+        alive = sum(r.phase is not ReplicaPhase.STOPPED for r in self.replicas)
+        self.samples.append(FleetSample(self.now, self.desired, alive, obs.ready, obs.waiting, obs.running))
+        if self.progress is not None:
+            self.progress(self.now, self.duration)
+        if self.now + self.sample_s <= self.duration:
+            self.clock.push(self.now + self.sample_s, "sample")
+
+    def replica_seconds(self) -> float:
+        """Seconds paid for over ``[0, duration]``: every replica from its start until it stopped."""
+        total = 0.0
+        for r in self.replicas:
+            end = self.duration if r.stopped_at is None else min(r.stopped_at, self.duration)
+            total += max(end - min(r.started_at, self.duration), 0.0)
+        return total
+
+
+def _mean(values: Iterable[float]) -> float | None:
+    total, count = 0.0, 0
+    for v in values:
+        total, count = total + v, count + 1
+    return total / count if count else None

@@ -1,0 +1,91 @@
+"""The anomaly source (controlplane.autoscale.anomaly): a clean seasonal series proposes nothing, a spike
+proposes
++1 after three points and +2 after five, with a cooldown, an idle fleet waking is not an anomaly, and
+the fit stays bounded."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pytest
+
+from controlplane.autoscale.anomaly import AnomalyDetector, AnomalySettings
+
+MONDAY_NOON_UTC = datetime(2026, 11, 30, 12, 0, tzinfo=UTC).timestamp()  # a Monday
+
+
+# ---- anomaly source -----------------------------------------------------------------------------
+def seasonal(t: int, rng: np.random.Generator) -> tuple[float, float]:
+    return (20 + 8 * math.sin(2 * math.pi * t / 12) + rng.normal(0, 0.8),
+            0.4 + 0.1 * math.sin(2 * math.pi * t / 12) + rng.normal(0, 0.02))
+
+
+Points = list[tuple[float, float | None]] | list[tuple[float, float]]
+
+
+def feed(detector: AnomalyDetector, points: Points, *, start: int = 0,
+         current: int = 2) -> list[Any]:
+    return [detector.observe((start + i) * 5.0, current, r, q) for i, (r, q) in enumerate(points)]
+
+
+def test_clean_seasonal_series_proposes_nothing() -> None:
+    for seed in range(2):
+        rng = np.random.default_rng(seed)
+        detector = AnomalyDetector(AnomalySettings(period=12, history=48))
+        out = feed(detector, [seasonal(t, rng) for t in range(160)])
+        assert [p for p, _ in out if p is not None] == []
+        assert max(r.consecutive for _, r in out) < 3
+
+
+def spiked(points: list[tuple[float, float]], start: int, length: int) -> None:
+    points[start:start + length] = [(r + 60, q + 1.5) for r, q in points[start:start + length]]
+
+
+def test_a_spike_proposes_one_replica_after_three_points_and_two_after_five() -> None:
+    rng = np.random.default_rng(7)
+    detector = AnomalyDetector(AnomalySettings(period=12, history=48))
+    points = [seasonal(t, rng) for t in range(90)]
+    spiked(points, 70, 6)
+    out = feed(detector, points)
+    proposals = {i: p.replicas for i, (p, _) in enumerate(out) if p is not None}
+    assert proposals == {72: 3, 73: 3, 74: 4, 75: 4}
+    reading = out[72][1]
+    assert reading.residual_rate > 40 and reading.score < reading.threshold and reading.z_rate > 3
+    assert reading.as_dict()["consecutive"] == 3
+
+
+def test_anomaly_cooldown_blocks_a_second_episode_then_lets_it_fire() -> None:
+    rng = np.random.default_rng(3)
+    detector = AnomalyDetector(AnomalySettings(period=12, history=48, cooldown_s=300))
+    points = [seasonal(t, rng) for t in range(150)]
+    for start in (70, 90, 140):
+        spiked(points, start, 3)
+    out = feed(detector, points)
+    fired = [i for i, (p, _) in enumerate(out) if p is not None]
+    episodes = [i for i in fired if i - 1 not in fired]
+    assert episodes == [72, 142]  # 92 is 100 s after the first firing: inside the 300 s cooldown
+    assert out[92][1].note == "anomalous, but in cooldown for 200s more"
+
+
+def test_an_idle_fleets_first_requests_are_not_an_anomaly_but_a_burst_is() -> None:
+    trickle: list[tuple[float, float | None]] = [(0.0, None)] * 70 + [(0.25, 0.3)] * 6
+    out = feed(AnomalyDetector(AnomalySettings(period=12, history=48)), trickle)
+    assert [p for p, _ in out if p is not None] == [] and out[-1][1].z_rate == pytest.approx(1.25, abs=0.01)
+    burst: list[tuple[float, float | None]] = [(0.0, None)] * 70 + [(20.0, 0.3)] * 3
+    out = feed(AnomalyDetector(AnomalySettings(period=12, history=48)), burst, current=1)
+    assert out[-1][0] is not None and out[-1][0].replicas == 2
+
+
+def test_anomaly_fit_is_bounded_and_the_forest_is_refit_only_every_k_ticks() -> None:
+    rng = np.random.default_rng(1)
+    detector = AnomalyDetector(AnomalySettings(period=12, history=48, refit_every=10))
+    forests = []
+    for t in range(86):
+        detector.observe(t * 5.0, 2, *seasonal(t, rng))
+        forests.append(id(detector.forest))
+    assert len(detector.rates) == 48
+    scored = forests[60:]  # scoring starts after 3 periods of history and 2 periods of residuals
+    assert len(set(scored)) == math.ceil(len(scored) / 10)
