@@ -8,15 +8,23 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
-APT_PACKAGES := prometheus prometheus-alertmanager chromium chromium-driver stress-ng
+APT_PACKAGES := prometheus prometheus-alertmanager chromium chromium-driver stress-ng iproute2
 
-.PHONY: up test lint typecheck apt ebpf bench clean
+.PHONY: up test fuzz lint typecheck apt ebpf bench clean
 
 up: $(STAMP) apt
 	$(PY) -m controlplane up $(if $(CONFIG),--config $(CONFIG),)
 
 test: $(STAMP) apt ebpf lint typecheck
 	$(PY) -m pytest -q
+
+# The long fuzz run: schemathesis against the REST API, a replica and a gateway (each run: 25 examples per
+# operation, then fuzzing until 2 minutes are spent, stateful sequences included); counts printed per run.
+# `make test` runs the same tests at CI size.
+FUZZ_ENV := FUZZ_EXAMPLES=25 FUZZ_MAX_TIME_S=120 FUZZ_PHASES=examples,coverage,fuzzing,stateful
+fuzz: $(STAMP)
+	$(FUZZ_ENV) $(PY) -m pytest -q -s -p no:cacheprovider tests/controlplane/api/test_fuzz.py \
+		tests/controlplane/gateway/test_fuzz.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -33,7 +41,8 @@ $(STAMP): pyproject.toml
 	$(PIP) install -e '.[dev]'
 	touch $(STAMP)
 
-# Debian packages the tests use (prometheus and promtool, alertmanager, chromium for the console, stress-ng); skipped with a note when not root.
+# Debian packages the tests use (prometheus and promtool, alertmanager, chromium for the console, stress-ng,
+# iproute2 for the Ray lab's namespaces); skipped with a note when not root.
 apt:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -z "$$missing" ]; then exit 0; fi; \

@@ -8,10 +8,13 @@ with its reason, so a console can show it greyed out; :meth:`Catalogue.get` refu
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from chaos.faults.base import Fault, FaultKindInfo, FaultSpec, FaultUnavailable
+from chaos.faults.cluster import ClusterControl, cluster_faults
 from chaos.faults.link import LinkControl, link_faults
 from chaos.faults.process import process_faults
 from chaos.faults.replica import AdminTokens, replica_faults
@@ -74,15 +77,17 @@ class Catalogue:
             raise KeyError(f"kind: unknown fault kind {kind!r} (known: {', '.join(self.kinds())})") from None
 
 
-def load_optional(catalogue: Catalogue, module_name: str) -> None:
-    """Register the faults of ``module_name``, or list its family as unavailable with the reason."""
+def load_optional(catalogue: Catalogue, module_name: str, controls: Mapping[str, Any] | None = None) -> None:
+    """Register the faults of ``module_name``, or list its family as unavailable with the reason. Its
+    ``faults()`` factory gets those of ``controls`` (such as ``cluster``) that it names as parameters."""
     family = module_name.rsplit(".", 1)[-1]
     try:
         module = importlib.import_module(module_name)
         factory = getattr(module, "faults", None)
         if not callable(factory):
             raise AttributeError("it defines no faults() factory")
-        found = list(factory())
+        wanted = inspect.signature(factory).parameters
+        found = list(factory(**{k: v for k, v in (controls or {}).items() if k in wanted}))
         strays = [f for f in found if not isinstance(f, Fault)]
         if strays:
             raise TypeError(f"{module_name}.faults() returned {strays[0]!r}, not a Fault")
@@ -95,10 +100,12 @@ def load_optional(catalogue: Catalogue, module_name: str) -> None:
 
 
 def default_catalogue(*, admin_tokens: AdminTokens | None = None, link: LinkControl | None = None,
+                      cluster: ClusterControl | None = None,
                       optional_modules: Sequence[str] = OPTIONAL_MODULES) -> Catalogue:
-    """Every kind; ``link``: the gateway's toxics (without it the link kinds are listed unavailable)."""
+    """Every kind; ``link``: the gateway's toxics (without it the link kinds are listed unavailable);
+    ``cluster``: the nodes replicas are placed on (without it the node kinds are listed unavailable)."""
     catalogue = Catalogue([*process_faults(), *replica_faults(admin_tokens=admin_tokens),
-                           *link_faults(link)])
+                           *link_faults(link), *cluster_faults(cluster)])
     for name in optional_modules:
-        load_optional(catalogue, name)
+        load_optional(catalogue, name, {"cluster": cluster})
     return catalogue

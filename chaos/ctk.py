@@ -7,14 +7,16 @@ Use it from an experiment with a python provider (``"module": "chaos.ctk"``), un
 - ``controlplane_url``: the experiment's ``configuration`` (else ``$CONTROLPLANE_URL``, else
   ``http://127.0.0.1:8080``);
 - ``controlplane_token``: a ``secrets`` block the provider names (``"secrets": ["controlplane"]``), else
-  the configuration, else ``$CONTROLPLANE_TOKEN``. The token is never logged or put in an output.
+  the configuration, else ``$CONTROLPLANE_TOKEN``. The token is never logged or put in an output, and
+  goes only to the control plane's URL: every call is a path on it, checked before anything is sent.
 
 A refused or failed call raises :class:`ControlPlaneError` with the server's message (Chaos Toolkit turns
 it into a failed activity with that message).
 
 Actions: :func:`inject_fault`, :func:`revert_fault`, :func:`revert_active_faults`, :func:`halt_all`,
 :func:`release`, :func:`scale`. Probes: :func:`ready_replicas`, :func:`wait_for_ready_replicas`,
-:func:`fleet_summary`, :func:`error_rate`, :func:`p99_ttft`, :func:`active_faults`.
+:func:`fleet_summary`, :func:`error_rate`, :func:`p99_ttft`, :func:`active_faults`. These, listed in
+:data:`PROVIDERS`, are the only functions an experiment may call here (the runner refuses any other).
 """
 
 from __future__ import annotations
@@ -27,11 +29,18 @@ from typing import Any
 
 import httpx
 
+from chaos.errors import ChaosError
+
 __all__ = [
     "ControlPlaneError", "active_faults", "error_rate", "fleet_summary", "halt_all", "inject_fault",
     "p99_ttft", "ready_replicas", "release", "revert_active_faults", "revert_fault", "scale",
     "wait_for_ready_replicas",
 ]
+
+ACTIONS = ("inject_fault", "revert_fault", "revert_active_faults", "halt_all", "release", "scale")
+PROBES = ("ready_replicas", "wait_for_ready_replicas", "fleet_summary", "error_rate", "p99_ttft",
+          "active_faults")
+PROVIDERS = ACTIONS + PROBES  # what an experiment may call in this module (chaos.experiment enforces it)
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +54,7 @@ Configuration = Mapping[str, Any] | None
 Secrets = Mapping[str, Any] | None
 
 
-class ControlPlaneError(Exception):
+class ControlPlaneError(ChaosError):
     """A refused or failed API call; ``status`` is None when the control plane could not be reached."""
 
     def __init__(self, message: str, *, status: int | None = None) -> None:
@@ -159,7 +168,7 @@ def active_faults(configuration: Configuration = None, secrets: Secrets = None) 
 
 
 # ---- transport -----------------------------------------------------------------------------------
-def settings(configuration: Configuration = None, secrets: Secrets = None) -> tuple[str, str | None]:
+def _settings(configuration: Configuration = None, secrets: Secrets = None) -> tuple[str, str | None]:
     """The control plane's URL and token from the experiment's configuration and secrets, else the env."""
     config, flat = dict(configuration or {}), _flatten(secrets)
     url = str(config.get(URL_KEY) or os.environ.get(URL_ENV) or DEFAULT_URL)
@@ -179,11 +188,12 @@ def _flatten(secrets: Secrets) -> dict[str, Any]:
 
 
 def _call(method: str, path: str, configuration: Configuration, secrets: Secrets, **kwargs: Any) -> Any:
-    url, token = settings(configuration, secrets)
+    url, token = _settings(configuration, secrets)
+    target = _on_control_plane(url, path)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        with httpx.Client(base_url=url, headers=headers, timeout=TIMEOUT_S, trust_env=False) as http:
-            response = http.request(method, path, **kwargs)
+        with httpx.Client(timeout=TIMEOUT_S, trust_env=False, follow_redirects=False) as http:
+            response = http.request(method, target, headers=headers, **kwargs)
     except httpx.HTTPError as exc:
         raise ControlPlaneError(f"cannot reach the control plane at {url}: {exc}") from exc
     if response.status_code >= 400:
@@ -191,6 +201,21 @@ def _call(method: str, path: str, configuration: Configuration, secrets: Secrets
                                 status=response.status_code)
     logger.debug("%s %s -> %d", method, path, response.status_code)
     return response.json()
+
+
+def _on_control_plane(base: str, path: str) -> httpx.URL:
+    """``path`` on the control plane at ``base``: an absolute URL, a scheme-relative ``//host`` or anything
+    that would leave ``base``'s scheme, host and port is refused (the token goes with every call)."""
+    if not path.startswith("/") or path.startswith("//") or "\\" in path:
+        raise ControlPlaneError(f"{path!r}: not a path on the control plane")
+    try:
+        root, target = httpx.URL(base), httpx.URL(base + path)
+    except httpx.InvalidURL as exc:
+        raise ControlPlaneError(f"{base}{path}: not a valid URL: {exc}") from exc
+    if (target.scheme, target.host, target.port) != (root.scheme, root.host, root.port) \
+            or root.scheme not in ("http", "https"):
+        raise ControlPlaneError(f"{path!r}: would leave the control plane at {base}")
+    return target
 
 
 def _message(response: httpx.Response) -> str:

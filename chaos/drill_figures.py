@@ -32,8 +32,10 @@ Definitions (``derive_figures``; ``Thresholds`` are computed from the pre-fault 
   replica the fault did not hit: new traffic flows to the survivors.
 - ``t_first_ok``: the first token an affected request received after its disruption.
 - ``t_service``: the last such token (every affected stream flows again); ``RTO_service = t_service - t0``
-  (0 when nothing was affected). ``outages_s`` lists each recovered request's own outage,
-  ``resume token - max(t0, gap start)``; ``rto_service_p99_s`` is its 99th percentile.
+  (0 when nothing was affected and tokens flowed after t0; None, *not measured*, when no affected stream
+  flowed again or no token came after t0: a verdict fails an unmeasured figure, never reads it as 0).
+  ``outages_s`` lists each recovered request's own outage, ``resume token - max(t0, gap start)``;
+  ``rto_service_p99_s`` is its 99th percentile.
 - ``t_slo``: windows of ``slo.window_s`` from t0; a window's samples are each request's TTFT (at its first
   token), each affected request's disruption length (at its recovery) and each failure (at its error).
   A window is met when it has samples, their P99 is at most ``slo.ttft_p99_s`` and their error share at
@@ -64,7 +66,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos.scenarios import Scenario, SloTarget, Targets
+from chaos.scenarios import TARGET_FIGURES, Scenario, SloTarget, Targets
 from inference.bench.report import RequestRecord
 
 MIN_DETECT_GAP_S = 0.05
@@ -173,6 +175,9 @@ class Figures:
     tokens_duplicated: int = 0
     writes_lost: int | None = None
     baseline_slo_met: bool | None = None
+    rto_api_s: float | None = None  # control-plane-crash: its restart to the API's first answer
+    faults_past_expiry: int | None = None  # faults still in effect after their expiry
+    orphans: int | None = None  # processes of the state folder that no control plane owns
 
     def relative(self) -> dict[str, Any]:
         """The figures with every ``t_*`` given as seconds after t0 (what a report shows)."""
@@ -253,8 +258,12 @@ def _service_times(fig: Figures, requests: Sequence[ClientRequest], disruptions:
     fig.t_first_ok = min((d.end for d in recovered), default=None)
     fig.t_service = max((d.end for d in recovered), default=None)
     fig.outages_s = sorted(round(d.end - max(t0, d.start), 4) for d in recovered)
-    fig.rto_service_s = 0.0 if fig.t_service is None else max(fig.t_service - t0, 0.0)
-    fig.rto_service_p99_s = percentile(fig.outages_s, 99) if fig.outages_s else 0.0
+    if fig.t_service is not None:
+        fig.rto_service_s = max(fig.t_service - t0, 0.0)
+        fig.rto_service_p99_s = percentile(fig.outages_s, 99)
+    elif not disruptions and any(t >= t0 for r in requests for t in r.token_times):
+        fig.rto_service_s = fig.rto_service_p99_s = 0.0  # service seen after t0, and nothing interrupted
+    # else None: no affected stream flowed again, or no token came after t0 at all (not measured)
 
 
 def _samples(requests: Sequence[ClientRequest],
@@ -386,26 +395,65 @@ def predict(sc: Scenario, timings: Timings, *, num_hit: int, ttft_s: float, e2e_
 
 
 @dataclass(slots=True, frozen=True)
+class ClientLoss:
+    """What clients lost when their entry point died (a gateway process killed), and what a client-side
+    retry policy would have recovered: a request that failed before its first token is safe to send again
+    (nothing was delivered), one cut mid-stream needs a resume from the tokens it already has (a plain
+    retry would repeat them)."""
+
+    rto_service_s: float  # t0 to the first request sent after the last failure that then succeeded
+    failed: int
+    failed_before_first_token: int  # a retry after the restart recovers these
+    failed_mid_stream: int  # a retry repeats their delivered tokens; a resume recovers them
+    tokens_delivered_to_failed: int
+
+
+def client_loss(requests: Sequence[ClientRequest], t0: float) -> ClientLoss:
+    failed = [r for r in requests if not r.ok and (r.end or r.send) >= t0]
+    before = [r for r in failed if r.first_token is None]
+    last_failure = max((r.send for r in failed), default=t0)
+    back = min((r.send for r in requests if r.ok and r.send >= last_failure), default=None)
+    rto = 0.0 if not failed else (back - t0 if back is not None else math.inf)
+    return ClientLoss(round(max(rto, 0.0), 4), len(failed), len(before), len(failed) - len(before),
+                      sum(len(r.token_times) for r in failed))
+
+
+NOT_MEASURED = "not measured"
+
+
+@dataclass(slots=True, frozen=True)
 class Check:
+    """One target against its figure: ``outcome`` is "pass", "fail" or "not measured" (which fails too:
+    ``ok`` is True only for a pass)."""
+
     name: str
     target: float
     measured: float | None
     ok: bool
+    outcome: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.outcome:
+            object.__setattr__(self, "outcome", check_outcome(self.measured, self.target))
+
+
+def check_outcome(measured: float | None, target: float) -> str:
+    """"pass" (at most the target), "fail", or "not measured" (None: never counted as 0)."""
+    if measured is None:
+        return NOT_MEASURED
+    return "pass" if measured <= target else "fail"
 
 
 def verdict(fig: Figures, targets: Targets) -> list[Check]:
-    """One check per target that is set; a figure that could not be measured fails its check."""
-    pairs: list[tuple[str, float | None, float | None]] = [
-        ("rto_service_s", targets.rto_service_s, fig.rto_service_s),
-        ("rto_slo_s", targets.rto_slo_s, fig.rto_slo_s),
-        ("rto_capacity_s", targets.rto_capacity_s, fig.rto_capacity_s),
-        ("requests_failed", targets.max_failed_requests, fig.requests_failed),
-        ("tokens_lost", targets.max_tokens_lost, fig.tokens_lost),
-        ("tokens_duplicated", targets.max_tokens_duplicated, fig.tokens_duplicated),
-        ("writes_lost", targets.max_writes_lost, fig.writes_lost),
-    ]
-    return [Check(name, target, measured, measured is not None and measured <= target)
-            for name, target, measured in pairs if target is not None]
+    """One check per target that is set; a figure that could not be measured fails its check (its outcome
+    says "not measured")."""
+    checks = []
+    for target_name, figure in TARGET_FIGURES.items():
+        target = getattr(targets, target_name)
+        if target is not None:
+            measured = getattr(fig, figure)
+            checks.append(Check(figure, target, measured, check_outcome(measured, target) == "pass"))
+    return checks
 
 
 def timeline_series(requests: Sequence[ClientRequest], samples: Sequence[FleetSample],

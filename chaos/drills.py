@@ -17,7 +17,8 @@ replica with the most streams in flight at t0 (in the zone the caller named, if 
 zone the caller named, else the busiest replica's zone, so that by default the drill hits live streams.
 The caller's names are checked against the fleet when the drill starts (:meth:`DrillRunner.check`) and
 resolved again at t0; the report keeps both (``targets_requested``, ``targets_resolved``). All times are
-wall-clock POSIX seconds on this host; the report gives them relative to t0.
+wall-clock POSIX seconds on this host, read from the runner's clock (a :class:`~chaos.clock.WallClock`
+unless one is given: tests drive the phases on simulated time); the report gives them relative to t0.
 
 The figures (t_detect, t_switch, t_first_ok, t_service, t_slo, t_capacity, RTO and RPO), the prediction and
 the verdict are pure functions of the client timeline and the fleet samples, defined and computed in
@@ -33,16 +34,18 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import signal
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+import psutil
 
+from chaos.clock import Clock, WallClock
 from chaos.drill_figures import (
     ClientRequest,
     Figures,
@@ -50,6 +53,7 @@ from chaos.drill_figures import (
     Prediction,
     Thresholds,
     Timings,
+    client_loss,
     client_timeline,
     derive_figures,
     percentile,
@@ -57,11 +61,13 @@ from chaos.drill_figures import (
     timeline_series,
     verdict,
 )
+from chaos.errors import ChaosError, Conflict, Unavailable
 from chaos.faults.base import FaultError, FaultSpec
 from chaos.safety import ActiveFault, FaultManager
 from chaos.scenarios import SCENARIOS, LoadProfile, Scenario, scenario
 from chaos.targets import Selector, Target
 from inference.bench.report import read_jsonl
+from inference.environment import child_environment
 
 logger = logging.getLogger(__name__)
 
@@ -72,15 +78,37 @@ SETTLE_S = 2.0  # capacity must hold this long before observation ends early
 LOAD_GRACE_S = 10.0  # in-flight requests get this long after the load's duration
 LOAD_START_TIMEOUT_S = 60.0  # the load client's first request must reach the gateway by then
 STREAM_WAIT_S = 3.0  # at most this long past fault_at_s for a stream in flight to aim at
+STEADY_POLL_S = 1.0  # a steady state not met yet is checked again this often, up to the scenario's timeout
 NUM_MARKS = 5  # acknowledged store writes checked for loss
 UNREADY_AFTER_FAILURES = 3  # the fleet's consecutive failed /ready probes before "unready"
 
 
-class DrillError(Exception):
-    """A drill could not start (busy, halted, bad scenario or overrides)."""
+class DrillError(ChaosError):
+    """A drill could not start or could not finish; the message says why. Inside a run it ends the run,
+    whose report keeps it as ``error`` (status "error")."""
 
 
-class DrillAborted(Exception):
+class DrillBusy(DrillError, Conflict):
+    """A drill is running already: one at a time."""
+
+
+class NoTarget(DrillError, Conflict):
+    """The replica or zone the drill is aimed at is not in the fleet (any more)."""
+
+
+class FaultNotInjected(DrillError):
+    """A fault of the scenario did not go in; the drill stops and reverts what did (the cause is chained)."""
+
+
+class LoadFailed(DrillError):
+    """The load client did not drive the drill: it exited early or wrote no records (see its log)."""
+
+
+class LoadNotFlowing(LoadFailed, Unavailable):
+    """The load never reached the gateway in time (a busy machine, a gateway not serving): try again."""
+
+
+class DrillAborted(DrillError):
     """The drill was aborted by an operator."""
 
 
@@ -94,7 +122,12 @@ class DrillPort(Protocol):
     def fleet_sample(self) -> FleetSample: ...
 
     def inflight(self) -> Mapping[str, int]:
-        """The gateway's streams in flight per replica id."""
+        """The gateway's streams in flight per replica id, as last read (see :meth:`refresh_inflight`)."""
+        ...
+
+    async def refresh_inflight(self) -> None:
+        """Read the gateways' streams in flight now. A drill aims at live streams, and a stream lasts
+        about a second: a view read every half second would often aim at one that has already ended."""
         ...
 
     def targets(self) -> Sequence[Target]: ...
@@ -106,6 +139,10 @@ class DrillPort(Protocol):
         ...
 
     def resumes_between(self, start_wall: float, end_wall: float) -> int: ...
+
+    def kill_gateway(self) -> str:
+        """``kill -9`` one gateway process (gateway-crash); its name."""
+        ...
 
     def write_marks(self, drill_id: str, n: int) -> list[int]: ...
 
@@ -155,6 +192,9 @@ def resolve_aim(sc: Scenario, targets: Sequence[Target], inflight: Mapping[str, 
     if sc.action == "rollout":
         ids = tuple(sorted(t.replica_id for t in targets))
         return Aim(*asked, ids, tuple(sorted({t.zone for t in targets})), "every replica, one at a time")
+    if sc.action in ("gateway-crash", "control-plane-crash"):
+        return Aim(*asked, (), (), "one gateway process" if sc.action == "gateway-crash" else
+                   "the control plane process")
     if sc.replicas:
         replica = next(t for t in targets if t.replica_id == sc.replicas[0])
         how = f"replica {replica.replica_id} (named)"
@@ -216,9 +256,10 @@ class DrillRunner:
     fault is reverted on the way out, whatever happened.
     """
 
-    def __init__(self, port: DrillPort, faults: FaultManager) -> None:
+    def __init__(self, port: DrillPort, faults: FaultManager, *, clock: Clock | None = None) -> None:
         self.port = port
         self.faults = faults
+        self.clock: Clock = clock or WallClock()  # POSIX seconds: the load client's JSONL is on them too
 
     # -- plan (dry run) --------------------------------------------------------------------------
     def check(self, sc: Scenario) -> None:
@@ -267,8 +308,67 @@ class DrillRunner:
     # -- run -------------------------------------------------------------------------------------
     async def run(self, drill_id: str, sc: Scenario, *, workdir: Path, progress: Progress | None = None,
                   abort: asyncio.Event | None = None) -> dict[str, Any]:
+        if sc.action == "control-plane-crash":  # it kills the process this runner would live in
+            raise DrillError(f"{sc.id} runs outside the control plane (controlplane.drills.crash)",
+                             subject=drill_id)
         run = _Run(self, drill_id, sc, workdir, progress or (lambda _p, _f: None), abort or asyncio.Event())
         return await run.execute()
+
+
+class _Process(Protocol):
+    """A load client's process: asyncio's, or ``subprocess.Popen`` (after ``poll()``)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+
+def load_not_started(load: _Process | None, log: Path, *, waited_s: float) -> str:
+    """Why a drill's load client never put a stream in flight, from its exit status and its log (it writes
+    a line when it asks for the model and one when it starts sending; ``inference.bench.serve``)."""
+    lines = _tail(log)
+    said = f"; its last line: {lines[-1]!r}" if lines else ""
+    if load is None:
+        return "the load client was not started"
+    if load.returncode is not None:
+        return f"the load client exited with status {load.returncode} before any stream{said}"
+    cpu = _cpu_seconds(load.pid)
+    used = "" if cpu is None else f", {cpu:.1f} s of CPU used"
+    busy = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    if not lines:
+        return (f"the load client (pid {load.pid}) was still starting after {waited_s:.0f} s: it had written "
+                f"nothing, not even its request for the model ({busy}{used})")
+    if not any(" requests to " in line for line in lines):
+        return (f"the load client (pid {load.pid}) had not started sending after {waited_s:.0f} s: it was "
+                f"still asking the gateway for its model{said}")
+    return (f"the load client (pid {load.pid}) was sending, but the gateway showed no stream in flight for "
+            f"{waited_s:.0f} s (its requests were refused before routing, or ended before the gateway's "
+            f"state was read){said}")
+
+
+def _tail(log: Path, max_bytes: int = 4096) -> list[str]:
+    try:
+        with log.open("rb") as f:
+            f.seek(max(log.stat().st_size - max_bytes, 0))
+            return [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return []
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return float(times.user + times.system)
+
+
+def _reason_kind(reason: str) -> str:
+    """A steady-state reason without its numbers ("fleet: 1 of 3 replicas ready" and "fleet: 2 of 3 ..."
+    are one kind), so that waiting notes each kind once."""
+    return re.sub(r"\d+(\.\d+)?", "N", reason)
 
 
 def _busiest(targets: Sequence[Target], inflight: Mapping[str, int]) -> Target:
@@ -283,7 +383,7 @@ class _Run:
 
     def __init__(self, runner: DrillRunner, drill_id: str, sc: Scenario, workdir: Path, progress: Progress,
                  abort: asyncio.Event) -> None:
-        self.runner, self.port, self.faults = runner, runner.port, runner.faults
+        self.runner, self.port, self.faults, self.clock = runner, runner.port, runner.faults, runner.clock
         self.drill_id, self.sc, self.workdir = drill_id, sc, workdir
         self.progress, self.abort = progress, abort
         self.samples: list[FleetSample] = []
@@ -294,12 +394,12 @@ class _Run:
                                        "config": sc.describe(), "status": "running",
                                        "targets_requested": {"replicas": list(sc.replicas),
                                                              "zones": list(sc.zones)},
-                                       "started_at": time.time(), "events": []}
+                                       "started_at": self.clock.now(), "events": []}
         self.jsonl = workdir / "load.jsonl"
 
     def note(self, what: str, **detail: Any) -> None:
         logger.info("drill %s: %s %s", self.drill_id, what, detail or "")
-        self.report["events"].append({"t": time.time(), "what": what, **detail})
+        self.report["events"].append({"t": self.clock.now(), "what": what, **detail})
 
     def phase(self, name: str, fraction: float) -> None:
         self.report["phase"] = name
@@ -320,17 +420,18 @@ class _Run:
         finally:
             await self._stop_load()
             await self._revert()
-            self.report["finished_at"] = time.time()
+            self.report["finished_at"] = self.clock.now()
             self.phase("done", 1.0)
         return self.report
 
     async def _drill(self) -> None:
         self.phase("steady-state", 0.0)
-        steady = await self._steady_state()
+        steady = await self._wait_steady_state()
         self.report["steady_state"] = steady
         if not steady["ok"]:
             self.report["status"] = "aborted"
-            self.report["error"] = "steady state not met: " + "; ".join(steady["reasons"])
+            waited = f" after waiting {steady['waited_s']:g}s" if steady["waited_s"] else ""
+            self.report["error"] = f"steady state not met{waited}: " + "; ".join(steady["reasons"])
             return
         specs = self.runner.fault_specs(self.sc)
         num_hit = sum(len(self.faults.plan(s, self.port.targets(), allow_all=a).targets) for s, a in specs)
@@ -344,18 +445,40 @@ class _Run:
         load_start = await self._load_flowing()
         await self._observe_until(load_start + self.sc.fault_at_s, load_start)
         await self._streams_in_flight(load_start)
-        asked = time.time()
+        asked = self.clock.now()
         await self._strike()
-        t0 = time.time()  # the fault is in effect once inject returns (an eBPF filter compiles first)
+        t0 = self.clock.now()  # the fault is in effect once inject returns (an eBPF filter compiles first)
         self.report["t0"] = t0
         self.report["inject_s"] = round(t0 - asked, 4)
         await self._observe_recovery(t0, load_start)
         await self._revert()
-        load_end = time.time()
+        load_end = self.clock.now()
         self.phase("report", 0.97)
         self._conclude(t0, load_start, load_end, marks)
 
     # -- phases ----------------------------------------------------------------------------------
+    async def _wait_steady_state(self) -> dict[str, Any]:
+        """The steady state, waited for up to the scenario's ``steady_state_timeout_s``: a fleet still
+        starting (right after ``controlplane up``), a rollout finishing, a gateway not routing yet or a
+        slow probe. Chaos halted by an operator is not waited for. The result says how long it waited and
+        for what (each reason seen on the way, once)."""
+        started = self.clock.now()
+        deadline = started + self.sc.steady_state_timeout_s
+        waited_for: list[str] = []
+        while True:
+            steady = await self._steady_state()
+            new = [r for r in steady["reasons"] if _reason_kind(r) not in map(_reason_kind, waited_for)]
+            if new and self.clock.now() < deadline and not self.faults.is_halted:
+                self.note("waiting for steady state", reasons=new)
+            waited_for += new
+            waited = round(self.clock.now() - started, 3)
+            if steady["ok"] or self.faults.is_halted or self.clock.now() >= deadline:
+                if steady["ok"] and waited_for:
+                    self.note("steady state reached", waited_s=waited)
+                return {**steady, "waited_s": waited if waited_for else 0.0, "waited_for": waited_for,
+                        "timeout_s": self.sc.steady_state_timeout_s}
+            await self._sleep(min(STEADY_POLL_S, max(deadline - self.clock.now(), 0.0)))
+
     async def _steady_state(self) -> dict[str, Any]:
         reasons = []
         sample = self.port.fleet_sample()
@@ -366,7 +489,7 @@ class _Run:
             reasons.append("chaos is halted (release it first)")
         if self.faults.active():
             reasons.append(f"{len(self.faults.active())} faults are already active")
-        ttft, e2e, error = await _probe(self.port.gateway_url, self.sc.max_tokens)
+        ttft, e2e, error = await _probe(self.port.gateway_url, self.sc.max_tokens, self.clock)
         if error:
             reasons.append(f"gateway probe: {error}")
         elif ttft > self.sc.slo.ttft_p99_s:
@@ -380,7 +503,8 @@ class _Run:
         log = (self.workdir / "load.log").open("wb")
         try:
             self.load = await asyncio.create_subprocess_exec(
-                *cmd, stdout=log, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+                *cmd, stdout=log, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+                env=child_environment())  # the load client needs none of the operators' secrets
         finally:
             log.close()
         load = describe_load(sc)
@@ -390,65 +514,85 @@ class _Run:
 
     async def _load_flowing(self) -> float:
         """When the gateway first sees the load's streams in flight (the load client takes a while to
-        start on a busy machine, and t0 counts from its first requests)."""
-        started = time.time()
-        while time.time() < started + LOAD_START_TIMEOUT_S:
+        start on a busy machine, and t0 counts from its first requests). When it never does, the error
+        (and the report's ``load.not_started``) says why: the client exited, was still starting, or sent
+        requests the gateway did not route."""
+        started = self.clock.now()
+        while self.clock.now() < started + LOAD_START_TIMEOUT_S:
+            await self.port.refresh_inflight()
             if sum(self.port.inflight().values()) > 0:
-                self.note("load flowing", after_s=round(time.time() - started, 3))
-                return time.time()
+                self.note("load flowing", after_s=round(self.clock.now() - started, 3))
+                return self.clock.now()
             if self.load is not None and self.load.returncode is not None:
                 break
             await self._sleep(0.05)
-        raise RuntimeError(f"the load never reached the gateway; see {self.workdir / 'load.log'}")
+        why = load_not_started(self.load, self.workdir / "load.log", waited_s=self.clock.now() - started)
+        self.report.setdefault("load", {})["not_started"] = why
+        raise LoadNotFlowing(f"the load never reached the gateway: {why}; see {self.workdir / 'load.log'}",
+                             subject=self.drill_id)
 
     async def _streams_in_flight(self, load_start: float) -> None:
         """At a low rate the fleet may be idle at fault_at_s; wait a little for a stream to hit, so that
-        the drill measures a failover and not an idle kill (t0 is taken after this anyway)."""
-        deadline = time.time() + STREAM_WAIT_S
-        while sum(self.port.inflight().values()) == 0 and time.time() < deadline:
+        the drill measures a failover and not an idle kill (t0 is taken after this anyway). The view is
+        read fresh from the gateways each time, so that the aim taken right after it finds the stream."""
+        deadline = self.clock.now() + STREAM_WAIT_S
+        await self.port.refresh_inflight()
+        while sum(self.port.inflight().values()) == 0 and self.clock.now() < deadline:
             self._sample(load_start)
             await self._sleep(0.02)
+            await self.port.refresh_inflight()
 
     async def _observe_until(self, until: float, load_start: float) -> None:
-        while time.time() < until:
+        while self.clock.now() < until:
             self._sample(load_start)
             if self.load is not None and self.load.returncode is not None:
-                raise RuntimeError(f"the load client exited early ({self.load.returncode}); see "
-                                   f"{self.workdir / 'load.log'}")
-            await self._sleep(min(SAMPLE_INTERVAL_S, max(until - time.time(), 0.0)))
+                raise LoadFailed(f"the load client exited early ({self.load.returncode}); see "
+                                 f"{self.workdir / 'load.log'}", subject=self.drill_id)
+            await self._sleep(min(SAMPLE_INTERVAL_S, max(until - self.clock.now(), 0.0)))
 
     async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.abort.wait(), seconds)
+        """The clock's sleep, cut short by an abort."""
+        if not self.abort.is_set():
+            nap = asyncio.ensure_future(self.clock.sleep(seconds))
+            aborted = asyncio.ensure_future(self.abort.wait())
+            _, pending = await asyncio.wait((nap, aborted), return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
         if self.abort.is_set():
-            raise DrillAborted()
+            raise DrillAborted("aborted by an operator", subject=self.drill_id)
 
     def _sample(self, load_start: float) -> None:
         self.samples.append(self.port.fleet_sample())
         total = self.sc.duration_s + 5.0
         name = "observe" if "t0" in self.report else "load"  # after t0: faults in, waiting for recovery
-        self.phase(name, 0.05 + 0.8 * min((time.time() - load_start) / total, 1.0))
+        self.phase(name, 0.05 + 0.8 * min((self.clock.now() - load_start) / total, 1.0))
 
     async def _strike(self) -> None:
         targets = self.port.targets()
         try:
             aim = self.runner.aim(self.sc)
         except ValueError as exc:  # a named replica or zone left the fleet since the drill started
-            raise RuntimeError(f"no target at t0: {exc}") from exc
+            raise NoTarget(f"no target at t0: {exc}", subject=self.drill_id) from exc
         self.report["targets_resolved"] = aim.resolved()
         if self.sc.action == "rollout":
             model = self.port.start_rollout()
             self.note("rollout started", model=model)
             return
+        if self.sc.action == "gateway-crash":
+            self.report["gateway_killed"] = self.port.kill_gateway()
+            self.note("gateway killed", gateway=self.report["gateway_killed"])
+            return
         for spec, allow_all in self.runner.fault_specs(self.sc, aim):
             try:
                 faults = await self.faults.inject(spec, targets, allow_all=allow_all)
             except (FaultError, ValueError, KeyError) as exc:
-                raise RuntimeError(f"fault {spec.kind} not injected: {exc}") from exc
+                raise FaultNotInjected(f"fault {spec.kind} not injected: {exc}",
+                                       subject=self.drill_id) from exc
             self.injected += faults
             failed = [f.error for f in faults if not f.ok]
             if failed:
-                raise RuntimeError(f"fault {spec.kind} not injected: {'; '.join(str(e) for e in failed)}")
+                raise FaultNotInjected(f"fault {spec.kind} not injected: {'; '.join(str(e) for e in failed)}",
+                                       subject=self.drill_id)
             self.hit += [f.target_id for f in faults]
             self.note("fault injected", kind=spec.kind, targets=[f.target_id for f in faults],
                       fault_ids=[f.fault_id for f in faults])
@@ -458,12 +602,12 @@ class _Run:
         deadline = t0 + self.sc.capacity_deadline_s
         min_end = t0 + max(self.sc.fault_duration_s, 1.0) + SETTLE_S
         load_done = False
-        while time.time() < deadline:
+        while self.clock.now() < deadline:
             self._sample(load_start)
             if not load_done and self.load is not None and self.load.returncode is not None:
                 load_done = True
                 self.note("load finished", returncode=self.load.returncode)
-            if load_done and time.time() >= min_end and self._settled():
+            if load_done and self.clock.now() >= min_end and self._settled():
                 return
             await self._sleep(SAMPLE_INTERVAL_S)
         self.note("deadline passed", deadline_s=self.sc.capacity_deadline_s)
@@ -471,9 +615,9 @@ class _Run:
             await self._wait_load(LOAD_GRACE_S)
 
     def _settled(self) -> bool:
-        recent = [s for s in self.samples if s.t >= time.time() - SETTLE_S]
+        recent = [s for s in self.samples if s.t >= self.clock.now() - SETTLE_S]
         return bool(recent) and all(s.has_capacity for s in recent) and \
-            self.samples[0].t < time.time() - SETTLE_S
+            self.samples[0].t < self.clock.now() - SETTLE_S
 
     async def _wait_load(self, timeout: float) -> None:
         assert self.load is not None
@@ -503,11 +647,16 @@ class _Run:
     def _conclude(self, t0: float, load_start: float, load_end: float, marks: list[int]) -> None:
         records = read_jsonl(self.jsonl) if self.jsonl.exists() else []
         if not records:
-            raise RuntimeError(f"the load client wrote no records; see {self.workdir / 'load.log'}")
+            raise LoadFailed(f"the load client wrote no records; see {self.workdir / 'load.log'}",
+                             subject=self.drill_id)
         requests = client_timeline(records)
         fig = derive_figures(requests, self.samples, t0=t0, slo=self.sc.slo, fault_targets=self.hit)
         fig.requests_resumed = self.port.resumes_between(load_start, load_end)
         fig.writes_lost = len(marks) - self.port.count_marks(marks)
+        if self.sc.action == "gateway-crash":  # every client of the killed gateway is hit, whatever replica
+            loss = client_loss(requests, t0)
+            fig.rto_service_s = None if math.isinf(loss.rto_service_s) else loss.rto_service_s
+            self.report["client_loss"] = dataclasses.asdict(loss)
         checks = verdict(fig, self.sc.targets)
         self.report["figures"] = fig.relative()
         self.report["checks"] = [dataclasses.asdict(c) for c in checks]
@@ -516,29 +665,35 @@ class _Run:
         self.note("report", status=self.report["status"])
 
 
-async def _probe(gateway_url: str, max_tokens: int) -> tuple[float, float, str | None]:
+async def _probe(gateway_url: str, max_tokens: int, clock: Clock) -> tuple[float, float, str | None]:
     """One short greedy completion through the gateway: (TTFT, end-to-end, error)."""
     body = {"prompt": "drill steady-state probe", "max_tokens": max_tokens, "temperature": 0.0,
             "ignore_eos": True, "stream": True}
-    start = time.monotonic()
+    start = clock.now()
     ttft: float | None = None
     try:
         async with httpx.AsyncClient(base_url=gateway_url, timeout=30.0, trust_env=False) as client:
-            models = (await client.get("/v1/models")).json()["data"]
+            listed = await client.get("/v1/models")
+            if listed.status_code != 200:
+                return 0.0, 0.0, f"GET /v1/models: HTTP {listed.status_code}"
+            models = listed.json().get("data") or []
+            if not models:  # no replica routable yet (starting, or all unready)
+                return 0.0, 0.0, "the gateway lists no model (no replica routable yet)"
             body["model"] = models[0]["id"]
             async with client.stream("POST", "/v1/completions", json=body) as resp:
                 if resp.status_code != 200:
                     return 0.0, 0.0, f"HTTP {resp.status_code}"
                 async for line in resp.aiter_lines():
                     if line.startswith("data:") and ttft is None and '"text"' in line:
-                        ttft = time.monotonic() - start
-    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+                        ttft = clock.now() - start
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return 0.0, 0.0, f"{type(exc).__name__}: {exc}"
-    e2e = time.monotonic() - start
+    e2e = clock.now() - start
     return (ttft if ttft is not None else e2e), e2e, None
 
 
-__all__ = ["SCENARIOS", "ClientRequest", "DrillError", "DrillPort", "DrillRunner", "Figures", "FleetSample",
-           "Prediction", "Thresholds", "Timings", "client_timeline", "derive_figures", "percentile",
-           "predict", "scenario", "timeline_series", "verdict"]
+__all__ = ["SCENARIOS", "ClientRequest", "DrillAborted", "DrillBusy", "DrillError", "DrillPort",
+           "DrillRunner", "FaultNotInjected", "Figures", "FleetSample", "LoadFailed", "LoadNotFlowing",
+           "NoTarget", "Prediction", "Thresholds", "Timings", "client_timeline", "derive_figures",
+           "percentile", "predict", "scenario", "timeline_series", "verdict"]
 

@@ -10,13 +10,20 @@ A run: steady state before (not met: ``failed``, method skipped) -> method, whil
 checked every ``check_interval_s`` (a trip: ``aborted``, the faults the run injected so far are reverted
 at once) -> steady state after (not met: ``failed`` and ``deviated``) -> rollbacks (by default always).
 A failed activity is a record in the journal (status, exception), never an exception out of the run.
+
+What a run may reach, when a server runs it for a caller: python providers only from the modules the
+server allows and only the functions those modules list (:func:`~chaos.experiment_format.provider_function`);
+``http`` providers only to the hosts of an ``egress`` allow-list (:class:`~chaos.egress.HostAllowList`),
+without following redirects, keeping at most ``MAX_HTTP_BODY_BYTES`` of each answer. Secret values (the
+experiment's and the caller's own token) are redacted as Chaos Toolkit does: any string equal to one, or
+holding one, is written ``***`` in activity outputs, exceptions, the journal and the log.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
+import json
 import logging
 import os
 import re
@@ -30,6 +37,7 @@ from typing import Any, Literal
 import httpx
 
 from chaos.clock import Clock, MonotonicClock
+from chaos.egress import HostAllowList
 from chaos.experiment_format import (
     JOURNAL_FORMAT,
     Experiment,
@@ -41,6 +49,7 @@ from chaos.experiment_format import (
     now_iso,
     num_activities,
     plan,
+    provider_function,
     resolve_activity,
     validate_experiment,
     within_tolerance,
@@ -49,9 +58,9 @@ from chaos.stop_conditions import StopCondition, StopMonitor, StopTrip
 
 __all__ = [
     "JOURNAL_FORMAT", "ActivityFailed", "Context", "Experiment", "ExperimentRunner", "InterruptExecution",
-    "InvalidExperiment", "Journal", "check_python_modules", "load_experiment", "plan", "resolve_secrets",
-    "resolve_values", "run_experiment", "run_http", "run_python", "substitute", "validate_experiment",
-    "within_tolerance",
+    "InvalidExperiment", "Journal", "check_python_modules", "load_experiment", "plan", "redact",
+    "resolve_secrets", "resolve_values", "run_experiment", "run_http", "run_python", "substitute",
+    "validate_experiment", "within_tolerance",
 ]
 
 logger = logging.getLogger(__name__)
@@ -59,6 +68,9 @@ logger = logging.getLogger(__name__)
 RollbackStrategy = Literal["always", "never", "deviated", "default"]
 ROLLBACK_STRATEGIES = ("always", "never", "deviated", "default")
 DEFAULT_HTTP_TIMEOUT_S = 30.0
+MAX_HTTP_BODY_BYTES = 64 * 1024  # of an http provider's answer, kept in the journal (the rest is cut)
+REDACTED = "***"
+MIN_SECRET_CHARS = 4  # shorter secrets are redacted where a whole value equals them, not inside strings
 ABORT_DRAIN_S = 30.0  # how long an aborted run waits for the activity in flight (its fault ids)
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")
 
@@ -115,16 +127,42 @@ def substitute(value: Any, names: Mapping[str, Any]) -> Any:
     return value
 
 
+def redact(value: Any, secrets: Iterable[str]) -> Any:
+    """``value`` with every secret written ``***``: a string equal to one, and one inside a longer string
+    (secrets of ``MIN_SECRET_CHARS`` or more); recursively through lists and mappings, keys included."""
+    values = sorted({s for s in secrets if s}, key=len, reverse=True)
+    if not values:
+        return value
+    return _redact(value, frozenset(values), [s for s in values if len(s) >= MIN_SECRET_CHARS])
+
+
+def _redact(value: Any, whole: frozenset[str], inner: list[str]) -> Any:
+    if isinstance(value, str):
+        if value in whole:
+            return REDACTED
+        for secret in inner:
+            if secret in value:
+                value = value.replace(secret, REDACTED)
+        return value
+    if isinstance(value, Mapping):
+        return {_redact(k, whole, inner): _redact(v, whole, inner) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redact(v, whole, inner) for v in value]
+    return value
+
+
 # ---- providers -----------------------------------------------------------------------------------
 @dataclass(slots=True)
 class Context:
     """What activities run with; ``base_secrets`` go to every python function taking ``secrets`` and win
-    over the experiment's (the caller's own credentials when a server runs it); never journaled."""
+    over the experiment's (the caller's own credentials when a server runs it); never journaled.
+    ``egress`` limits where http providers go (None: anywhere, for a run on the operator's own machine)."""
 
     configuration: dict[str, Any]
     secrets: dict[str, dict[str, Any]]
     transport: httpx.BaseTransport | None = None
     base_secrets: dict[str, Any] = field(default_factory=dict)
+    egress: HostAllowList | None = None
 
     @property
     def names(self) -> dict[str, Any]:
@@ -133,9 +171,15 @@ class Context:
             merged.update(block)
         return merged
 
+    @property
+    def secret_values(self) -> list[str]:
+        """Every secret value as text: what :func:`redact` hides."""
+        values = [*self.base_secrets.values(), *(v for b in self.secrets.values() for v in b.values())]
+        return [str(v) for v in values if isinstance(v, (str, int, float)) and not isinstance(v, bool)]
+
 
 def run_python(provider: Mapping[str, Any], ctx: Context) -> Any:
-    func = getattr(importlib.import_module(provider["module"]), provider["func"])
+    func = provider_function(str(provider["module"]), str(provider["func"]))
     arguments = substitute(dict(provider.get("arguments") or {}), ctx.names)
     params = inspect.signature(func).parameters
     if "configuration" in params:
@@ -158,23 +202,48 @@ def run_http(provider: Mapping[str, Any], ctx: Context) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"headers": headers}
     if arguments is not None:
         kwargs["params" if method == "GET" else "json"] = arguments
+    refusal = ctx.egress.refusal(url) if ctx.egress is not None else None
+    if refusal is not None:
+        raise ActivityFailed(f"{method} {url}: refused: {refusal}")
     try:
-        with httpx.Client(timeout=timeout, trust_env=False, transport=ctx.transport,
-                          verify=bool(provider.get("verify_tls", True))) as http:
-            response = http.request(method, url, **kwargs)
+        with httpx.Client(timeout=timeout, trust_env=False, transport=ctx.transport, follow_redirects=False,
+                          verify=bool(provider.get("verify_tls", True))) as http, \
+                http.stream(method, url, **kwargs) as response:
+            raw, truncated = _read_bounded(response, MAX_HTTP_BODY_BYTES)
     except httpx.HTTPError as exc:
         raise ActivityFailed(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
-    try:
-        body: Any = response.json()
-    except ValueError:
-        body = response.text
-    output = {"status": response.status_code, "headers": dict(response.headers), "body": body}
+    output = {"status": response.status_code, "headers": dict(response.headers),
+              "body": _body(raw, truncated, response.encoding or "utf-8")}
+    if truncated:
+        output["truncated"] = True  # the body holds the first MAX_HTTP_BODY_BYTES bytes only
     expected = provider.get("expected_status")
     if expected is not None:
         allowed = expected if isinstance(expected, list) else [expected]
         if response.status_code not in allowed:
             raise ActivityFailed(f"{method} {url}: HTTP {response.status_code}, expected {allowed}")
     return output
+
+
+def _read_bounded(response: httpx.Response, limit: int) -> tuple[bytes, bool]:
+    """At most ``limit`` bytes of the body (and whether there was more): a huge answer is never held."""
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return b"".join(chunks)[:limit], True
+    return b"".join(chunks), False
+
+
+def _body(raw: bytes, truncated: bool, encoding: str) -> Any:
+    text = raw.decode(encoding, errors="replace")
+    if truncated:
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 PROVIDERS: dict[str, Callable[[Mapping[str, Any], Context], Any]] = {"python": run_python, "http": run_http}
@@ -198,7 +267,8 @@ class ExperimentRunner:
     def __init__(self, *, clock: Clock | None = None, http_transport: httpx.BaseTransport | None = None,
                  revert_faults: FaultReverter | None = None, progress: Progress | None = None,
                  base_configuration: Mapping[str, Any] | None = None,
-                 base_secrets: Mapping[str, Any] | None = None, allow_env: bool = True) -> None:
+                 base_secrets: Mapping[str, Any] | None = None, allow_env: bool = True,
+                 egress: HostAllowList | None = None) -> None:
         self._clock: Clock = clock or MonotonicClock()
         self._transport = http_transport
         self._revert_faults = revert_faults
@@ -206,6 +276,7 @@ class ExperimentRunner:
         self._base_configuration = dict(base_configuration or {})
         self._base_secrets = dict(base_secrets or {})
         self._allow_env = allow_env
+        self._egress = egress
 
     async def run(self, experiment: Experiment, *, dry_run: bool = False,
                   stop_conditions: Iterable[StopCondition] = (), check_interval_s: float = 1.0,
@@ -215,11 +286,11 @@ class ExperimentRunner:
             raise InvalidExperiment(f"rollback_strategy: one of {', '.join(ROLLBACK_STRATEGIES)}")
         validate_experiment(experiment)
         conditions = tuple(stop_conditions)
-        configuration = {**self._base_configuration,
-                         **resolve_values(experiment.get("configuration"), "configuration",
-                                          allow_env=self._allow_env)}
+        configuration = {**resolve_values(experiment.get("configuration"), "configuration",
+                                          allow_env=self._allow_env),
+                         **self._base_configuration}  # the server's own values win, as its secrets do
         secrets = resolve_secrets(experiment.get("secrets"), allow_env=self._allow_env)
-        ctx = Context(configuration, secrets, self._transport, dict(self._base_secrets))
+        ctx = Context(configuration, secrets, self._transport, dict(self._base_secrets), self._egress)
         state = _State(new_journal(experiment, dry_run, conditions), ctx)
         state.total = num_activities(experiment)
         started = time.monotonic()
@@ -227,7 +298,7 @@ class ExperimentRunner:
         try:
             await self._phases(experiment, state, dry_run, conditions, check_interval_s, rollback_strategy)
         finally:
-            journal = state.journal
+            journal: Journal = redact(state.journal, ctx.secret_values)
             journal["end"] = now_iso()
             journal["duration"] = round(time.monotonic() - started, 3)
             journal["fault_ids"] = sorted(set(state.fault_ids))
@@ -316,12 +387,14 @@ class ExperimentRunner:
         if not ids:
             return []
         reverter = self._revert_faults or _ctk_reverter(state.ctx)
+        secrets = state.ctx.secret_values
         try:
             results = await reverter(ids)
         except Exception as exc:
-            logger.error("abort: reverting faults %s failed: %s", ids, exc)
-            return [{"fault_ids": ids, "ok": False, "detail": f"{type(exc).__name__}: {exc}"}]
-        return [_jsonable(r) for r in results]
+            detail = redact(f"{type(exc).__name__}: {exc}", secrets)
+            logger.error("abort: reverting faults %s failed: %s", ids, detail)
+            return [{"fault_ids": ids, "ok": False, "detail": detail}]
+        return [redact(_jsonable(r), secrets) for r in results]
 
     async def _activity(self, activity: Mapping[str, Any], experiment: Experiment, state: _State,
                         dry: bool) -> dict[str, Any]:
@@ -349,7 +422,7 @@ class ExperimentRunner:
 def run_experiment(experiment: Experiment, **kwargs: Any) -> Journal:
     """Synchronous wrapper: ``ExperimentRunner().run(experiment, **kwargs)`` on a fresh event loop."""
     runner_keys = {"clock", "http_transport", "revert_faults", "progress", "base_configuration",
-                   "base_secrets", "allow_env"}
+                   "base_secrets", "allow_env", "egress"}
     runner = ExperimentRunner(**{k: v for k, v in kwargs.items() if k in runner_keys})
     return asyncio.run(runner.run(experiment, **{k: v for k, v in kwargs.items() if k not in runner_keys}))
 
@@ -369,10 +442,11 @@ def _execute(activity: Mapping[str, Any], ctx: Context, dry: bool) -> dict[str, 
     except Exception as exc:
         record["status"] = "failed"
         record["exception"] = traceback.format_exception_only(type(exc), exc)
-        logger.error("activity %r failed: %s", activity.get("name"), exc)
+        logger.error("activity %r failed: %s", activity.get("name"), redact(str(exc), ctx.secret_values))
     end = datetime.now(UTC)
     record["end"], record["duration"] = end.isoformat(), (end - start).total_seconds()
-    return record
+    redacted: dict[str, Any] = redact(record, ctx.secret_values)
+    return redacted
 
 
 def _fault_ids(output: Any) -> list[int]:

@@ -29,13 +29,14 @@ import inspect
 import json
 import platform
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from numbers import Number
 from pathlib import Path
 from typing import Any
 
+from chaos.errors import Refused
 from chaos.stop_conditions import StopCondition
 
 JOURNAL_FORMAT = "llm-sre-chaos/1 (superset of chaostoolkit journal)"
@@ -44,7 +45,7 @@ Experiment = Mapping[str, Any]
 Journal = dict[str, Any]
 
 
-class InvalidExperiment(ValueError):
+class InvalidExperiment(Refused, ValueError):
     """The experiment is malformed; the message names the offending place (``method[1].provider``)."""
 
 
@@ -170,13 +171,7 @@ def _validate_python(provider: Mapping[str, Any], where: str) -> None:
         raise InvalidExperiment(f"{where}.module: required")
     if not isinstance(func_name, str) or not func_name:
         raise InvalidExperiment(f"{where}.func: required")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidExperiment(f"{where}.module: cannot import {module_name!r}: {exc}") from exc
-    func = getattr(module, func_name, None)
-    if not callable(func):
-        raise InvalidExperiment(f"{where}.func: {module_name} has no function {func_name!r}")
+    func = provider_function(module_name, func_name, where)
     arguments = dict(provider.get("arguments") or {})
     sig = inspect.signature(func)
     for injected in ("configuration", "secrets"):
@@ -186,6 +181,25 @@ def _validate_python(provider: Mapping[str, Any], where: str) -> None:
         sig.bind(**arguments)
     except TypeError as exc:
         raise InvalidExperiment(f"{where}.arguments: do not fit {module_name}.{func_name}: {exc}") from exc
+
+
+def provider_function(module_name: str, func_name: str, where: str = "provider") -> Callable[..., Any]:
+    """The function a python provider names, if an experiment may call it: never a private one
+    (``_name``), and for a module that lists its providers in ``PROVIDERS`` (as :mod:`chaos.ctk` does),
+    only a listed one. InvalidExperiment names the place otherwise."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidExperiment(f"{where}.module: cannot import {module_name!r}: {exc}") from exc
+    listed = getattr(module, "PROVIDERS", None)
+    if func_name.startswith("_") or (listed is not None and func_name not in listed):
+        offered = f" (it offers {', '.join(listed)})" if listed is not None else ""
+        raise InvalidExperiment(f"{where}.func: {module_name}.{func_name} is not a provider function"
+                                f"{offered}")
+    func: object = getattr(module, func_name, None)
+    if not callable(func):
+        raise InvalidExperiment(f"{where}.func: {module_name} has no function {func_name!r}")
+    return func
 
 
 def _validate_tolerance(tolerance: Any, where: str) -> None:

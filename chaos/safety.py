@@ -28,6 +28,8 @@ from typing import Any, Literal, Protocol
 
 from chaos.catalogue import Catalogue
 from chaos.clock import Clock, MonotonicClock
+from chaos.errors import Conflict
+from chaos.expiry import ExpiryGuards, needs_guard
 from chaos.faults.base import (
     Fault,
     FaultError,
@@ -57,11 +59,11 @@ from chaos.stop_conditions import (
 from chaos.targets import Target
 
 __all__ = [
-    "DEFAULT_CHECK_INTERVAL_S", "ActiveFault", "BlastRadiusExceeded", "Clock", "Comparison", "FaultManager",
-    "FleetSignals", "Guarded", "HaltReport", "Halted", "Ledger", "LedgerRow", "LedgerState", "MonotonicClock",
-    "Plan", "Probe", "ProbeValue", "RevertResult", "StopCondition", "StopMonitor", "StopTrip",
-    "TargetChooser", "abort_run", "error_rate_above", "fleet_conditions", "guard", "p99_ttft_above",
-    "ready_replicas_below",
+    "DEFAULT_CHECK_INTERVAL_S", "ActiveFault", "BlastRadiusExceeded", "Budgeted", "Clock", "Comparison",
+    "FaultManager", "FleetSignals", "Guarded", "HaltReport", "Halted", "Ledger", "LedgerRow", "LedgerState",
+    "MonotonicClock", "Plan", "Probe", "ProbeValue", "RevertResult", "StopCondition", "StopMonitor",
+    "StopTrip", "TargetChooser", "abort_run", "error_rate_above", "fleet_conditions", "guard",
+    "p99_ttft_above", "ready_replicas_below",
 ]
 
 logger = logging.getLogger(__name__)
@@ -107,11 +109,11 @@ class Ledger(Protocol):
 
 
 # ---- errors and values -------------------------------------------------------------------------
-class Halted(FaultError):
+class Halted(FaultError, Conflict):
     """New injections are refused until ``release()``."""
 
 
-class BlastRadiusExceeded(FaultError):
+class BlastRadiusExceeded(FaultError, Conflict):
     """The plan would take down more replicas than allowed."""
 
 
@@ -168,8 +170,18 @@ class HaltReport:
 class _Running:
     active: ActiveFault
     fault: Fault
-    takes_down: bool
+    in_radius: bool  # it takes its target down or impairs it: counts against the blast radius
     expiry: asyncio.Task[None] | None = field(default=None)
+    guard_pid: int | None = None  # its expiry guard (chaos.expiry), for faults that stay until reverted
+
+
+def _guard_of(row: LedgerRow) -> int | None:
+    """The expiry guard's pid an earlier manager recorded for this fault, if any."""
+    with contextlib.suppress(ValueError, TypeError):
+        body = json.loads(row.detail)
+        if isinstance(body, dict) and isinstance(body.get("guard_pid"), int):
+            return int(body["guard_pid"])
+    return None
 
 
 def _token_of(row: LedgerRow) -> RevertToken:
@@ -187,7 +199,8 @@ class FaultManager:
                  max_fraction_down: float = DEFAULT_MAX_FRACTION_DOWN,
                  halt_deadline_s: float = HALT_DEADLINE_S,
                  expiry_attempts: int = EXPIRY_REVERT_ATTEMPTS,
-                 expiry_retry_delay_s: float = EXPIRY_RETRY_DELAY_S) -> None:
+                 expiry_retry_delay_s: float = EXPIRY_RETRY_DELAY_S,
+                 guards: ExpiryGuards | None = None) -> None:
         if not 0 < max_fraction_down <= 1:
             raise ValueError(f"max_fraction_down: must be in (0, 1], got {max_fraction_down!r}")
         if halt_deadline_s <= 0:
@@ -199,6 +212,7 @@ class FaultManager:
         self._halt_deadline_s = halt_deadline_s
         self._expiry_attempts = max(1, expiry_attempts)
         self._expiry_retry_delay_s = expiry_retry_delay_s
+        self._guards = guards  # None: only this manager's own timers revert at expiry
         self._running: dict[int, _Running] = {}
         self._reverts: dict[int, asyncio.Task[RevertResult]] = {}
         self._halted = False
@@ -235,18 +249,24 @@ class FaultManager:
         info = fault.describe()
         chosen = _choose(fault, spec, targets)
         fleet = {t.replica_id for t in targets}
-        down_now = {r.active.target_id for r in self._running.values() if r.takes_down} & fleet
-        down = down_now | ({t.replica_id for t in chosen} if info.takes_down else set())
+        in_radius = info.takes_down or info.impairs
+        down_now = {r.active.target_id for r in self._running.values() if r.in_radius} & fleet
+        down = down_now | ({t.replica_id for t in chosen} if in_radius else set())
         reasons: list[str] = []
         if self._halted:
             reasons.append("halted: new faults are refused until release()")
-        if info.takes_down and not allow_all:
+        if in_radius and not allow_all:
+            verb = "take down" if info.takes_down else "impair"
             if down >= fleet:
-                reasons.append(f"blast radius: {spec.kind} would take down all {len(fleet)} replicas "
+                reasons.append(f"blast radius: {spec.kind} would {verb} all {len(fleet)} replicas "
                                "(pass allow_all=True to mean it)")
             elif len(down) / len(fleet) > self._max_fraction_down:
-                reasons.append(f"blast radius: {len(down)} of {len(fleet)} replicas down exceeds "
-                               f"max_fraction_down={self._max_fraction_down:g}")
+                reasons.append(f"blast radius: {len(down)} of {len(fleet)} replicas down or impaired "
+                               f"exceeds max_fraction_down={self._max_fraction_down:g}")
+        budget = getattr(fault, "over_budget", None)  # host limits (stress): allow_all does not waive them
+        problem = budget(spec, chosen) if callable(budget) and chosen else None
+        if problem:
+            reasons.append(str(problem))
         return Plan(spec=spec, info=info, targets=chosen, num_down_after=len(down), num_targets=len(fleet),
                     reasons=tuple(reasons))
 
@@ -287,9 +307,11 @@ class FaultManager:
                                f"inject failed: {exc}" + ("" if result.ok else f"; {result.detail}"))
         started = self._clock.now()
         active = ActiveFault(row.id, spec.kind, rid, token, started, started + spec.duration_s)
-        running = _Running(active, fault, plan.info.takes_down)
+        running = _Running(active, fault, plan.info.takes_down or plan.info.impairs)
+        if self._guards is not None and needs_guard(fault, token):
+            running.guard_pid = self._guards.start(row.id, token, spec.duration_s)
         self._running[row.id] = running
-        self._mark(row.id, "injected", json.dumps({"token": token.to_json()}))
+        self._mark(row.id, "injected", json.dumps({"token": token.to_json(), "guard_pid": running.guard_pid}))
         running.expiry = asyncio.create_task(self._expire(row.id, active.expires_at),
                                              name=f"chaos-expire-{row.id}")
         if self._halted:  # halt_all ran while this one was going in
@@ -327,7 +349,8 @@ class FaultManager:
                 running.expiry = None
             if running.active.token is None:
                 return RevertResult(fault_id, False, "no revert token")
-            return await self._revert_with(fault_id, running.fault, running.active.token, why="revert")
+            return await self._revert_with(fault_id, running.fault, running.active.token, why="revert",
+                                           guard_pid=running.guard_pid)
         try:
             row = next((r for r in self._ledger.active_faults() if r.id == fault_id), None)
             if row is None:
@@ -338,10 +361,10 @@ class FaultManager:
             detail = f"cannot revert: {exc}"
             self._mark(fault_id, "revert_failed", json.dumps({"error": detail, "retryable": False}))
             return RevertResult(fault_id, False, detail)
-        return await self._revert_with(fault_id, fault, token, why="leftover")
+        return await self._revert_with(fault_id, fault, token, why="leftover", guard_pid=_guard_of(row))
 
     async def _revert_with(self, fault_id: int, fault: Fault, token: RevertToken, *,
-                           why: str) -> RevertResult:
+                           why: str, guard_pid: int | None = None) -> RevertResult:
         try:
             await fault.revert(token)
         except Exception as exc:
@@ -353,6 +376,8 @@ class FaultManager:
                        json.dumps({"error": detail, "retryable": retryable, "token": token.to_json()}))
             return RevertResult(fault_id, False, detail, retryable)
         self._running.pop(fault_id, None)
+        if self._guards is not None:
+            self._guards.stop(guard_pid)  # its work is done; a guard that already reverted has exited
         self._mark(fault_id, "reverted", why)
         logger.info("%s: fault %d (%s) reverted (%s)", token.target, fault_id, token.kind, why)
         return RevertResult(fault_id, True, why)
@@ -425,6 +450,13 @@ class TargetChooser(Protocol):
     """A fault kind that picks its own targets from its params (zone outage), instead of the selector."""
 
     def select(self, spec: FaultSpec, targets: Sequence[Target]) -> tuple[Target, ...]: ...
+
+
+class Budgeted(Protocol):
+    """A fault kind with host-wide limits (stress): why faulting ``targets`` now would exceed them, counting
+    what it already runs; None when it fits. The plan refuses with that reason, whatever ``allow_all``."""
+
+    def over_budget(self, spec: FaultSpec, targets: Sequence[Target]) -> str | None: ...
 
 
 def _choose(fault: Fault, spec: FaultSpec, targets: Sequence[Target]) -> tuple[Target, ...]:

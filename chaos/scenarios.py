@@ -19,9 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from inference.bench.datasets import read_trace
+from inference.bench.datasets import AZURE_TRACE as AZURE_TRACE  # re-exported to the control plane
+from inference.bench.datasets import AZURE_TRACE_ENV as AZURE_TRACE_ENV
+from inference.bench.datasets import read_trace, trace_file
 
-Action = Literal["fault", "rollout"]
+# What happens at t0: faults through the fault manager, a rolling update, the kill of one gateway process,
+# or ``kill -9`` of the control plane itself (run from outside it, restarted after ``outage_s``).
+Action = Literal["fault", "rollout", "gateway-crash", "control-plane-crash"]
 LoadKind = Literal["rate", "trace"]
 # How the fault reaches the client: a process dies (connections reset at once), a replica stops answering
 # (only a stall timeout notices), or a replica keeps serving, degraded.
@@ -57,6 +61,18 @@ class Targets:
     max_tokens_lost: int | None = 0
     max_tokens_duplicated: int | None = 0
     max_writes_lost: int | None = 0
+    rto_api_s: float | None = None  # control-plane-crash: its restart to the API's first answer
+    max_faults_past_expiry: int | None = None  # faults still in effect after their expiry
+    max_orphans: int | None = None  # processes of this state folder that no control plane owns
+
+
+# Each target bounds one figure of the report (``chaos.drill_figures.Figures``): target name -> figure name.
+TARGET_FIGURES: dict[str, str] = {
+    "rto_service_s": "rto_service_s", "rto_slo_s": "rto_slo_s", "rto_capacity_s": "rto_capacity_s",
+    "max_failed_requests": "requests_failed", "max_tokens_lost": "tokens_lost",
+    "max_tokens_duplicated": "tokens_duplicated", "max_writes_lost": "writes_lost", "rto_api_s": "rto_api_s",
+    "max_faults_past_expiry": "faults_past_expiry", "max_orphans": "orphans",
+}
 
 
 @dataclass(slots=True, frozen=True)
@@ -76,14 +92,13 @@ class FaultStep:
         return self.selector.replace(" ", "").upper() == "COUNT(1)" and not self.zone
 
 
-# "azure" as a trace: this environment variable, else this file relative to the working directory (the
-# repository's data folder is not shipped in the package).
-AZURE_TRACE = "azure"
-AZURE_TRACE_ENV = "CONTROLPLANE_AZURE_TRACE"
-AZURE_TRACE_FALLBACK = Path("../shared/data/azure_llm_conv_2023.csv")
+# "azure" as a trace (AZURE_TRACE, AZURE_TRACE_ENV from inference.bench.datasets): the file named by
+# $CONTROLPLANE_AZURE_TRACE, else the Azure LLM conversation trace that ships with the load client.
 # Trace prompts are capped here: the Azure conversation trace asks for up to 14k context tokens, more than the
 # default model's 2048 positions, and long prefills on a busy CPU would measure prefill, not a failover.
 TRACE_MAX_INPUT_LEN = 512
+# Three replicas starting at once on a busy 2-core machine take up to about two minutes to be ready.
+STEADY_STATE_TIMEOUT_S = 180.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -134,6 +149,10 @@ class Scenario:
     max_tokens: int = 24
     input_len: int = 32
     capacity_deadline_s: float = 90.0  # observation ends at t0 + this at the latest
+    outage_s: float = 10.0  # control-plane-crash: how long the control plane stays down
+    # A fleet still starting (right after ``controlplane up``) or a gateway not yet routing is waited for,
+    # up to this long, before the drill gives up with the reasons it waited on.
+    steady_state_timeout_s: float = STEADY_STATE_TIMEOUT_S
     slo: SloTarget = field(default_factory=SloTarget)
     targets: Targets = field(default_factory=Targets)
     fleet_repairs: bool = True  # the fleet restarts what the fault took (else capacity returns at revert)
@@ -144,7 +163,8 @@ class Scenario:
     zones: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        _positive(rate=self.rate, duration_s=self.duration_s, capacity_deadline_s=self.capacity_deadline_s)
+        _positive(rate=self.rate, duration_s=self.duration_s, capacity_deadline_s=self.capacity_deadline_s,
+                  outage_s=self.outage_s, steady_state_timeout_s=self.steady_state_timeout_s)
         if not 0 < self.fault_at_s < self.duration_s:
             raise ValueError(f"fault_at_s: must be inside the load (0, {self.duration_s:g}), "
                              f"got {self.fault_at_s!r}")
@@ -186,11 +206,11 @@ class Scenario:
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> Scenario:
         """A copy with load fields (rate, duration_s, fault_at_s, max_tokens, input_len,
-        capacity_deadline_s), the load profile (``load``: ``{"kind": "rate", "rate": R}`` or ``{"kind":
-        "trace", "trace": "azure" | PATH, "compress": X, "token_scale": Y, "trace_start_s": S,
-        "max_input_len": N}``), the aim (``replicas``, ``zones``: lists of names) and target fields
-        (``targets.<name>`` or the bare name) replaced. A trace is read here: a missing or malformed file
-        is a ValueError naming ``load.trace``."""
+        capacity_deadline_s, outage_s, steady_state_timeout_s), the load profile (``load``: ``{"kind":
+        "rate", "rate": R}`` or ``{"kind": "trace", "trace": "azure" | PATH, "compress": X, "token_scale":
+        Y, "trace_start_s": S, "max_input_len": N}``), the aim (``replicas``, ``zones``: lists of names)
+        and target fields (``targets.<name>`` or the bare name) replaced. A trace is read here: a missing
+        or malformed file is a ValueError naming ``load.trace``."""
         load: dict[str, Any] = {}
         targets: dict[str, Any] = {}
         profile: Mapping[str, Any] | None = None
@@ -243,7 +263,7 @@ class Scenario:
 
 
 _LOAD_FIELDS = frozenset({"rate", "duration_s", "fault_at_s", "max_tokens", "input_len",
-                          "capacity_deadline_s"})
+                          "capacity_deadline_s", "outage_s", "steady_state_timeout_s"})
 _AIM_FIELDS = frozenset({"load", "replicas", "zones"})
 _RATE_KEYS = frozenset({"kind", "rate"})
 _TRACE_KEYS = frozenset({"kind", "trace", "compress", "token_scale", "trace_start_s", "max_input_len"})
@@ -283,22 +303,22 @@ def _load_profile(spec: Mapping[str, Any], *, rate: float | None) -> dict[str, A
 
 
 def resolve_trace(name: str, *, cwd: Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
-    """The trace file ``name`` stands for, absolute: ``azure`` is ``$CONTROLPLANE_AZURE_TRACE`` or
-    ``../shared/data/azure_llm_conv_2023.csv`` from the working directory; anything else is a path
-    (relative to the working directory). ValueError (naming ``load.trace``) when there is no such file or it
-    is not an Azure LLM trace."""
+    """The trace file ``name`` stands for, absolute: ``azure`` is ``$CONTROLPLANE_AZURE_TRACE`` when set,
+    else the trace shipped with the package (``inference.bench.datasets.trace_file``); anything else is a
+    path (relative to the working directory). ValueError (naming ``load.trace``) when there is no such file
+    or it is not an Azure LLM trace."""
     here = cwd if cwd is not None else Path.cwd()
     env = os.environ if environ is None else environ
-    if name == AZURE_TRACE:
-        from_env = env.get(AZURE_TRACE_ENV, "").strip()
-        path = Path(from_env).expanduser() if from_env else AZURE_TRACE_FALLBACK
-        where = (f"{AZURE_TRACE!r}: from ${AZURE_TRACE_ENV}" if from_env else
-                 f"{AZURE_TRACE!r}: ${AZURE_TRACE_ENV} is not set, so {AZURE_TRACE_FALLBACK} from the "
-                 f"control plane's working directory {here}; give the trace's path instead")
-    else:
-        path = Path(name).expanduser()
+    if name != AZURE_TRACE:
         where = "the path given"
-    path = (here / path).resolve()
+    elif env.get(AZURE_TRACE_ENV, "").strip():
+        where = f"{AZURE_TRACE!r}: from ${AZURE_TRACE_ENV}"
+    else:
+        where = f"{AZURE_TRACE!r}: the trace shipped with the package"
+    try:
+        path = (here / trace_file(name, env)).resolve()
+    except FileNotFoundError as exc:
+        raise ValueError(f"load.trace: {exc} ({where})") from exc
     if not path.is_file():
         raise ValueError(f"load.trace: no trace file at {path} ({where})")
     try:
@@ -345,6 +365,11 @@ _CAPACITY_S = 90.0  # restart on a busy 2-core machine: backoff + model load + f
 # A replica that stops answering is found by the gateway when its open streams stall (stall timeout, 2 s
 # by default); their continuations and the requests that were waiting there then start elsewhere.
 _SILENT_RTO_S = 4.0
+# A control plane's start after kill -9, to its API's first answer: Python and its imports, the store,
+# adopting the fleet, the gateways and the console, Prometheus. About 8 s on a quiet 2-core machine.
+_API_RTO_S = 30.0
+# The only gateway killed: its restart (0.5 s backoff) and start-up; with several, about 0.
+_GATEWAY_RTO_S = 6.0
 
 SCENARIOS: dict[str, Scenario] = {s.id: s for s in (
     Scenario("replica-crash", "Replica crash", "SIGKILL one replica under load; streams on it resume "
@@ -357,6 +382,13 @@ SCENARIOS: dict[str, Scenario] = {s.id: s for s in (
              targets=Targets(rto_service_s=_SILENT_RTO_S, rto_capacity_s=30.0)),
     Scenario("zone-outage", "Zone outage", "Every replica of one zone is killed at once.", "reset",
              faults=(FaultStep("kill", selector="ALL", zone="first", duration_s=1.0),),
+             targets=Targets(rto_service_s=1.0, rto_capacity_s=_CAPACITY_S)),
+    Scenario("node-loss", "Node loss", "Every cluster node of one zone stops (Ray: its raylet and "
+             "everything on it, replicas included): streams resume in the other zones, the fleet re-places "
+             "the zone's replicas by its policy (fleet.on_node_loss), and the lab starts the node again "
+             "at revert. Needs fleet.backend = \"ray\".", "reset",
+             faults=(FaultStep("node-loss", selector="ALL", params={"scope": "zone"}, zone="first",
+                               duration_s=8.0),),
              targets=Targets(rto_service_s=1.0, rto_capacity_s=_CAPACITY_S)),
     Scenario("link-partition", "Link partition", "TCP to one replica's port is dropped on loopback (eBPF); "
              "open streams stall and resume elsewhere.", "stall",
@@ -374,7 +406,50 @@ SCENARIOS: dict[str, Scenario] = {s.id: s for s in (
              "by one of a new model folder (the same weights), with readiness gates.", "none",
              action="rollout", duration_s=16.0, capacity_deadline_s=240.0,
              targets=Targets(rto_service_s=1.0, rto_capacity_s=240.0)),
+    Scenario("control-plane-crash", "Control plane crash", "kill -9 of the control plane under load, down "
+             "for outage_s, then started again: the data plane serves throughout, the next control plane "
+             "adopts it and finds every acknowledged write, and no fault outlives its expiry.", "none",
+             action="control-plane-crash", rate=3.0, duration_s=30.0, fault_at_s=6.0, outage_s=10.0,
+             capacity_deadline_s=120.0,
+             targets=Targets(rto_api_s=_API_RTO_S, max_faults_past_expiry=0, max_orphans=0)),
+    Scenario("gateway-crash", "Gateway crash", "kill -9 of one gateway process under load: its streams are "
+             "lost to the client, the control plane restarts it; with several gateways the others go on "
+             "serving new connections at once.", "reset", action="gateway-crash",
+             targets=Targets(rto_service_s=_GATEWAY_RTO_S, max_failed_requests=None, max_tokens_lost=None,
+                             max_tokens_duplicated=None)),
 )}
+
+
+def targets_table() -> str:
+    """The shipped scenarios and their targets as a Markdown table: the README quotes it (a test checks
+    that it still matches these definitions)."""
+    head = ("| scenario | at t0 | load | RTO_service <= | RTO_capacity <= | failed requests <= | tokens lost "
+            "/ duplicated <= | acknowledged writes lost <= | other |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+    for sc in SCENARIOS.values():
+        t = sc.targets
+        at_t0 = ", ".join(f"`{f.kind}`" + (" (a zone)" if f.zone else "") for f in sc.faults) \
+            or f"`{sc.action}`"
+        other = [f"{label} <= {_target(getattr(t, name), unit)}" for name, label, unit in _OTHER_TARGETS
+                 if getattr(t, name) is not None]
+        tokens = "-" if t.max_tokens_lost is None and t.max_tokens_duplicated is None else \
+            f"{_target(t.max_tokens_lost)} / {_target(t.max_tokens_duplicated)}"
+        lines.append(f"| `{sc.id}` | {at_t0} | {sc.rate:g} req/s x {sc.duration_s:g} s | "
+                     f"{_target(t.rto_service_s, 's')} | {_target(t.rto_capacity_s, 's')} | "
+                     f"{_target(t.max_failed_requests)} | {tokens} | {_target(t.max_writes_lost)} | "
+                     f"{'; '.join(other) or '-'} |")
+    return "\n".join(lines)
+
+
+_OTHER_TARGETS = (("rto_slo_s", "RTO_slo", "s"), ("rto_api_s", "RTO_api", "s"),
+                  ("max_faults_past_expiry", "faults past expiry", ""), ("max_orphans", "orphans", ""))
+
+
+def _target(value: float | None, unit: str = "") -> str:
+    """A target as the table shows it (``1 s``); None (not judged) as ``-``."""
+    if value is None:
+        return "-"
+    return f"{value:g} {unit}".strip() if unit else f"{value:g}"
 
 
 def scenario(scenario_id: str) -> Scenario:

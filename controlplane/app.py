@@ -1,8 +1,11 @@
-"""``controlplane up``: wire the store, fleet, gateway, telemetry, Prometheus and the REST API together.
+"""``controlplane up``: wire the store, fleet, gateways, telemetry, Prometheus and the REST API together.
 
-Everything runs in one asyncio loop: the API server (127.0.0.1:8080), the gateway (127.0.0.1:8000), the
-fleet's reconcile loop and the in-process scraper; replicas and Prometheus are child processes. SIGINT
-or SIGTERM stops accepting new work, drains every replica and stops Prometheus, so no child survives.
+The control plane's own asyncio loop runs the API server (127.0.0.1:8080), the fleet's reconcile loop,
+the gateway supervisor, the autoscaler, the alert rules, the drill schedules and the in-process scraper.
+The data plane runs beside it, not in it: the gateways (127.0.0.1:8000, :mod:`controlplane.gateway.process`)
+and the replicas are processes in sessions of their own, which go on serving when the control plane dies
+and are adopted by the next ``controlplane up``. SIGINT or SIGTERM stops accepting new work, drains the
+gateways and the replicas and stops Prometheus and the console, so no child survives.
 """
 
 from __future__ import annotations
@@ -12,10 +15,8 @@ import contextlib
 import gc
 import logging
 import os
-import secrets
 import signal
 import socket
-import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -24,33 +25,46 @@ import uvicorn
 
 from chaos.catalogue import default_catalogue
 from chaos.drills import DrillRunner
+from chaos.expiry import ExpiryGuards
 from chaos.safety import FaultManager
 from controlplane.alerts.delegation import delegated_rules_path
-from controlplane.alerts.engine import alert_delegation, build_engine, rule_file_writer, rule_switches
-from controlplane.api.auth import ADMIN_PASSWORD_ENV, FIRST_ADMIN_NAME, USERS_ENV, ensure_users, parse_users
+from controlplane.alerts.engine import (
+    AlertEngine,
+    alert_delegation,
+    build_engine,
+    rule_file_writer,
+    rule_switches,
+)
+from controlplane.api.auth import ADMIN_PASSWORD_ENV, FIRST_ADMIN_NAME, ensure_users, parse_users
 from controlplane.api.factory import Services, create_api
 from controlplane.auth import Auditor, TokenAuthority
 from controlplane.autoscale.loop import Autoscaler
-from controlplane.client import TOKEN_ENV
 from controlplane.config import Config, ConfigError
+from controlplane.console import ConsoleProcess, start_console, stop_console
 from controlplane.drills.port import FleetDrillPort
 from controlplane.drills.service import DrillService
-from controlplane.fleet.backends.local import LocalProcessBackend
-from controlplane.fleet.reconcile import Fleet, load_or_create_secret
-from controlplane.gateway.handler import Gateway
-from controlplane.gateway.server import create_gateway_app
+from controlplane.fleet.backends.select import replica_backend
+from controlplane.fleet.cluster import fleet_cluster
+from controlplane.fleet.feed import EndpointsFeed
+from controlplane.fleet.gateways import GatewaySupervisor
+from controlplane.fleet.reconcile import Fleet
+from controlplane.fleet.registry import load_or_create_secret
+from controlplane.gateway.process import listening_socket
+from controlplane.lab.hosts import LabHosts
 from controlplane.replicas import ReplicaLoad
-from controlplane.schedules.scheduler import drill_scheduler
+from controlplane.schedules.scheduler import DrillScheduler, drill_scheduler
 from controlplane.store.database import Store
+from controlplane.store.files import private_dir
+from controlplane.store.retention import Retention
 from controlplane.telemetry.base import Regex, Telemetry, TelemetryError
-from controlplane.telemetry.prometheus import PrometheusServer
+from controlplane.telemetry.prometheus_server import PrometheusServer
 from controlplane.telemetry.select import select_source
-from controlplane.traces import TraceSampler
+from inference.environment import child_environment
 
 logger = logging.getLogger(__name__)
 
 ADMIN_TOKEN_ENV = "CONTROLPLANE_ADMIN_TOKEN"
-CONSOLE_SECRET_ENV = "CONTROLPLANE_CONSOLE_SECRET"  # read by ``python -m dashboards``
+GATEWAY_READY_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -58,36 +72,42 @@ class ControlPlane:
     config: Config
     store: Store
     fleet: Fleet
-    gateway: Gateway
+    gateways: GatewaySupervisor
+    feed: EndpointsFeed
     telemetry: Telemetry
     prometheus: PrometheusServer | None
     loads: LoadCache
     servers: list[uvicorn.Server] = field(default_factory=list)
     admin_token: str | None = None  # set only when this start created it
     admin_password: str | None = None  # the first console admin's password, set only when generated now
-    console: subprocess.Popen[bytes] | None = None
+    console: ConsoleProcess | None = None
 
 
 def build(config: Config) -> ControlPlane:
     state = config.state_path
-    state.mkdir(parents=True, exist_ok=True)
-    store = Store(state / "controlplane.db")
+    private_dir(state)  # 0700: it holds the store (token and password hashes), secrets and logs
+    store = Store(state / "controlplane.db", max_rows=config.retention.traces_max_rows)
     tokens = TokenAuthority(store)
     secret, created = tokens.ensure_admin(os.environ.get(ADMIN_TOKEN_ENV) or config.api.admin_token or None)
-    backend = LocalProcessBackend(log_dir=state / "logs", state_dir=state)
-    fleet = Fleet(config.fleet, backend, store, secret=load_or_create_secret(state / "replica-admin.key"),
-                  reserved_ports=config.listener_ports)
-    prometheus = _prometheus(config, rule_switches(store))
+    fleet_secret = load_or_create_secret(state / "replica-admin.key")
+    gateways = GatewaySupervisor(config.gateway, api_url=api_url(config), state_dir=state, store=store,
+                                 secret=fleet_secret, reserved_ports=config.listener_ports)
+    backend = replica_backend(config.fleet, state)  # joins the Ray cluster when [fleet] backend = "ray"
+    fleet = Fleet(config.fleet, backend, store, secret=fleet_secret,
+                  reserved_ports=config.listener_ports | {g.admin_port for g in gateways.gateways.values()})
+    prometheus = _prometheus(config, rule_switches(store), gateways.admin_addresses)
     telemetry = select_source(config.telemetry, prometheus.url if prometheus else None, fleet.endpoints)
     fleet.error_rate = replica_error_rate(telemetry)
-    sampler = TraceSampler(config.gateway.trace_sample_rate)
     loads = LoadCache(telemetry)
-    gateway = Gateway(config.gateway, endpoints=fleet.endpoints, load=loads.get,
-                      on_trace=lambda record: store.add_trace(record) if sampler.keep(record) else None,
-                      on_event=lambda kind, rid, detail: _noted(store.add_event(f"gateway.{kind}", rid,
-                                                                                {"detail": detail})))
-    return ControlPlane(config, store, fleet, gateway, telemetry, prometheus, loads,
+    feed = EndpointsFeed(fleet.endpoints, loads.get)
+    return ControlPlane(config, store, fleet, gateways, feed, telemetry, prometheus, loads,
                         admin_token=secret if created else None, admin_password=_console_users(config, store))
+
+
+def api_url(config: Config) -> str:
+    """The API as the control plane's own children (gateways, console) call it."""
+    host = "127.0.0.1" if config.api.host in ("0.0.0.0", "") else config.api.host
+    return f"http://{host}:{config.api.port}"
 
 
 def _console_users(config: Config, store: Store) -> str | None:
@@ -100,56 +120,6 @@ def _console_users(config: Config, store: Store) -> str | None:
                         or None)
 
 
-def start_console(cp: ControlPlane) -> subprocess.Popen[bytes] | None:
-    """The console as a child process (``python -m dashboards``): it talks to the API like any client, and
-    the layers forbid the control plane to import it. Its session secret is fresh for every start."""
-    cfg = cp.config
-    if not cfg.console.enabled:
-        return None
-    if not _port_is_free(cfg.console.host, cfg.console.port):
-        logger.warning("console not started: %s:%s is in use", cfg.console.host, cfg.console.port)
-        return None
-    api_host = "127.0.0.1" if cfg.api.host in ("0.0.0.0", "") else cfg.api.host
-    command = [sys.executable, "-m", "dashboards", "--api", f"http://{api_host}:{cfg.api.port}",
-               "--host", cfg.console.host, "--port", str(cfg.console.port),
-               "--refresh-s", str(cfg.console.refresh_s), "--session-ttl-s", str(cfg.console.session_ttl_s)]
-    # The secret goes in the environment (ps shows argv); the operator's own tokens and passwords do not:
-    # the console acts only with each logged-in user's token.
-    withheld = {TOKEN_ENV, ADMIN_TOKEN_ENV, ADMIN_PASSWORD_ENV, USERS_ENV}
-    env = {k: v for k, v in os.environ.items() if k not in withheld}
-    env[CONSOLE_SECRET_ENV] = secrets.token_urlsafe(32)
-    log_dir = cfg.state_path / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    with open(log_dir / "console.log", "ab") as log:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
-
-
-def _port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def stop_console(process: subprocess.Popen[bytes] | None, timeout_s: float = 5.0) -> None:
-    if process is None or process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout_s)
-
-
-def _noted(_: object) -> None:
-    return None
-
-
 class _Server(uvicorn.Server):
     """uvicorn without its own signal handling: the control plane stops its servers itself."""
 
@@ -158,13 +128,13 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _prometheus(config: Config, switches: Mapping[str, bool]) -> PrometheusServer | None:
+def _prometheus(config: Config, switches: Mapping[str, bool],
+                gateways: list[str]) -> PrometheusServer | None:
     if config.prometheus.enabled == "off":
         return None
-    api, gw = config.api, config.gateway
+    api = config.api
     server = PrometheusServer(config.prometheus, config.state_path / "prometheus",
-                              static_jobs={"controlplane": [f"{api.host}:{api.port}"],
-                                           "gateway": [f"{gw.host}:{gw.port}"]},
+                              static_jobs={"controlplane": [f"{api.host}:{api.port}"], "gateway": gateways},
                               **alert_delegation(config.alerts, config.state_path, switches))
     if not server.is_available():
         if config.prometheus.enabled == "on":
@@ -207,77 +177,127 @@ class LoadCache:
             logger.debug("replica loads unavailable", exc_info=True)
 
 
+@dataclass
+class _Running:
+    """What ``serve`` has started so far, so that a start that fails half-way stops exactly that."""
+
+    prometheus: bool = False
+    telemetry: bool = False
+    fleet: bool = False
+    chaos: FaultManager | None = None
+    drills: DrillService | None = None
+    alerts: AlertEngine | None = None
+    schedules: DrillScheduler | None = None
+    autoscaler: Autoscaler | None = None
+    gateways: bool = False
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
 async def serve(cp: ControlPlane) -> None:
+    """Start everything, serve until SIGINT or SIGTERM, then stop everything. The API's address is taken
+    before anything starts (a port in use fails at once, with nothing to clean up), and a start that fails
+    later stops what it had started: no child is left either way."""
     cfg = cp.config
-    if cp.prometheus is not None:
-        await asyncio.to_thread(cp.prometheus.start)
-        cp.fleet.on_change(cp.prometheus.update_targets)
-    cp.telemetry.start()
-    await cp.fleet.start()
-    await cp.gateway.start()
-    chaos = FaultManager(default_catalogue(admin_tokens=cp.fleet.admin_token, link=cp.gateway.toxics),
-                         cp.store)
-    leftovers = await chaos.revert_leftovers()  # a crash mid-drill leaves nothing paused or partitioned
-    if leftovers:
-        logger.warning("reverted %d faults left active by an earlier control plane", len(leftovers))
-    drill_port = FleetDrillPort(cp.fleet, cp.store, gateway=cfg.gateway, state_path=cfg.state_path,
-                                inflight=cp.gateway.inflight)
-    drills = DrillService(DrillRunner(drill_port, chaos), cp.store, cfg.state_path,
-                          loop=asyncio.get_running_loop())
-    drills.mark_interrupted()  # a report left "running" by a crash mid-drill
-    alerts = build_engine(cfg.alerts, store=cp.store, auditor=Auditor(cp.store), telemetry=cp.telemetry,
-                          fleet=cp.fleet, abort_drill=abort_running_drill(drills))
-    if cp.prometheus is not None and cfg.alerts.alertmanager_url:  # it evaluates the rules: keep it in step
-        alerts.on_rules_changed = rule_file_writer(delegated_rules_path(cfg.state_path), cp.prometheus.reload)
-    services = Services(cp.fleet, cp.store, TokenAuthority(cp.store), Auditor(cp.store), cp.telemetry,
-                        chaos, alerts=alerts, drills=drills)
-    autoscaler = services.autoscaler = Autoscaler(cfg.autoscaler, cp.fleet, cp.telemetry, cp.store)
-    schedules = services.schedules = drill_scheduler(cfg.drills, cp.store, drills,
-                                                     loop=asyncio.get_running_loop())
-    await asyncio.to_thread(schedules.start)  # before the API answers, so it lists the stored schedules
-    api = create_api(services)
-    gateway_app = create_gateway_app(cp.gateway)
-    cp.servers = [
-        _Server(uvicorn.Config(api, host=cfg.api.host, port=cfg.api.port, log_level="warning",
-                               lifespan="off")),
-        _Server(uvicorn.Config(gateway_app, host=cfg.gateway.host, port=cfg.gateway.port,
-                               log_level="warning", lifespan="off", timeout_graceful_shutdown=5)),
-    ]
-    cp.console = start_console(cp)
-    # What start-up built lives as long as the process; out of the collector's reach, a full collection
-    # scans only what requests allocate and does not stall the gateway's streams for tens of ms.
-    gc.freeze()
-    _announce(cp)
+    api_socket = listening_socket(cfg.api.host, cfg.api.port, reuse_port=False)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    tasks = [asyncio.create_task(s.serve()) for s in cp.servers]
-    tasks.append(asyncio.create_task(_refresh_loads(cp)))
+    running = _Running()
+    try:
+        await _start(cp, running, api_socket)
+        await stop.wait()
+    finally:
+        await _stop(cp, running)
+
+
+async def _start(cp: ControlPlane, running: _Running, api_socket: socket.socket) -> None:
+    cfg = cp.config
+    if cp.prometheus is not None:
+        await asyncio.to_thread(cp.prometheus.start)
+        running.prometheus = True
+        cp.fleet.on_change(cp.prometheus.update_targets)
+    cp.telemetry.start()
+    running.telemetry = True
+    await cp.fleet.start()
+    running.fleet = True
+    # On Ray, the node faults act on the cluster; the lab, when this machine has one, brings hosts back.
+    cluster = fleet_cluster(cp.fleet.backend, LabHosts.find())
+    chaos = running.chaos = FaultManager(
+        default_catalogue(admin_tokens=cp.fleet.admin_token, link=cp.gateways.links, cluster=cluster),
+        cp.store, guards=ExpiryGuards(environment=child_environment))
+    leftovers = await chaos.revert_leftovers()  # a crash mid-drill leaves nothing paused or partitioned
+    if leftovers:
+        logger.warning("reverted %d faults left active by an earlier control plane", len(leftovers))
+    drill_port = FleetDrillPort(cp.fleet, cp.store, gateway=cfg.gateway, state_path=cfg.state_path,
+                                inflight=cp.gateways.inflight, refresh_inflight=cp.gateways.refresh_state,
+                                kill_gateway=cp.gateways.kill_one)
+    drills = running.drills = DrillService(DrillRunner(drill_port, chaos), cp.store, cfg.state_path,
+                                           loop=asyncio.get_running_loop(), api_url=api_url(cfg))
+    drills.mark_interrupted()  # a report left "running" by a crash mid-drill
+    alerts = running.alerts = build_engine(cfg.alerts, store=cp.store, auditor=Auditor(cp.store),
+                                           telemetry=cp.telemetry, fleet=cp.fleet,
+                                           abort_drill=abort_running_drill(drills))
+    if cp.prometheus is not None and cfg.alerts.alertmanager_url:  # it evaluates the rules: keep it in step
+        alerts.on_rules_changed = rule_file_writer(delegated_rules_path(cfg.state_path), cp.prometheus.reload)
+    services = Services(cp.fleet, cp.store, TokenAuthority(cp.store), Auditor(cp.store), cp.telemetry,
+                        chaos, alerts=alerts, drills=drills, feed=cp.feed, gateways=cp.gateways,
+                        experiment_hosts=tuple(cfg.chaos.experiment_hosts), api=cfg.api)
+    services.autoscaler = running.autoscaler = Autoscaler(cfg.autoscaler, cp.fleet, cp.telemetry, cp.store)
+    schedules = services.schedules = drill_scheduler(cfg.drills, cp.store, drills,
+                                                     loop=asyncio.get_running_loop())
+    await asyncio.to_thread(schedules.start)  # before the API answers, so it lists the stored schedules
+    running.schedules = schedules
+    cp.servers = [_Server(uvicorn.Config(create_api(services), log_level="warning", lifespan="off"))]
+    running.tasks += [asyncio.create_task(cp.servers[0].serve(sockets=[api_socket]), name="api"),
+                      asyncio.create_task(_refresh_loads(cp), name="loads"),
+                      asyncio.create_task(Retention(cp.store, cfg.retention).run(), name="retention")]
+    await _api_listening(cp.servers[0], running.tasks[0])
+    # The gateways watch the API: started (or adopted) once it answers, so they get the replica set at once.
+    running.gateways = True
+    cp.gateways.adopt_or_start()
+    cp.gateways.start()
+    await cp.gateways.wait_ready(GATEWAY_READY_TIMEOUT_S)
+    cp.console = start_console(cfg, cp.store, api_url(cfg))
+    # What start-up built lives as long as the process; out of the collector's reach, a full collection
+    # scans only what requests allocate and does not stall the API or the loops for tens of ms.
+    gc.freeze()
+    _announce(cp)
     if cfg.alerts.enabled:
-        tasks.append(asyncio.create_task(alerts.run(), name="alerts"))
+        running.tasks.append(asyncio.create_task(alerts.run(), name="alerts"))
     if cfg.autoscaler.enabled:
-        autoscaler.start()
-    await stop.wait()
-    alerts.stop()  # no alert action (a replica restart) while the fleet drains
-    # no scheduled drill while the fleet drains; a firing waiting for a running drill gives up
-    await asyncio.to_thread(schedules.shutdown, cfg.drills.schedule_shutdown_timeout_s)
-    await autoscaler.stop()  # no scaling while the fleet drains
+        running.autoscaler.start()
+
+
+async def _stop(cp: ControlPlane, running: _Running) -> None:
+    """Stop what ``_start`` started, in the order that loses nothing: first what acts on the fleet, then
+    the faults, then the data plane (gateways drain their streams, then replicas theirs), then the rest."""
+    if running.alerts is not None:
+        running.alerts.stop()  # no alert action (a replica restart) while the fleet drains
+    if running.schedules is not None:  # no scheduled drill while the fleet drains
+        await asyncio.to_thread(running.schedules.shutdown, cp.config.drills.schedule_shutdown_timeout_s)
+    if running.autoscaler is not None:
+        await running.autoscaler.stop()  # no scaling while the fleet drains
     logger.warning("stopping: draining replicas")
     await asyncio.to_thread(stop_console, cp.console)
     for server in cp.servers:
         server.should_exit = True
-    await drills.aclose()  # a running drill aborts: its load stops and its faults are reverted
-    await chaos.halt_all()  # nothing injected outlives the control plane
-    await chaos.aclose()
-    await cp.gateway.stop()
-    await cp.fleet.stop(drain=True)
-    cp.telemetry.stop()
-    if cp.prometheus is not None:
+    if running.drills is not None:
+        await running.drills.aclose()  # a running drill aborts: its load stops and its faults are reverted
+    if running.chaos is not None:
+        await running.chaos.halt_all()  # nothing injected outlives the control plane
+        await running.chaos.aclose()
+    if running.gateways:
+        await cp.gateways.stop()  # each drains its streams, then the replicas drain theirs
+    if running.fleet:
+        await cp.fleet.stop(drain=True)
+    if running.telemetry:
+        cp.telemetry.stop()
+    if running.prometheus and cp.prometheus is not None:
         cp.prometheus.stop()
-    for task in tasks:
+    for task in running.tasks:
         task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.gather(*running.tasks, return_exceptions=True)
     logger.warning("stopped")
 
 
@@ -293,6 +313,14 @@ def abort_running_drill(drills: DrillService) -> Callable[[str], str]:
     return abort
 
 
+async def _api_listening(server: uvicorn.Server, task: asyncio.Task[None]) -> None:
+    """Until the API server listens; ``OSError`` when it could not (its address is taken)."""
+    while not server.started:
+        if task.done():
+            raise OSError(f"the API server did not start: {task.exception() or 'it exited'}")
+        await asyncio.sleep(0.02)
+
+
 async def _refresh_loads(cp: ControlPlane) -> None:
     while True:
         await asyncio.to_thread(cp.loads.refresh)
@@ -302,12 +330,15 @@ async def _refresh_loads(cp: ControlPlane) -> None:
 def _announce(cp: ControlPlane) -> None:
     cfg = cp.config
     lines = [
-        f"gateway (OpenAI API): http://{cfg.gateway.host}:{cfg.gateway.port}/v1",
+        f"gateway (OpenAI API): http://{cfg.gateway.host}:{cfg.gateway.port}/v1  "
+        f"({cfg.gateway.processes} process{'es' if cfg.gateway.processes > 1 else ''}, admin "
+        f"{', '.join(cp.gateways.admin_addresses)})",
         f"control plane API:    http://{cfg.api.host}:{cfg.api.port}  (OpenAPI: /docs)",
         f"prometheus:           {cp.prometheus.url if cp.prometheus else 'not running (in-process scraper)'}",
         f"state:                {cfg.state_path}",
         f"replicas:             {cfg.fleet.replicas} of model {cfg.fleet.model} "
-        f"in {', '.join(cfg.fleet.zones)}",
+        f"in {', '.join(cfg.fleet.zones)}"
+        + (f" on the Ray cluster at {cfg.fleet.ray_address}" if cfg.fleet.backend == "ray" else ""),
     ]
     if cp.admin_token:
         lines.append(f"admin token (shown once; export CONTROLPLANE_TOKEN=...): {cp.admin_token}")

@@ -1,7 +1,10 @@
 """Who may do what: bearer tokens with roles, console passwords, and the audit trail of every mutation.
 
 Where it sits: the REST API guards each route with ``Depends(require(Role.X))`` after ``install(app,
-authority, auditor)``; a route that changes something records it through :class:`Auditor`. Tokens and
+authority, auditor)`` (or another :func:`guard`, such as the gateways' service tokens, or :func:`public`);
+the guard is the route's one declaration of who may call it: the API's gate (``controlplane.api.gate``)
+runs it before a byte of the body is read, and publishes it as the operation's ``x-access`` in the
+OpenAPI spec. A route that changes something records it through :class:`Auditor`. Tokens and
 passwords live in the store only as hashes: a token's secret exists once, in the answer to ``issue``, and
 is never logged.
 """
@@ -18,7 +21,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
@@ -30,10 +33,13 @@ log = logging.getLogger(__name__)
 TOKEN_BYTES = 32  # secrets.token_urlsafe(32): 256 random bits
 MAX_TOKEN_CHARS = 512  # longer bearer values are refused before hashing
 BOOTSTRAP_ADMIN_NAME = "bootstrap-admin"
+BREAK_GLASS_REVOKES = ("bootstrap", "all", "none")  # which admin tokens `admin reset-token` revokes
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
-# scrypt cost: n=2**14, r=8 takes ~16 MiB and tens of milliseconds (the parameters OWASP lists).
-SCRYPT_N = 2**14
+# scrypt cost as OWASP's Password Storage Cheat Sheet asks (N >= 2**17, r=8, p=1): 128 MiB and a few
+# hundred milliseconds per hash. The encoded hash records N, r and p, so hashes made with other costs (the
+# 2**14 of earlier versions) still verify; they are not rehashed.
+SCRYPT_N = 2**17
 SCRYPT_R = 8
 SCRYPT_P = 1
 SCRYPT_SALT_BYTES = 16
@@ -127,11 +133,34 @@ class TokenAuthority:
             return None
         return Principal(name=row.name, role=role)
 
+    def live_names(self, role: Role, *, permanent: bool = False) -> list[str]:
+        """The names of the tokens of ``role`` that work now (neither revoked nor expired); with
+        ``permanent``, only those that never expire (not a console session's)."""
+        now = self._clock()
+        return [row.name for row in self._store.tokens() if row.role == role.value and row.is_active(now)
+                and not (permanent and row.expires_at is not None)]
+
     def revoke(self, name: str) -> bool:
         """Revoke the live token called ``name``; False when there is none."""
         revoked = self._store.revoke_token(name)
         log.info("token revoked name=%s found=%s", name, revoked)
         return revoked
+
+    def break_glass(self, *, revoke: str) -> tuple[str, str, list[str]]:
+        """A new admin token for an admin who lost theirs, named ``break-glass-<UTC time>``: returns its
+        name, its secret (shown once) and the names of the tokens revoked with it: the first admin's
+        (``revoke="bootstrap"``), every other live admin token (``"all"``) or none (``"none"``)."""
+        if revoke not in BREAK_GLASS_REVOKES:
+            raise ValueError(f"revoke must be one of {', '.join(BREAK_GLASS_REVOKES)}, got {revoke!r}")
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
+        live = set(self.live_names(Role.ADMIN))
+        name = next(n for n in (f"break-glass-{stamp}", *(f"break-glass-{stamp}-{i}" for i in range(2, 100)))
+                    if n not in live)
+        doomed = {"bootstrap": [n for n in live if n == BOOTSTRAP_ADMIN_NAME], "all": sorted(live),
+                  "none": []}[revoke]
+        secret = self.issue(name, Role.ADMIN)
+        revoked = [n for n in doomed if self.revoke(n)]
+        return name, secret, revoked
 
     def ensure_admin(self, secret: str | None) -> tuple[str, bool]:
         """Create the first admin token when no live admin token exists.
@@ -249,6 +278,46 @@ def bearer_token(request: Request) -> str | None:
     return token.strip() or None
 
 
+# ---- guards: who may call a route -------------------------------------------------------------
+ACCESS = ("public", "viewer", "operator", "admin", "gateway", "gateway-or-viewer")
+GUARDED_KEY = "controlplane.guarded"  # in the ASGI scope: (guard, principal) once the gate has run it
+G = TypeVar("G", bound=Callable[[Request], Any])
+
+
+def guard(access: str) -> Callable[[G], G]:
+    """Mark a FastAPI dependency ``check(request)`` as a route's guard: who may call the route
+    (``access``, one of :data:`ACCESS`). It returns the caller's :class:`Principal` (None on a public
+    route) or raises :class:`AuthError`. The gate runs it before reading the body; when FastAPI calls it
+    again as the route's dependency, the gate's answer is reused."""
+    if access not in ACCESS:
+        raise ValueError(f"access must be one of {', '.join(ACCESS)}, got {access!r}")
+
+    def mark(check: G) -> G:
+        def guarded(request: Request) -> Any:
+            done = request.scope.get(GUARDED_KEY)
+            if done is not None and done[0] is guarded:
+                return done[1]
+            return check(request)
+
+        guarded.__name__ = getattr(check, "__name__", "guard")
+        guarded.access = access  # type: ignore[attr-defined]
+        return cast(G, guarded)
+
+    return mark
+
+
+def access_of(dependency: object) -> str | None:
+    """The access a guard declares; None for any other callable."""
+    access = getattr(dependency, "access", None)
+    return access if access in ACCESS else None
+
+
+@guard("public")
+def public(request: Request) -> None:
+    """The guard of a route anyone may call (``/health``, the login): ``dependencies=[Depends(public)]``."""
+    return None
+
+
 def require(role: Role) -> Callable[[Request], Principal]:
     """A FastAPI dependency: the caller's :class:`Principal`, or 401 (no valid token) / 403 (role too
     small). A refused mutation (any method but GET, HEAD, OPTIONS) is audited as "denied"."""
@@ -269,7 +338,7 @@ def require(role: Role) -> Callable[[Request], Principal]:
         return principal
 
     dependency.__name__ = f"require_{role.value}"
-    return dependency
+    return guard(role.value)(dependency)
 
 
 def _audit_denied(request: Request, principal: Principal, needed: Role) -> None:

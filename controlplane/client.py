@@ -1,72 +1,108 @@
 """A typed client of the control plane's REST API, used by the CLI and the console.
 
-HTTP and transport errors become :class:`ApiError` here, in one place, with the server's message.
+:class:`ControlPlaneClient` has one method per API call, and every read returns typed records
+(``controlplane.views``, re-exported here), never raw JSON. The plumbing under it (the HTTP connection,
+:class:`ApiError` and :class:`Unreachable`, the one place where transport and HTTP errors become
+ApiError, the decoding of answers) is :mod:`controlplane.connection`, re-exported here too. The console
+imports nothing of the control plane but this module: the records, the errors and the shared vocabulary
+(``controlplane.vocabulary``) all come through it.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import httpx
+from controlplane.connection import DEFAULT_URL, TOKEN_ENV, ApiError, Availability, Connection, Unreachable
+from controlplane.views import (
+    ActiveAlert,
+    ActiveFault,
+    ActiveWindow,
+    Aim,
+    AlertAction,
+    AlertRule,
+    AlertTransition,
+    AuditEntry,
+    AutoscalerPolicy,
+    AutoscalerStatus,
+    BlastRadius,
+    ComparedDrill,
+    ComparedFigure,
+    Decision,
+    DecisionInputs,
+    DrillAbort,
+    DrillCheck,
+    DrillComparison,
+    DrillPlan,
+    DrillProgress,
+    DrillReport,
+    DrillSchedule,
+    DrillStarted,
+    DrillSummary,
+    Event,
+    Experiment,
+    ExperimentStarted,
+    ExperimentSummary,
+    FaultKind,
+    FaultParam,
+    FleetView,
+    GatewayView,
+    Halt,
+    HaltState,
+    Injection,
+    LatencyBreakdown,
+    Login,
+    MetricSummary,
+    PlannedFault,
+    PolicyOutcome,
+    Proposal,
+    Quantiles,
+    ReplicaActivity,
+    ReplicaTail,
+    ReplicaView,
+    Revert,
+    RolloutView,
+    RuleSwitch,
+    Scenario,
+    ScenarioFault,
+    ScheduleRun,
+    ScheduleWindow,
+    Series,
+    SimSlo,
+    SimTimeline,
+    SimulationJob,
+    SimulationProgress,
+    SimulationResult,
+    StageMeans,
+    Trace,
+    UnexpectedAnswer,
+    Windows,
+    as_json,
+    schedule_aim_and_load,
+)
+from controlplane.vocabulary import (
+    AUTOSCALER_METRICS,
+    AUTOSCALER_TARGETS,
+    AZURE_TRACE,
+    DEFAULT_POLICIES,
+    HPA,
+    OURS,
+    STATIC,
+    SYNTHETIC_BURSTY,
+    static_policy,
+)
 
-DEFAULT_URL = "http://127.0.0.1:8080"
-TOKEN_ENV = "CONTROLPLANE_TOKEN"
 
-
-class ApiError(Exception):
-    """A refused or failed API call; ``status`` is None when the server could not be reached."""
-
-    def __init__(self, message: str, *, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass(slots=True, frozen=True)
-class ReplicaView:
-    replica_id: str
-    zone: str
-    url: str
-    state: str
-    model: str
-    pid: int | None
-    generation: int
-
-
-@dataclass(slots=True, frozen=True)
-class FleetView:
-    desired_replicas: int
-    ready_replicas: int
-    model: str
-    generation: int
-    zones: list[str]
-    rollout: dict[str, Any] | None
-    replicas: list[ReplicaView]
-
-
-class ControlPlaneClient:
-    def __init__(self, url: str = DEFAULT_URL, token: str | None = None, *, timeout: float = 10.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
-        token = token or os.environ.get(TOKEN_ENV)
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout, trust_env=False,
-                                  transport=transport)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> ControlPlaneClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+class ControlPlaneClient(Connection):
+    """The control plane's REST API, one typed method per call (the connection: see
+    :class:`~controlplane.connection.Connection`)."""
 
     # ---- fleet ---------------------------------------------------------------------------------
     def fleet(self) -> FleetView:
-        raw = self._call("GET", "/api/v1/fleet")
-        replicas = [ReplicaView(**r) for r in raw.pop("replicas")]
-        return FleetView(replicas=replicas, **raw)
+        return self._one(FleetView, "GET", "/api/v1/fleet")
+
+    def gateways(self) -> list[GatewayView]:
+        return self._many(GatewayView, "GET", "/api/v1/gateways")
 
     def scale(self, replicas: int) -> None:
         self._call("POST", "/api/v1/fleet/scale", json={"replicas": replicas})
@@ -74,304 +110,318 @@ class ControlPlaneClient:
     def restart(self, replica_id: str) -> None:
         self._call("POST", f"/api/v1/fleet/replicas/{replica_id}/restart")
 
-    def rollout(self, model: str) -> dict[str, Any]:
-        return dict(self._call("POST", "/api/v1/fleet/rollout", json={"model": model}))
+    def rollout(self, model: str) -> RolloutView:
+        return self._one(RolloutView, "POST", "/api/v1/fleet/rollout", json={"model": model})
 
     # ---- observability -------------------------------------------------------------------------
-    def events(self, *, since_id: int = 0, kind: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+    def events(self, *, since_id: int = 0, kind: str | None = None, limit: int = 200) -> list[Event]:
         params: dict[str, Any] = {"since_id": since_id, "limit": limit}
         if kind:
             params["kind"] = kind
-        return list(self._call("GET", "/api/v1/events", params=params))
+        return self._many(Event, "GET", "/api/v1/events", params=params)
 
-    def summary(self, scope: str = "fleet") -> dict[str, Any]:
-        return dict(self._call("GET", "/api/v1/metrics/summary", params={"scope": scope}))
+    def summary(self, scope: str = "fleet") -> MetricSummary:
+        return self._one(MetricSummary, "GET", "/api/v1/metrics/summary", params={"scope": scope})
 
-    def slow_traces(self, limit: int = 50) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/api/v1/traces/slow", params={"limit": limit}))
+    def slow_traces(self, limit: int = 50) -> list[Trace]:
+        return self._many(Trace, "GET", "/api/v1/traces/slow", params={"limit": limit})
 
-    def audit(self, limit: int = 200) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/api/v1/audit", params={"limit": limit}))
+    def audit(self, limit: int = 200) -> list[AuditEntry]:
+        return self._many(AuditEntry, "GET", "/api/v1/audit", params={"limit": limit})
 
     def issue_token(self, name: str, role: str, ttl_s: float | None = None) -> str:
         raw = self._call("POST", "/api/v1/tokens", json={"name": name, "role": role, "ttl_s": ttl_s})
         return str(raw["token"])
 
     # ---- chaos ---------------------------------------------------------------------------------
-    def chaos_catalogue(self) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/api/v1/chaos/catalogue"))
+    def chaos_catalogue(self) -> list[FaultKind]:
+        return self._many(FaultKind, "GET", "/api/v1/chaos/catalogue")
 
-    def chaos_faults(self) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/api/v1/chaos/faults"))
+    def chaos_faults(self) -> list[ActiveFault]:
+        return self._many(ActiveFault, "GET", "/api/v1/chaos/faults")
 
     def chaos_inject(self, kind: str, *, duration_s: float, selector: str = "COUNT(1)",
-                     params: dict[str, Any] | None = None, replicas: list[str] | None = None,
-                     zones: list[str] | None = None, allow_all: bool = False,
-                     dry_run: bool = False) -> dict[str, Any]:
-        body = {"kind": kind, "duration_s": duration_s, "selector": selector, "params": params or {},
-                "replicas": replicas or [], "zones": zones or [], "allow_all": allow_all,
+                     params: Mapping[str, Any] | None = None, replicas: Sequence[str] | None = None,
+                     zones: Sequence[str] | None = None, allow_all: bool = False,
+                     dry_run: bool = False) -> Injection:
+        body = {"kind": kind, "duration_s": duration_s, "selector": selector, "params": dict(params or {}),
+                "replicas": list(replicas or []), "zones": list(zones or []), "allow_all": allow_all,
                 "dry_run": dry_run}
-        return dict(self._call("POST", "/api/v1/chaos/faults", json=body))
+        return self._one(Injection, "POST", "/api/v1/chaos/faults", json=body)
 
-    def chaos_revert(self, fault_id: int) -> dict[str, Any]:
-        return dict(self._call("DELETE", f"/api/v1/chaos/faults/{fault_id}"))
+    def chaos_revert(self, fault_id: int) -> Revert:
+        return self._one(Revert, "DELETE", f"/api/v1/chaos/faults/{fault_id}")
 
-    def chaos_halt(self) -> dict[str, Any]:
-        return dict(self._call("POST", "/api/v1/chaos/halt"))
+    def chaos_halt(self) -> Halt:
+        return self._one(Halt, "POST", "/api/v1/chaos/halt")
 
-    def chaos_release(self) -> dict[str, Any]:
-        return dict(self._call("POST", "/api/v1/chaos/release"))
+    def chaos_release(self) -> HaltState:
+        return self._one(HaltState, "POST", "/api/v1/chaos/release")
 
-    def chaos_run_experiment(self, experiment: dict[str, Any], *, dry_run: bool = False,
+    def chaos_run_experiment(self, experiment: Mapping[str, Any], *, dry_run: bool = False,
                              min_ready: int | None = None, max_error_rate: float | None = None,
                              max_p99_ttft_s: float | None = None, check_interval_s: float = 1.0,
-                             rollback_strategy: str = "always") -> dict[str, Any]:
-        """Start an experiment in the control plane: ``{"id", "status"}`` (and ``journal`` for a dry run);
-        follow it with :meth:`chaos_experiment`."""
-        body = {"experiment": experiment, "dry_run": dry_run, "min_ready": min_ready,
+                             rollback_strategy: str = "always") -> ExperimentStarted:
+        """Start an experiment in the control plane (a dry run answers its journal at once); follow it
+        with :meth:`chaos_experiment`."""
+        body = {"experiment": dict(experiment), "dry_run": dry_run, "min_ready": min_ready,
                 "max_error_rate": max_error_rate, "max_p99_ttft_s": max_p99_ttft_s,
                 "check_interval_s": check_interval_s, "rollback_strategy": rollback_strategy}
-        return dict(self._call("POST", "/api/v1/chaos/experiments", json=body))
+        return self._one(ExperimentStarted, "POST", "/api/v1/chaos/experiments", json=body)
 
-    def chaos_experiments(self, limit: int = 50) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/api/v1/chaos/experiments", params={"limit": limit}))
+    def chaos_experiments(self, limit: int = 50) -> list[ExperimentSummary]:
+        return self._many(ExperimentSummary, "GET", "/api/v1/chaos/experiments", params={"limit": limit})
 
-    def chaos_experiment(self, experiment_id: int) -> dict[str, Any]:
-        """One experiment's journal (``status`` is "running" until it ends)."""
-        return dict(self._call("GET", f"/api/v1/chaos/experiments/{experiment_id}"))
+    def chaos_experiment(self, experiment_id: int) -> Experiment:
+        """One experiment with its journal (``status`` is "running" until it ends)."""
+        return self._one(Experiment, "GET", f"/api/v1/chaos/experiments/{experiment_id}")
 
     # ---- autoscaler ----------------------------------------------------------------------------
-    def autoscaler_status(self) -> dict[str, Any]:
-        """Mode (active, observe_only, paused), the last decision record and the configuration."""
-        return dict(self._call("GET", "/api/v1/autoscaler/status"))
+    def autoscaler_status(self) -> AutoscalerStatus:
+        """Mode (active, observe_only, paused), the active window, the last decision and the settings."""
+        return self._one(AutoscalerStatus, "GET", "/api/v1/autoscaler/status")
 
-    def autoscaler_decisions(self, *, since: float | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    def autoscaler_decisions(self, *, since: float | None = None, limit: int = 100) -> list[Decision]:
         """Decision records, newest first; ``since`` in POSIX seconds."""
         params: dict[str, Any] = {"limit": limit}
         if since is not None:
             params["since"] = since
-        return list(self._call("GET", "/api/v1/autoscaler/decisions", params=params))
+        return self._many(Decision, "GET", "/api/v1/autoscaler/decisions", params=params)
 
-    def autoscaler_configure(self, **changes: Any) -> dict[str, Any]:
+    def autoscaler_configure(self, **changes: Any) -> AutoscalerStatus:
         """Change run-time settings: observe_only, min_replicas, max_replicas, tolerance,
-        scale_down_stabilization_s, targets={metric: value}; answers the new status."""
-        return dict(self._call("PUT", "/api/v1/autoscaler/config", json=changes))
+        scale_down_stabilization_s, scale_down_period_s, targets={metric: value} (metrics:
+        ``AUTOSCALER_TARGETS``); answers the new status."""
+        return self._one(AutoscalerStatus, "PUT", "/api/v1/autoscaler/config", json=changes)
 
-    def autoscaler_pause(self) -> dict[str, Any]:
-        return dict(self._call("POST", "/api/v1/autoscaler/pause"))
+    def autoscaler_pause(self) -> str:
+        """Stop deciding until resume; answers the mode."""
+        return str(self._call("POST", "/api/v1/autoscaler/pause")["mode"])
 
-    def autoscaler_resume(self) -> dict[str, Any]:
-        return dict(self._call("POST", "/api/v1/autoscaler/resume"))
+    def autoscaler_resume(self) -> str:
+        return str(self._call("POST", "/api/v1/autoscaler/resume")["mode"])
 
-    def autoscaler_windows(self) -> dict[str, Any]:
-        """The cron windows: ``{"now", "source", "active", "windows": [{name, cron, ..., next_start,
-        next_end, active}]}`` (times in POSIX seconds)."""
-        return dict(self._call("GET", "/api/v1/autoscaler/windows"))
+    def autoscaler_windows(self) -> Windows:
+        """The cron windows with their next start and end (POSIX seconds)."""
+        return self._one(Windows, "GET", "/api/v1/autoscaler/windows")
 
-    def autoscaler_set_windows(self, windows: list[dict[str, Any]]) -> dict[str, Any]:
-        """Replace every cron window (operator); answers as :meth:`autoscaler_windows`."""
-        return dict(self._call("PUT", "/api/v1/autoscaler/windows", json={"windows": windows}))
+    def autoscaler_set_windows(self, windows: Sequence[Mapping[str, Any] | ScheduleWindow]) -> Windows:
+        """Replace every cron window (operator): each as ``[[autoscaler.windows]]`` in the config (a
+        mapping) or a window read before; answers as :meth:`autoscaler_windows`."""
+        body = [w.settings() if isinstance(w, ScheduleWindow) else dict(w) for w in windows]
+        return self._one(Windows, "PUT", "/api/v1/autoscaler/windows", json={"windows": body})
 
     # ---- console: login, latency attribution, charts ---------------------------------------------
-    def login(self, user: str, password: str, ttl_s: float | None = None) -> dict[str, Any]:
-        """A short-lived token of the user's role: ``{"user", "role", "token", "ttl_s"}``."""
+    def login(self, user: str, password: str, ttl_s: float | None = None) -> Login:
+        """A short-lived token of the user's role."""
         body: dict[str, Any] = {"user": user, "password": password}
         if ttl_s is not None:
             body["ttl_s"] = ttl_s
-        return dict(self._call("POST", "/api/v1/auth/login", json=body))
+        return self._one(Login, "POST", "/api/v1/auth/login", json=body)
 
-    def logout(self) -> dict[str, Any]:
-        return dict(self._call("POST", "/api/v1/auth/logout"))
+    def logout(self) -> bool:
+        """Revoke the caller's token; whether it was live."""
+        return bool(self._call("POST", "/api/v1/auth/logout")["revoked"])
 
     def latency_breakdown(self, *, window_s: float = 300.0, scope: str = "fleet", quantile: float = 0.99,
-                          slowest: int = 20) -> dict[str, Any]:
+                          slowest: int = 20) -> LatencyBreakdown:
         params = {"window_s": window_s, "scope": scope, "quantile": quantile, "slowest": slowest}
-        return dict(self._call("GET", "/api/v1/latency/breakdown", params=params))
+        return self._one(LatencyBreakdown, "GET", "/api/v1/latency/breakdown", params=params)
 
     def metrics_range(self, metric: str, *, kind: str = "quantile", q: float | None = None,
                       scope: str = "fleet", by: str = "", minutes: float = 10.0,
-                      step_s: float = 5.0) -> list[dict[str, Any]]:
+                      step_s: float = 5.0) -> list[Series]:
         params: dict[str, Any] = {"metric": metric, "kind": kind, "scope": scope, "by": by,
                                   "minutes": minutes, "step_s": step_s}
         if q is not None:
             params["q"] = q
-        return list(self._call("GET", "/api/v1/metrics/range", params=params))
+        return self._many(Series, "GET", "/api/v1/metrics/range", params=params)
 
-    def replica_activity(self) -> dict[str, dict[str, float | None]]:
-        return dict(self._call("GET", "/api/v1/metrics/replicas"))
-
-    def active_alerts(self) -> list[dict[str, Any]]:
-        """Alerts (pending and firing); ApiError 404 when the control plane has no alerts API."""
-        raw = self._call("GET", "/api/v1/alerts")
-        return list(raw.get("alerts", []) if isinstance(raw, dict) else raw)
+    def replica_activity(self) -> dict[str, ReplicaActivity]:
+        raw = self._call("GET", "/api/v1/metrics/replicas")
+        if not isinstance(raw, dict):
+            raise self._unexpected("/api/v1/metrics/replicas", UnexpectedAnswer("expected an object"))
+        return {rid: self._decode(ReplicaActivity, load, f"replica {rid}") for rid, load in raw.items()}
 
     # ---- alerts --------------------------------------------------------------------------------
-    def alert_rules(self) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/api/v1/alerts/rules"))
+    def active_alerts(self) -> list[ActiveAlert]:
+        """Alerts (pending and firing); ApiError 404 when the control plane has no alerts API."""
+        return self._many(ActiveAlert, "GET", "/api/v1/alerts/active")
+
+    def alert_rules(self) -> list[AlertRule]:
+        return self._many(AlertRule, "GET", "/api/v1/alerts/rules")
 
     def alert_rules_yml(self) -> str:
         """The rules as a Prometheus rule file."""
         return self._text("GET", "/api/v1/alerts/rules.yml")
 
-    def alert_history(self, *, limit: int = 200, rule: str | None = None) -> list[dict[str, Any]]:
+    def alert_history(self, *, limit: int = 200, rule: str | None = None) -> list[AlertTransition]:
         params: dict[str, Any] = {"limit": limit}
         if rule:
             params["rule"] = rule
-        return list(self._call("GET", "/api/v1/alerts/history", params=params))
+        return self._many(AlertTransition, "GET", "/api/v1/alerts/history", params=params)
 
-    def set_alert_rule(self, name: str, *, enabled: bool) -> dict[str, Any]:
-        return dict(self._call("PUT", f"/api/v1/alerts/rules/{name}", json={"enabled": enabled}))
+    def set_alert_rule(self, name: str, *, enabled: bool) -> RuleSwitch:
+        return self._one(RuleSwitch, "PUT", f"/api/v1/alerts/rules/{name}", json={"enabled": enabled})
 
     # ---- drill schedules -----------------------------------------------------------------------
-    def drill_schedules(self) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/api/v1/drills/schedules"))
+    def drill_schedules(self) -> list[DrillSchedule]:
+        return self._many(DrillSchedule, "GET", "/api/v1/drills/schedules")
 
-    def drill_schedule(self, schedule_id: str) -> dict[str, Any]:
-        return dict(self._call("GET", f"/api/v1/drills/schedules/{schedule_id}"))
+    def drill_schedule(self, schedule_id: str) -> DrillSchedule:
+        return self._one(DrillSchedule, "GET", f"/api/v1/drills/schedules/{schedule_id}")
 
     def add_drill_schedule(self, *, name: str, scenario_id: str, cron: str, timezone: str | None = None,
-                           overrides: dict[str, float] | None = None, overlap: str | None = None,
+                           overrides: Mapping[str, float] | None = None, overlap: str | None = None,
                            max_wait_s: float | None = None, misfire_grace_s: float | None = None,
-                           coalesce: bool = True, paused: bool = False, replicas: list[str] | None = None,
-                           zones: list[str] | None = None,
-                           load: dict[str, Any] | None = None) -> dict[str, Any]:
+                           coalesce: bool = True, paused: bool = False, replicas: Sequence[str] | None = None,
+                           zones: Sequence[str] | None = None,
+                           load: Mapping[str, Any] | None = None) -> DrillSchedule:
         """Schedule a drill; ``replicas`` / ``zones`` / ``load`` aim and load it as :meth:`drill_run` does."""
         body: dict[str, Any] = {"name": name, "scenario_id": scenario_id, "cron": cron, "timezone": timezone,
-                                "overrides": overrides or {}, "overlap": overlap, "max_wait_s": max_wait_s,
-                                "misfire_grace_s": misfire_grace_s, "coalesce": coalesce, "paused": paused}
-        return dict(self._call("POST", "/api/v1/drills/schedules", json=_aimed(body, replicas, zones, load)))
+                                "overrides": dict(overrides or {}), "overlap": overlap,
+                                "max_wait_s": max_wait_s, "misfire_grace_s": misfire_grace_s,
+                                "coalesce": coalesce, "paused": paused}
+        return self._one(DrillSchedule, "POST", "/api/v1/drills/schedules",
+                         json=_aimed(body, replicas, zones, load))
 
-    def edit_drill_schedule(self, schedule_id: str, **changes: Any) -> dict[str, Any]:
+    def edit_drill_schedule(self, schedule_id: str, **changes: Any) -> DrillSchedule:
         """Change only the given fields (name, scenario_id, cron, timezone, overrides, overlap, replicas,
         zones, load, ...); ``replicas=[]`` removes the aim, ``load={"kind": "rate"}`` the trace."""
-        return dict(self._call("PATCH", f"/api/v1/drills/schedules/{schedule_id}", json=changes))
+        return self._one(DrillSchedule, "PATCH", f"/api/v1/drills/schedules/{schedule_id}", json=changes)
 
-    def pause_drill_schedule(self, schedule_id: str) -> dict[str, Any]:
-        return dict(self._call("POST", f"/api/v1/drills/schedules/{schedule_id}/pause"))
+    def pause_drill_schedule(self, schedule_id: str) -> DrillSchedule:
+        return self._one(DrillSchedule, "POST", f"/api/v1/drills/schedules/{schedule_id}/pause")
 
-    def resume_drill_schedule(self, schedule_id: str) -> dict[str, Any]:
-        return dict(self._call("POST", f"/api/v1/drills/schedules/{schedule_id}/resume"))
+    def resume_drill_schedule(self, schedule_id: str) -> DrillSchedule:
+        return self._one(DrillSchedule, "POST", f"/api/v1/drills/schedules/{schedule_id}/resume")
 
-    def run_drill_schedule(self, schedule_id: str) -> dict[str, Any]:
+    def run_drill_schedule(self, schedule_id: str) -> DrillSchedule:
         """Fire a schedule now (its cron continues afterwards)."""
-        return dict(self._call("POST", f"/api/v1/drills/schedules/{schedule_id}/run"))
+        return self._one(DrillSchedule, "POST", f"/api/v1/drills/schedules/{schedule_id}/run")
 
     def delete_drill_schedule(self, schedule_id: str) -> None:
         self._call("DELETE", f"/api/v1/drills/schedules/{schedule_id}")
 
-    def drill_schedule_runs(self, schedule_id: str, *, limit: int = 100) -> list[dict[str, Any]]:
-        return list(self._call("GET", f"/api/v1/drills/schedules/{schedule_id}/runs",
-                               params={"limit": limit}))
+    def drill_schedule_runs(self, schedule_id: str, *, limit: int = 100) -> list[ScheduleRun]:
+        return self._many(ScheduleRun, "GET", f"/api/v1/drills/schedules/{schedule_id}/runs",
+                          params={"limit": limit})
 
     # ---- drills --------------------------------------------------------------------------------
-    def drill_scenarios(self) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/api/v1/drills/scenarios"))
+    def drill_scenarios(self) -> list[Scenario]:
+        return self._many(Scenario, "GET", "/api/v1/drills/scenarios")
 
     def drill_run(self, scenario: str, *, rate: float | None = None, duration_s: float | None = None,
                   fault_at_s: float | None = None, max_tokens: int | None = None,
-                  targets: dict[str, float] | None = None, dry_run: bool = False,
-                  capacity_deadline_s: float | None = None, replicas: list[str] | None = None,
-                  zones: list[str] | None = None, load: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Start a drill (its id comes back at once) or, with ``dry_run``, get its plan. ``replicas`` /
-        ``zones`` aim it; ``load`` is ``{"kind": "rate", "rate": R}`` or ``{"kind": "trace", "trace":
-        "azure" | PATH, "compress": X, "token_scale": Y}``."""
-        body: dict[str, Any] = {"scenario": scenario, "rate": rate, "duration_s": duration_s,
-                                "fault_at_s": fault_at_s, "max_tokens": max_tokens, "targets": targets or {},
-                                "dry_run": dry_run}
-        if capacity_deadline_s is not None:
-            body["capacity_deadline_s"] = capacity_deadline_s
-        return dict(self._call("POST", "/api/v1/drills/run", json=_aimed(body, replicas, zones, load)))
+                  targets: Mapping[str, float] | None = None, capacity_deadline_s: float | None = None,
+                  replicas: Sequence[str] | None = None, zones: Sequence[str] | None = None,
+                  load: Mapping[str, Any] | None = None,
+                  steady_state_timeout_s: float | None = None) -> DrillStarted:
+        """Start a drill; its id comes back at once. ``replicas`` / ``zones`` aim it; ``load`` is
+        ``{"kind": "rate", "rate": R}`` or ``{"kind": "trace", "trace": "azure" | PATH, "compress": X,
+        "token_scale": Y}``; ``steady_state_timeout_s``: how long it may wait for the steady state."""
+        body = _drill_body(scenario, rate=rate, duration_s=duration_s, fault_at_s=fault_at_s,
+                           max_tokens=max_tokens, targets=targets, capacity_deadline_s=capacity_deadline_s,
+                           replicas=replicas, zones=zones, load=load)
+        if steady_state_timeout_s is not None:
+            body["steady_state_timeout_s"] = steady_state_timeout_s
+        return self._one(DrillStarted, "POST", "/api/v1/drills/run", json=body)
 
-    def drills(self, limit: int = 50) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/api/v1/drills", params={"limit": limit}))
+    def drill_plan(self, scenario: str, *, rate: float | None = None, duration_s: float | None = None,
+                   fault_at_s: float | None = None, max_tokens: int | None = None,
+                   targets: Mapping[str, float] | None = None, capacity_deadline_s: float | None = None,
+                   replicas: Sequence[str] | None = None, zones: Sequence[str] | None = None,
+                   load: Mapping[str, Any] | None = None) -> DrillPlan:
+        """The dry run of :meth:`drill_run` with the same arguments: what it would hit, and the RTO
+        predicted; nothing changes."""
+        body = _drill_body(scenario, rate=rate, duration_s=duration_s, fault_at_s=fault_at_s,
+                           max_tokens=max_tokens, targets=targets, capacity_deadline_s=capacity_deadline_s,
+                           replicas=replicas, zones=zones, load=load)
+        raw = self._call("POST", "/api/v1/drills/run", json={**body, "dry_run": True})
+        plan = raw.get("plan") if isinstance(raw, dict) else raw
+        return self._decode(DrillPlan, plan, "/api/v1/drills/run")
 
-    def drill(self, drill_id: int) -> dict[str, Any]:
+    def drills(self, limit: int = 50) -> list[DrillSummary]:
+        return self._many(DrillSummary, "GET", "/api/v1/drills", params={"limit": limit})
+
+    def drill(self, drill_id: int) -> DrillReport:
         """The report (with ``progress`` while it runs)."""
-        return dict(self._call("GET", f"/api/v1/drills/{drill_id}"))
+        return self._one(DrillReport, "GET", f"/api/v1/drills/{drill_id}")
 
     def drill_markdown(self, drill_id: int) -> str:
         return self._text("GET", f"/api/v1/drills/{drill_id}/report.md")
 
-    def drill_compare(self, ids: list[int]) -> dict[str, Any]:
-        return dict(self._call("GET", "/api/v1/drills/compare", params={"ids": ",".join(map(str, ids))}))
+    def drill_compare(self, ids: Sequence[int]) -> DrillComparison:
+        return self._one(DrillComparison, "GET", "/api/v1/drills/compare",
+                         params={"ids": ",".join(map(str, ids))})
 
-    def drill_abort(self, drill_id: int) -> dict[str, Any]:
-        return dict(self._call("POST", f"/api/v1/drills/{drill_id}/abort"))
+    def drill_abort(self, drill_id: int) -> DrillAbort:
+        return self._one(DrillAbort, "POST", f"/api/v1/drills/{drill_id}/abort")
 
     # ---- what-if simulator ---------------------------------------------------------------------
-    def simulate(self, *, trace: str = "synthetic-bursty", policies: list[str] | None = None,
-                 requests: list[dict[str, Any]] | None = None, timeout: float = 120.0,
-                 **options: Any) -> dict[str, Any]:
+    def simulate(self, *, trace: str = SYNTHETIC_BURSTY, policies: Sequence[str] | None = None,
+                 requests: Sequence[Mapping[str, Any]] | None = None, timeout: float = 120.0,
+                 **options: Any) -> SimulationResult:
         """Run policies on a trace in the fleet simulator (operator); options as in ``POST /api/v1/simulate``
         (compress, token_scale, duration_s, seed, ttft_slo_s, tpot_slo_s, max_replicas, crashes)."""
         body = _simulation(trace, policies, requests, options)
-        return dict(self._call("POST", "/api/v1/simulate", json=body, timeout=timeout))
+        return self._one(SimulationResult, "POST", "/api/v1/simulate", json=body, timeout=timeout)
 
-    def start_simulation(self, *, trace: str = "synthetic-bursty", policies: list[str] | None = None,
-                         requests: list[dict[str, Any]] | None = None, **options: Any) -> dict[str, Any]:
-        """Start the same run as ``simulate`` as a background job (operator); returns the job (``id``,
-        ``status``, ``progress``) at once; follow it with ``simulation(id)``."""
+    def start_simulation(self, *, trace: str = SYNTHETIC_BURSTY, policies: Sequence[str] | None = None,
+                         requests: Sequence[Mapping[str, Any]] | None = None,
+                         **options: Any) -> SimulationJob:
+        """Start the same run as ``simulate`` as a background job (operator); the job (``id``, ``status``,
+        ``progress``) comes back at once; follow it with ``simulation(id)``."""
         body = _simulation(trace, policies, requests, options)
-        return dict(self._call("POST", "/api/v1/simulations", json=body))
+        return self._one(SimulationJob, "POST", "/api/v1/simulations", json=body)
 
-    def simulation(self, simulation_id: int) -> dict[str, Any]:
+    def simulation(self, simulation_id: int) -> SimulationJob:
         """A job: status running | done | error | interrupted, progress, ``result`` when done."""
-        return dict(self._call("GET", f"/api/v1/simulations/{simulation_id}"))
+        return self._one(SimulationJob, "GET", f"/api/v1/simulations/{simulation_id}")
 
-    def simulations(self, limit: int = 20) -> list[dict[str, Any]]:
+    def simulations(self, limit: int = 20) -> list[SimulationJob]:
         """The recent jobs, newest first, without their results."""
-        return list(self._call("GET", "/api/v1/simulations", params={"limit": limit}))
-
-    # ---- transport -----------------------------------------------------------------------------
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise ApiError(f"cannot reach the control plane at {self._http.base_url}: {exc}") from exc
-        if response.status_code >= 400:
-            raise ApiError(_message(response), status=response.status_code)
-        return response.json()
-
-    def _text(self, method: str, path: str, **kwargs: Any) -> str:
-        """Like ``_call`` for endpoints that answer plain text (the Prometheus rule file)."""
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise ApiError(f"cannot reach the control plane at {self._http.base_url}: {exc}") from exc
-        if response.status_code >= 400:
-            raise ApiError(_message(response), status=response.status_code)
-        return response.text
+        return self._many(SimulationJob, "GET", "/api/v1/simulations", params={"limit": limit})
 
 
-def _message(response: httpx.Response) -> str:
-    try:
-        error = response.json().get("error", {})
-        message = error.get("message") if isinstance(error, dict) else None
-    except ValueError:
-        message = None
-    return f"HTTP {response.status_code}: {message or response.text[:200]}"
-
-
-def _aimed(body: dict[str, Any], replicas: list[str] | None, zones: list[str] | None,
-           load: dict[str, Any] | None) -> dict[str, Any]:
+def _aimed(body: dict[str, Any], replicas: Sequence[str] | None, zones: Sequence[str] | None,
+           load: Mapping[str, Any] | None) -> dict[str, Any]:
     """A drill run's or schedule's body with its aim and load, where given."""
-    return {**body, **{k: v for k, v in (("replicas", replicas), ("zones", zones), ("load", load)) if v}}
+    given = (("replicas", list(replicas or [])), ("zones", list(zones or [])), ("load", dict(load or {})))
+    return {**body, **{k: v for k, v in given if v}}
 
 
-def _simulation(trace: str, policies: list[str] | None, requests: list[dict[str, Any]] | None,
+def _drill_body(scenario: str, *, rate: float | None, duration_s: float | None, fault_at_s: float | None,
+                max_tokens: int | None, targets: Mapping[str, float] | None,
+                capacity_deadline_s: float | None, replicas: Sequence[str] | None,
+                zones: Sequence[str] | None, load: Mapping[str, Any] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"scenario": scenario, "rate": rate, "duration_s": duration_s,
+                            "fault_at_s": fault_at_s, "max_tokens": max_tokens,
+                            "targets": dict(targets or {})}
+    if capacity_deadline_s is not None:
+        body["capacity_deadline_s"] = capacity_deadline_s
+    return _aimed(body, replicas, zones, load)
+
+
+def _simulation(trace: str, policies: Sequence[str] | None, requests: Sequence[Mapping[str, Any]] | None,
                 options: dict[str, Any]) -> dict[str, Any]:
     """The body of a what-if run, synchronous or as a job."""
-    return {"trace": trace, "policies": policies or ["ours", "hpa"], "requests": requests or [], **options}
+    return {"trace": trace, "policies": list(policies or DEFAULT_POLICIES),
+            "requests": [dict(r) for r in requests or []], **options}
 
 
-def schedule_aim_and_load(overrides: dict[str, Any]) -> str:
-    """A drill schedule's aim and load (from its ``overrides``) in a few words, for the CLI and the console:
-    ``az-b-1; trace azure x2``, ``busiest; rate 2/s``."""
-    aim = ", ".join([*overrides.get("replicas", []), *overrides.get("zones", [])]) or "busiest at t0"
-    load = overrides.get("load") or {}
-    if load.get("kind") == "trace":
-        text = f"trace {load.get('trace')} x{load.get('compress', 1):g}"
-    else:
-        rate = load.get("rate", overrides.get("rate"))
-        text = "scenario's rate" if rate is None else f"rate {rate:g}/s"
-    return f"{aim}; {text}"
+__all__ = [
+    "AUTOSCALER_METRICS", "AUTOSCALER_TARGETS", "AZURE_TRACE", "DEFAULT_POLICIES", "DEFAULT_URL", "HPA",
+    "OURS", "STATIC", "SYNTHETIC_BURSTY", "TOKEN_ENV", "ActiveAlert", "ActiveFault", "ActiveWindow", "Aim",
+    "AlertAction", "AlertRule", "AlertTransition", "ApiError", "AuditEntry", "AutoscalerPolicy",
+    "AutoscalerStatus", "Availability", "BlastRadius", "ComparedDrill", "ComparedFigure",
+    "ControlPlaneClient", "Decision", "DecisionInputs", "DrillAbort", "DrillCheck", "DrillComparison",
+    "DrillPlan", "DrillProgress", "DrillReport", "DrillSchedule", "DrillStarted", "DrillSummary", "Event",
+    "Experiment", "ExperimentStarted", "ExperimentSummary", "FaultKind", "FaultParam", "FleetView",
+    "GatewayView", "Halt", "HaltState", "Injection", "LatencyBreakdown", "Login", "MetricSummary",
+    "PlannedFault", "PolicyOutcome", "Proposal", "Quantiles", "ReplicaActivity", "ReplicaTail",
+    "ReplicaView", "Revert", "RolloutView", "RuleSwitch", "Scenario", "ScenarioFault", "ScheduleRun",
+    "ScheduleWindow", "Series", "SimSlo", "SimTimeline", "SimulationJob", "SimulationProgress",
+    "SimulationResult", "StageMeans", "Trace", "Unreachable", "Windows", "as_json", "schedule_aim_and_load",
+    "static_policy",
+]

@@ -16,19 +16,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaos.egress import parse_entry
 from controlplane.alerts.config import AlertsConfig, alerts_problems
 from controlplane.autoscale.checks import autoscaler_problems
 from controlplane.autoscale.config import AutoscalerConfig
 from controlplane.drills.config import DrillsConfig, drills_problems
+from controlplane.errors import Refused
 from controlplane.fleet.config import FleetConfig, fleet_problems
 from controlplane.gateway.config import GatewayConfig, gateway_problems
+from controlplane.store.config import RetentionConfig, retention_problems
 from controlplane.telemetry.config import PrometheusConfig, TelemetryConfig, telemetry_problems
 
 STATE_DIR_ENV = "LLMSRE_STATE_DIR"
 
 
-class ConfigError(ValueError):
+class ConfigError(Refused, ValueError):
     """A bad configuration; the message names the file, the key and the reason."""
+
+
+@dataclass(slots=True)
+class LoginLimits:
+    """Backoff for ``POST /api/v1/auth/login`` (``[api.login]``): after ``*_free_failures`` failed logins
+    for one user name, or from one client address, each further attempt waits ``backoff_s``, doubled per
+    failure up to ``max_backoff_s`` (429 with Retry-After). A failure is forgotten ``max_backoff_s`` after
+    the last one; at most ``max_tracked`` names and as many addresses are remembered (the least recent go).
+    The console logs its users in from one address, so the client's allowance is the larger one."""
+
+    user_free_failures: int = 5
+    client_free_failures: int = 20
+    backoff_s: float = 1.0
+    max_backoff_s: float = 300.0
+    max_tracked: int = 10_000
 
 
 @dataclass(slots=True)
@@ -37,6 +55,10 @@ class ApiConfig:
     port: int = 8080
     # The first admin token; empty: read $CONTROLPLANE_ADMIN_TOKEN, else generate one and print it once.
     admin_token: str = ""
+    # Larger request bodies get 413, from Content-Length before reading (and while reading a chunked one);
+    # after the token check. 4 MiB holds the largest legitimate body (an inline simulation trace).
+    max_body_bytes: int = 4 << 20
+    login: LoginLimits = field(default_factory=LoginLimits)
 
 
 @dataclass(slots=True)
@@ -55,6 +77,15 @@ class ConsoleConfig:
 
 
 @dataclass(slots=True)
+class ChaosConfig:
+    """Experiments the control plane runs for its operators (``POST /api/v1/chaos/experiments``)."""
+
+    # Hosts (``host`` or ``host:port``) their http providers may reach besides the control plane's own
+    # listeners and its replicas; nothing else is requested (see the README's Security section).
+    experiment_hosts: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class Config:
     state_dir: str = ""  # empty: $LLMSRE_STATE_DIR, else ~/.local/state/llm-sre
     api: ApiConfig = field(default_factory=ApiConfig)
@@ -66,6 +97,8 @@ class Config:
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     drills: DrillsConfig = field(default_factory=DrillsConfig)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
+    chaos: ChaosConfig = field(default_factory=ChaosConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
     @property
     def state_path(self) -> Path:
@@ -78,7 +111,9 @@ class Config:
     def listener_ports(self) -> frozenset[int]:
         """The ports the control plane's own servers bind; replica ports are chosen around them (a replica
         spawned before the gateway binds would otherwise take the gateway's port)."""
-        return frozenset({self.api.port, self.gateway.port, self.prometheus.port, self.console.port})
+        gw = self.gateway
+        admin = range(gw.admin_port, gw.admin_port + gw.processes) if gw.admin_port else range(0)
+        return frozenset({self.api.port, gw.port, self.prometheus.port, self.console.port, *admin})
 
 
 def validate(config: Config) -> list[tuple[str, str]]:
@@ -87,6 +122,7 @@ def validate(config: Config) -> list[tuple[str, str]]:
     for section, cfg in (("api", config.api), ("console", config.console)):
         if not 0 < cfg.port < 65536:
             problems.append((f"{section}.port", f"must be a TCP port, got {cfg.port}"))
+    problems.extend(api_problems(config.api))
     if not 2 <= config.console.refresh_s <= 60:
         problems.append(("console.refresh_s", "must be in [2, 60]"))
     if not 60 <= config.console.session_ttl_s <= 12 * 3600:
@@ -97,6 +133,25 @@ def validate(config: Config) -> list[tuple[str, str]]:
     problems.extend(autoscaler_problems(config.autoscaler))
     problems.extend(alerts_problems(config.alerts))
     problems.extend(drills_problems(config.drills))
+    problems.extend(retention_problems(config.retention))
+    for i, host in enumerate(config.chaos.experiment_hosts):
+        try:
+            parse_entry(host)
+        except ValueError as exc:
+            problems.append((f"chaos.experiment_hosts[{i}]", str(exc)))
+    return problems
+
+
+def api_problems(api: ApiConfig) -> list[tuple[str, str]]:
+    problems = []
+    if not 1024 <= api.max_body_bytes <= 1 << 30:
+        problems.append(("api.max_body_bytes", "must be in [1024, 1073741824]"))
+    login = api.login
+    for name in ("user_free_failures", "client_free_failures", "max_tracked"):
+        if getattr(login, name) < 1:
+            problems.append((f"api.login.{name}", "must be >= 1"))
+    if not 0 < login.backoff_s <= login.max_backoff_s:
+        problems.append(("api.login.backoff_s", "must be > 0 and <= max_backoff_s"))
     return problems
 
 

@@ -27,8 +27,10 @@ Adding a page (say Drills)
    from a callback on the refresh clock (``dashboards.figures.progress`` draws the bar). The page stays
    responsive and the work survives a closed browser. (Dash's background callbacks would need the
    ``multiprocess`` package, which is not installed.)
-7. Need a new API call? Add a method to ``controlplane.client.ControlPlaneClient``; never import other
-   ``controlplane`` modules here (``tests/test_layers.py``).
+7. Need a new API call? Add a method to ``controlplane.client.ControlPlaneClient`` that returns a typed
+   record (``controlplane.views``, re-exported by the client); pages read attributes, never JSON keys.
+   Words shared with the control plane (trace and policy names, the autoscaler's target keys) come from
+   the client too. Never import other ``controlplane`` modules here (``tests/test_layers.py``).
 8. Add the page to ``PAGES`` in ``tests/dashboards/test_console.py`` (its path and a CSS selector that
    shows once it has rendered), so the browser test visits it, screenshots it and fails on any browser
    console error; test its behaviour there with the module's running control plane.

@@ -1,8 +1,9 @@
 """``python -m dashboards --api URL``: serve the console (started by ``controlplane up``).
 
 The session secret comes from ``$CONTROLPLANE_CONSOLE_SECRET`` (a random one when unset). The console
-exits when the process that started it goes away, so a control plane killed with -9 leaves no console
-holding the port.
+outlives the process that started it: when a control plane is killed with -9, its users keep the last
+data with a banner that says the control plane is gone, and the next ``controlplane up`` adopts this
+console (``controlplane.console``) and stops it with the rest at Ctrl-C. SIGTERM or SIGINT stops it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import secrets
 import signal
 import sys
 import threading
-import time
 
 from werkzeug.serving import make_server
 
@@ -54,7 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    threading.Thread(target=_watch_parent, args=(os.getppid(), stop), daemon=True).start()
     worker = threading.Thread(target=server.serve_forever, name="console-http", daemon=True)
     worker.start()
     log.info("console on http://%s:%s for the control plane at %s", args.host, args.port, args.api)
@@ -62,14 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     server.shutdown()
     log.info("console stopped")
     return 0
-
-
-def _watch_parent(parent: int, stop: threading.Event) -> None:
-    while not stop.is_set():
-        if os.getppid() != parent:
-            log.warning("the process that started the console is gone: stopping")
-            stop.set()
-        time.sleep(1.0)
 
 
 if __name__ == "__main__":

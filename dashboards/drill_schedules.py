@@ -9,19 +9,19 @@ from typing import Any
 import dash
 from dash import ALL, Input, Output, State, ctx, dcc, html
 
-from controlplane.client import ApiError, schedule_aim_and_load
+from controlplane.client import AZURE_TRACE, ApiError, Scenario
 from dashboards import figures, session
 from dashboards.figures import number_input, scenario_options
 from dashboards.shell import REFRESH
 
-TRACE_DEFAULT = "azure"  # the control plane's $CONTROLPLANE_AZURE_TRACE or ../shared/data copy
+TRACE_DEFAULT = AZURE_TRACE  # the trace shipped with the control plane (or its $CONTROLPLANE_AZURE_TRACE)
 SCHEDULE_OVERRIDES = ("rate", "duration_s", "fault_at_s", "max_tokens")
 SCHEDULE_AIM = ("drills-sched-replica", "drills-sched-trace", "drills-sched-compress")  # (replica, trace, x)
 
 
 # ---- schedules ------------------------------------------------------------------------------------
-def schedule_form(scenarios: list[dict[str, Any]], fleet: list[tuple[str, str]], operate: bool) -> html.Div:
-    first = scenarios[0]["id"] if scenarios else None
+def schedule_form(scenarios: list[Scenario], fleet: list[tuple[str, str]], operate: bool) -> html.Div:
+    first = scenarios[0].id if scenarios else None
     return html.Div(
         [
             html.Div(className="form-row", children=[
@@ -73,24 +73,23 @@ def schedules(*_: Any) -> tuple[Any, Any]:
     rows: list[Any] = [html.Tr([html.Th(h) for h in ("name", "scenario", "cron", "overrides", "aim; load",
                                                      "next run", "created by", "")])]
     for s in found:
-        numbers = {k: v for k, v in (s.get("overrides") or {}).items() if isinstance(v, int | float)}
+        numbers = {k: v for k, v in s.overrides.items() if isinstance(v, int | float)}
         overrides = ", ".join(f"{k}={v:g}" for k, v in numbers.items()) or "–"
-        aim = schedule_aim_and_load(s.get("overrides") or {})
-        buttons = [html.Button(label, id={"type": "drills-sched-act", "index": f"{verb}:{s['id']}"},
+        buttons = [html.Button(label, id={"type": "drills-sched-act", "index": f"{verb}:{s.id}"},
                                n_clicks=0, className="btn btn-small", disabled=not operate)
-                   for verb, label in (("resume", "Resume") if s.get("paused") else ("pause", "Pause"),
+                   for verb, label in (("resume", "Resume") if s.paused else ("pause", "Pause"),
                                        ("delete", "Delete"))]
         rows.append(html.Tr(
-            [html.Td(s["name"]), html.Td(s["scenario_id"]), html.Td(f"{s['cron']} ({s.get('timezone')})"),
-             html.Td(overrides), html.Td(aim, className="schedule-aim"),
-             html.Td("paused" if s.get("paused") else str(s.get("next_run_time"))),
-             html.Td(str(s.get("created_by", ""))), html.Td(buttons)],
+            [html.Td(s.name), html.Td(s.scenario_id), html.Td(f"{s.cron} ({s.timezone})"),
+             html.Td(overrides), html.Td(s.aim_and_load, className="schedule-aim"),
+             html.Td("paused" if s.paused else str(s.next_run_time)),
+             html.Td(s.created_by), html.Td(buttons)],
             className="schedule-row",
-            **figures.data_attrs(name=s["name"], paused=str(bool(s.get("paused"))).lower(), aim=aim),
+            **figures.data_attrs(name=s.name, paused=str(s.paused).lower(), aim=s.aim_and_load),
         ))
     if not found:
         rows.append(html.Tr(html.Td("no schedule", id="drills-no-schedule")))
-    return rows, [{"label": s["name"], "value": s["id"]} for s in found]
+    return rows, [{"label": s.name, "value": s.id} for s in found]
 
 
 @dash.callback(
@@ -109,10 +108,10 @@ def pick(schedule_id: str | None) -> tuple[Any, ...]:
         s = session.client().drill_schedule(schedule_id)
     except ApiError:
         return (dash.no_update,) * (3 + len(SCHEDULE_OVERRIDES) + len(SCHEDULE_AIM))
-    overrides = s.get("overrides") or {}
+    overrides = s.overrides
     load = overrides.get("load") or {}
     trace = [load["trace"]] if load.get("kind") == "trace" else []
-    return (s["name"], s["scenario_id"], s["cron"], *[overrides.get(n) for n in SCHEDULE_OVERRIDES],
+    return (s.name, s.scenario_id, s.cron, *[overrides.get(n) for n in SCHEDULE_OVERRIDES],
             (overrides.get("replicas") or [None])[0], trace, load.get("compress"))
 
 
@@ -146,7 +145,7 @@ def schedule_action(_create: int, _save: int, acts: list[int | None], picked: st
                 return f"schedule {schedule_id} deleted"
             change = api.pause_drill_schedule if verb == "pause" else api.resume_drill_schedule
             changed = change(schedule_id)
-            return f"schedule {changed['name']}: {'paused' if changed.get('paused') else 'resumed'}"
+            return f"schedule {changed.name}: {'paused' if changed.paused else 'resumed'}"
         if not name or not scenario_id or not cron:
             return "give a name, a scenario and a cron expression"
         if trigger == "drills-sched-save":
@@ -154,12 +153,12 @@ def schedule_action(_create: int, _save: int, acts: list[int | None], picked: st
                 return "pick the schedule to edit"
             edited = api.edit_drill_schedule(picked, name=name, scenario_id=scenario_id, cron=cron,
                                              overrides=overrides, **aim)
-            return f"schedule {edited['name']} saved; next run {edited.get('next_run_time') or 'paused'}"
+            return f"schedule {edited.name} saved; next run {edited.next_run_time or 'paused'}"
         created = api.add_drill_schedule(name=name, scenario_id=scenario_id, cron=cron, overrides=overrides,
                                          **aim)
     except ApiError as exc:
         return html.Span(f"refused: {exc}", className="notice")
-    return f"schedule {created['name']} created; next run {created.get('next_run_time')}"
+    return f"schedule {created.name} created; next run {created.next_run_time}"
 
 
 def _schedule_aim(replica: str | None, trace: list[str] | None, compress: float | None) -> dict[str, Any]:

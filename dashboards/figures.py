@@ -8,6 +8,15 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from controlplane.client import (
+    Decision,
+    DrillReport,
+    LatencyBreakdown,
+    Scenario,
+    SimulationResult,
+    StageMeans,
+)
+
 STAGES = ("gateway", "queue", "prefill", "decode", "serialization")
 STAGE_COLORS = {
     "gateway": "#64748b",
@@ -73,7 +82,7 @@ def time_series(
     return base_layout(fig, title, height=height)
 
 
-def breakdown_bars(breakdown: Mapping[str, Any]) -> go.Figure:
+def breakdown_bars(breakdown: LatencyBreakdown) -> go.Figure:
     """Two horizontal stacked bars: where the time of tail requests and of typical requests goes (ms)."""
     title = "Where the time goes (mean per stage, ms)"
     rows = _breakdown_rows(breakdown)
@@ -84,7 +93,7 @@ def breakdown_bars(breakdown: Mapping[str, Any]) -> go.Figure:
         fig.add_trace(
             go.Bar(
                 y=[label for label, _ in rows],
-                x=[g["stages_s"][stage] * 1000 for _, g in rows],
+                x=[g.stages_s[stage] * 1000 for _, g in rows],
                 name=stage,
                 orientation="h",
                 marker_color=STAGE_COLORS[stage],
@@ -96,20 +105,19 @@ def breakdown_bars(breakdown: Mapping[str, Any]) -> go.Figure:
     return base_layout(fig, title, height=280).update_layout(legend={"y": -0.45})
 
 
-def _breakdown_rows(breakdown: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    q = breakdown.get("quantile", 0.99)
+def _breakdown_rows(breakdown: LatencyBreakdown) -> list[tuple[str, StageMeans]]:
     rows = []
-    if breakdown.get("median"):
-        rows.append((f"P50 typical (n={breakdown['median']['count']})", breakdown["median"]))
-    if breakdown.get("tail"):
-        rows.append((f"P{percent(q)} tail (n={breakdown['tail']['count']})", breakdown["tail"]))
+    if breakdown.median:
+        rows.append((f"P50 typical (n={breakdown.median.count})", breakdown.median))
+    if breakdown.tail:
+        rows.append((f"P{percent(breakdown.quantile)} tail (n={breakdown.tail.count})", breakdown.tail))
     return rows
 
 
-def replica_comparison(breakdown: Mapping[str, Any]) -> go.Figure:
+def replica_comparison(breakdown: LatencyBreakdown) -> go.Figure:
     """Per replica: the mean stage times of its own tail requests, stacked."""
-    title = f"Per replica: P{percent(breakdown.get('quantile', 0.99))} tail by stage (ms)"
-    replicas = {rid: v["tail"] for rid, v in (breakdown.get("by_replica") or {}).items() if v.get("tail")}
+    title = f"Per replica: P{percent(breakdown.quantile)} tail by stage (ms)"
+    replicas = {rid: v.tail for rid, v in breakdown.by_replica.items() if v.tail}
     if not replicas:
         return empty(title, "no traces in this window and scope")
     fig = go.Figure()
@@ -117,7 +125,7 @@ def replica_comparison(breakdown: Mapping[str, Any]) -> go.Figure:
         fig.add_trace(
             go.Bar(
                 x=list(replicas),
-                y=[g["stages_s"][stage] * 1000 for g in replicas.values()],
+                y=[g.stages_s[stage] * 1000 for g in replicas.values()],
                 name=stage,
                 marker_color=STAGE_COLORS[stage],
             )
@@ -167,30 +175,29 @@ def progress(fraction: float | None, label: str = "") -> Any:
 
 
 # ---- autoscaler, simulator, drills (console part 2) ---------------------------------------------------
-def autoscaler_timeline(decisions: Sequence[Mapping[str, Any]]) -> go.Figure:
+def autoscaler_timeline(decisions: Sequence[Decision]) -> go.Figure:
     """Replicas (current and decided) against load (request rate, demand) over time, from decision
     records; a marker on every tick whose decision differs from the current count (filled: applied,
     hollow: observe-only or not applied)."""
     title = "Replicas vs load (autoscaler decisions)"
-    records = sorted((d for d in decisions if d.get("at") is not None), key=lambda d: float(d["at"]))
+    records = sorted(decisions, key=lambda d: d.at)
     if not records:
         return empty(title, "no decision recorded yet", height=320)
-    xs = [_utc(float(d["at"])) for d in records]
-    inputs = [d.get("inputs") or {} for d in records]
+    xs = [_utc(d.at) for d in records]
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=xs, y=[i.get("request_rate") for i in inputs], name="load (req/s)",
+    fig.add_trace(go.Scatter(x=xs, y=[d.inputs.request_rate for d in records], name="load (req/s)",
                              mode="lines", line={"color": "#94a3b8"}, yaxis="y2"))
-    fig.add_trace(go.Scatter(x=xs, y=[i.get("demand") for i in inputs], name="offered load (engine s/s)",
+    fig.add_trace(go.Scatter(x=xs, y=[d.inputs.demand for d in records], name="offered load (engine s/s)",
                              mode="lines", line={"color": "#f59e0b", "dash": "dot"}, yaxis="y2"))
-    fig.add_trace(go.Scatter(x=xs, y=[i.get("current") for i in inputs], name="replicas (current)",
+    fig.add_trace(go.Scatter(x=xs, y=[d.inputs.current for d in records], name="replicas (current)",
                              mode="lines", line={"shape": "hv", "color": "#2563eb"}))
-    fig.add_trace(go.Scatter(x=xs, y=[d.get("final") for d in records], name="replicas (decided)",
+    fig.add_trace(go.Scatter(x=xs, y=[d.final for d in records], name="replicas (decided)",
                              mode="lines", line={"shape": "hv", "color": "#16a34a", "dash": "dash"}))
-    changes = [d for d in records if d.get("final") != (d.get("inputs") or {}).get("current")]
+    changes = [d for d in records if d.final != d.inputs.current]
     for applied in (True, False):
-        picked = [d for d in changes if bool(d.get("applied")) == applied]
+        picked = [d for d in changes if d.applied == applied]
         fig.add_trace(go.Scatter(
-            x=[_utc(float(d["at"])) for d in picked], y=[d.get("final") for d in picked],
+            x=[_utc(d.at) for d in picked], y=[d.final for d in picked],
             mode="markers", name="scale decision (applied)" if applied else "scale decision (not applied)",
             marker={"size": 11, "symbol": "diamond" if applied else "diamond-open", "color": "#dc2626"},
             text=[decision_reason(d) for d in picked], hovertemplate="%{text}<extra></extra>"))
@@ -200,29 +207,26 @@ def autoscaler_timeline(decisions: Sequence[Mapping[str, Any]]) -> go.Figure:
     return base_layout(fig, title, height=320)
 
 
-def decision_reason(decision: Mapping[str, Any]) -> str:
+def decision_reason(decision: Decision) -> str:
     """One line: each proposal with its reason, then the clamps, then what happened."""
-    parts = [f"{p.get('source')} -> {p.get('replicas')}: {p.get('reason')}"
-             for p in decision.get("proposals") or []]
-    parts += [f"clamp: {c}" for c in decision.get("clamps") or []]
-    parts.append(f"final {decision.get('final')} ({decision.get('outcome') or ''})")
+    parts = [f"{p.source} -> {p.replicas}: {p.reason}" for p in decision.proposals]
+    parts += [f"clamp: {c}" for c in decision.clamps]
+    parts.append(f"final {decision.final} ({decision.outcome})")
     return "; ".join(parts)
 
 
-def simulation_timeline(result: Mapping[str, Any]) -> go.Figure:
+def simulation_timeline(result: SimulationResult | None) -> go.Figure:
     """What-if: each policy's replicas over simulated time against the trace's load."""
     title = "What-if: replicas per policy vs load"
-    policies = list(result.get("policies") or [])
-    if not policies:
+    if result is None or not result.policies:
         return empty(title, "run a simulation", height=320)
     fig = go.Figure()
-    first = policies[0].get("timeline") or {}
-    fig.add_trace(go.Scatter(x=first.get("at", []), y=first.get("load_rps", []), name="load (req/s)",
+    first = result.policies[0].timeline
+    fig.add_trace(go.Scatter(x=list(first.at), y=list(first.load_rps), name="load (req/s)",
                              mode="lines", line={"color": "#94a3b8"}, yaxis="y2"))
-    for p in policies:
-        tl = p.get("timeline") or {}
-        fig.add_trace(go.Scatter(x=tl.get("at", []), y=tl.get("replicas", []),
-                                 name=f"{p.get('policy')} replicas", mode="lines", line={"shape": "hv"}))
+    for p in result.policies:
+        fig.add_trace(go.Scatter(x=list(p.timeline.at), y=list(p.timeline.replicas),
+                                 name=f"{p.policy} replicas", mode="lines", line={"shape": "hv"}))
     fig.update_layout(xaxis={"title": {"text": "simulated seconds"}},
                       yaxis={"title": {"text": "replicas"}, "rangemode": "tozero"},
                       yaxis2={"title": {"text": "req/s"}, "overlaying": "y", "side": "right",
@@ -233,12 +237,11 @@ def simulation_timeline(result: Mapping[str, Any]) -> go.Figure:
 DRILL_MARKERS = ("t_detect", "t_switch", "t_first_ok", "t_slo", "t_capacity")
 
 
-def drill_timeline(report: Mapping[str, Any]) -> go.Figure:
+def drill_timeline(report: DrillReport | None) -> go.Figure:
     """The drill's client timeline against seconds after t0: load sent, errors, P99 TTFT and ready
     replicas, with a vertical line at t0 and at each measured t_* (from the report's series)."""
-    title = (f"Drill {report.get('id')}: {report.get('scenario')} ({report.get('status')})"
-             if report.get("id") is not None else "Drill timeline")
-    series = report.get("timeline") or {}
+    title = f"Drill {report.id}: {report.scenario} ({report.status})" if report else "Drill timeline"
+    series = report.timeline if report else {}
     ts = list(series.get("t") or [])
     if not ts:
         return empty(title, "the timeline comes with the report", height=360)
@@ -252,7 +255,7 @@ def drill_timeline(report: Mapping[str, Any]) -> go.Figure:
                              connectgaps=True))
     fig.add_trace(go.Scatter(x=[p[0] for p in ready], y=[p[1] for p in ready], name="ready replicas",
                              mode="lines", line={"shape": "hv", "color": "#16a34a"}, yaxis="y3"))
-    figures = report.get("figures") or {}
+    figures = report.figures if report else {}
     marks = {"t0": 0.0, **{m: figures.get(m) for m in DRILL_MARKERS}}
     for name, x in marks.items():
         if x is None:
@@ -283,6 +286,6 @@ def number_input(cid: str, label: str, value: Any, operate: bool, width: str = "
                                                   disabled=not operate, style={"width": width})])
 
 
-def scenario_options(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def scenario_options(scenarios: list[Scenario]) -> list[dict[str, Any]]:
     """Drill scenarios as dropdown options."""
-    return [{"label": f"{s['id']}: {s.get('title', '')}", "value": s["id"]} for s in scenarios]
+    return [{"label": f"{s.id}: {s.title}", "value": s.id} for s in scenarios]

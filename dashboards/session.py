@@ -13,15 +13,18 @@ live session to the login page.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import html
 import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+import dash
 import flask
 
 from controlplane.client import ApiError, ControlPlaneClient
@@ -95,6 +98,53 @@ def current() -> Session | None:
     """The session of the request being served (pages and callbacks run inside one)."""
     sessions: SessionStore = flask.current_app.config["CONSOLE_SESSIONS"]
     return sessions.get(flask.session.get("sid"))
+
+
+# ---- when the control plane is gone ------------------------------------------------------------
+REFRESH = "refresh"  # the dcc.Interval every live panel listens to (``dashboards.shell``)
+_REPORTING: contextvars.ContextVar[bool] = contextvars.ContextVar("reporting_outage", default=False)
+
+
+class Outage:
+    """Whether the control plane answers, as this console's calls find it (every session's client tells
+    it). While it does not, a live refresh changes nothing on the page: every panel keeps the last data it
+    showed, and only the banner (:meth:`reporting`) says since when the control plane is gone. A user's
+    own action (a button) still gets the error, so nothing looks done that was not."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.since: float | None = None  # when calls started finding nobody
+        self.last_answer: float | None = None
+        self.error = ""
+
+    def answered(self) -> None:
+        self.since, self.last_answer = None, self.clock()
+
+    def unreachable(self, error: ApiError) -> None:
+        if self.since is None:
+            self.since = self.clock()
+        self.error = str(error)
+        if not _REPORTING.get() and _is_live_refresh():
+            raise dash.exceptions.PreventUpdate  # keep what the page shows
+
+    @contextlib.contextmanager
+    def reporting(self) -> Iterator[None]:
+        """Calls made inside raise the error as it is (the banner reports the outage)."""
+        token = _REPORTING.set(True)
+        try:
+            yield
+        finally:
+            _REPORTING.reset(token)
+
+
+def _is_live_refresh() -> bool:
+    try:
+        return bool(dash.ctx.triggered_id == REFRESH)
+    except (LookupError, AttributeError, dash.exceptions.MissingCallbackContextException):
+        return False  # not in a callback (the login form)
+
+
+OUTAGE = Outage()
 
 
 def client() -> ControlPlaneClient:
@@ -215,13 +265,16 @@ def _login(settings: AccessSettings, sessions: SessionStore) -> flask.typing.Res
     except ApiError as exc:
         if exc.status in (400, 401):
             return _login_page("wrong user name or password", status=401)
+        if exc.status == 429:
+            wait = f" in {exc.retry_after_s:.0f} s" if exc.retry_after_s else " later"
+            return _login_page(f"too many failed logins: try again{wait}", status=429)
         log.warning("login: the control plane did not answer: %s", exc)
         return _login_page("the control plane cannot be reached; try again shortly", status=503)
     finally:
         api.close()
-    client = ControlPlaneClient(settings.api_url, token=str(granted["token"]))
+    client = ControlPlaneClient(settings.api_url, token=granted.token, availability=OUTAGE)
     session = sessions.create(
-        user=str(granted["user"]), role=str(granted["role"]), client=client, ttl_s=settings.session_ttl_s
+        user=granted.user, role=granted.role, client=client, ttl_s=settings.session_ttl_s
     )
     end_session(sessions)  # a new login replaces the browser's earlier session, if any
     flask.session.permanent = True

@@ -6,15 +6,16 @@ Pages refresh by listening to ``Input(REFRESH, "n_intervals")``; pausing disable
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import dash
 from dash import Input, Output, State, dcc, html
 
-from controlplane.client import ApiError
+from controlplane.client import ActiveAlert, ApiError, ControlPlaneClient, Unreachable
 from dashboards import session
 
-REFRESH = "refresh"  # the dcc.Interval every live panel listens to
+REFRESH = session.REFRESH  # the dcc.Interval every live panel listens to
 
 
 def layout(refresh_s: float) -> html.Div:
@@ -92,17 +93,21 @@ def pause(value: list[str] | None) -> bool:
 def banner(_: int) -> tuple[Any, str]:
     try:
         api = session.client()
-        faults = api.chaos_faults()
+        with session.OUTAGE.reporting():
+            faults = api.chaos_faults()
+    except Unreachable:
+        return outage_banner(session.OUTAGE), "banner banner-down"
     except ApiError as exc:
         return f"control plane: {exc}", "banner banner-warn"
     alerts, alerts_note = _firing_alerts(api)
     items = [
         html.Li(
-            f"FAULT #{f['id']} {f['kind']} on {f['target']}: {f['remaining_s']:.0f} s left",
+            f"FAULT #{f.id} {f.kind} on {f.target}: {f.remaining_s:.0f} s left",
             className="banner-fault",
         )
         for f in faults
     ]
+    items += [html.Li(line, className="banner-node") for line in _lost_nodes(api)]
     items += [html.Li(alert_line(a), className="banner-alert") for a in alerts]
     if not items:
         return [
@@ -110,35 +115,63 @@ def banner(_: int) -> tuple[Any, str]:
             html.Span(alerts_note, className="muted"),
         ], "banner banner-ok"
     title = f"{len(faults)} active fault(s), {len(alerts)} firing alert(s)"
+    lost = len(items) - len(faults) - len(alerts)
+    if lost:
+        title += f", {lost} cluster node(s) lost"
     return [html.Strong(title), html.Ul(items)], "banner banner-alarm"
 
 
-def alert_line(alert: dict[str, Any]) -> str:
+def outage_banner(outage: session.Outage) -> list[Any]:
+    """The control plane is gone: since when, what the pages show, and that serving goes on."""
+    now = outage.clock()
+    since = outage.since if outage.since is not None else now
+    last = (f"the pages show what it last answered at {_clock_time(outage.last_answer)}"
+            if outage.last_answer is not None else "no data was received from it yet")
+    return [html.Strong(f"Control plane unreachable for {now - since:.0f} s (since {_clock_time(since)})."),
+            html.Span(f" {last}; the gateways and replicas keep serving on their last known replica set. "
+                      "Actions will fail until it is back."),
+            html.Div(outage.error, className="muted")]
+
+
+def _clock_time(at: float | None) -> str:
+    return "-" if at is None else time.strftime("%H:%M:%S", time.localtime(at))
+
+
+def _lost_nodes(api: ControlPlaneClient) -> list[str]:
+    """``NODE 10.199.0.4 (az-b) LOST`` for each cluster node the fleet lost (Ray backend; none locally)."""
+    try:
+        fleet = api.fleet()
+    except ApiError:
+        return []
+    lines = [f"NODE {n.address} ({n.zone or 'no zone'}) LOST" for n in fleet.nodes if not n.alive]
+    lines += [f"ZONE {zone}: no node left" for zone in fleet.zones_down]
+    return lines
+
+
+def alert_line(alert: ActiveAlert) -> str:
     """``ALERT HighErrorRate [critical] replica=az-a-1: error rate above 5% (value 0.12)``."""
-    labels = dict(alert.get("labels") or {})
-    annotations = dict(alert.get("annotations") or {})
-    severity = labels.pop("severity", None) or alert.get("severity") or ""
+    labels = dict(alert.labels)
+    severity = labels.pop("severity", None) or ""
     labels.pop("alertname", None)
     where = " ".join(f"{k}={v}" for k, v in sorted(labels.items()))
-    summary = annotations.get("summary") or annotations.get("description") or alert.get("summary") or ""
-    value = alert.get("value")
+    summary = alert.annotations.get("summary") or alert.annotations.get("description") or ""
     return (
-        f"ALERT {alert.get('rule') or alert.get('name') or '?'}"
+        f"ALERT {alert.rule or '?'}"
         + (f" [{severity}]" if severity else "")
         + (f" {where}" if where else "")
         + (f": {summary}" if summary else "")
-        + (f" (value {value:.3g})" if isinstance(value, int | float) else "")
+        + (f" (value {alert.value:.3g})" if alert.value is not None else "")
     )
 
 
-def _firing_alerts(api: Any) -> tuple[list[dict[str, Any]], str]:
+def _firing_alerts(api: ControlPlaneClient) -> tuple[list[ActiveAlert], str]:
     try:
         alerts = api.active_alerts()
     except ApiError as exc:
         if exc.status == 404:
             return [], " (alerts: not available on this control plane)"
         return [], f" (alerts: {exc})"
-    return [a for a in alerts if a.get("state", "firing") == "firing"], ""
+    return [a for a in alerts if a.state == "firing"], ""
 
 
 @dash.callback(Output("halt-confirm", "displayed"), Input("halt-all", "n_clicks"), prevent_initial_call=True)
@@ -159,9 +192,9 @@ def halt(submitted: int | None, _: str) -> str:
         report = session.client().chaos_halt()
     except ApiError as exc:
         return f"HALT ALL refused: {exc}"
-    failed = report.get("failed") or {}
+    failed = dict(report.failed)
     return (
-        f"HALT ALL: {len(report.get('reverted', []))} fault(s) reverted in {report.get('elapsed_s', 0):.2f} s"
+        f"HALT ALL: {len(report.reverted)} fault(s) reverted in {report.elapsed_s:.2f} s"
         + (f"; {len(failed)} failed: {failed}" if failed else "")
         + "; new faults are refused until released (Chaos page)."
     )

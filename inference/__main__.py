@@ -10,7 +10,11 @@ import sys
 
 from inference.config import EngineConfig
 from inference.sampling_params import SamplingParams
+from inference.secret_options import secret_option
 from inference.server import ServerConfig
+
+API_KEY_ENV = "INFERENCE_API_KEY"
+ADMIN_TOKEN_ENV = "INFERENCE_ADMIN_TOKEN"
 
 
 def _default(cls: type, name: str) -> object:
@@ -64,27 +68,38 @@ def _serve(args: argparse.Namespace) -> int:
     if args.cpus:  # before torch starts a thread: every thread inherits the main thread's CPUs
         os.sched_setaffinity(0, args.cpus)
     from inference.replica import run
+    api_key = secret_option(value=args.api_key, file=args.api_key_file, env=os.environ,
+                            env_name=API_KEY_ENV, option="--api-key")
+    admin_token = secret_option(value=args.admin_token, file=args.admin_token_file, env=os.environ,
+                                env_name=ADMIN_TOKEN_ENV, option="--admin-token")
     server = ServerConfig(replica_id=args.replica_id, zone=args.zone, host=args.host, port=args.port,
-                          served_model_name=args.served_model_name or "", api_key=args.api_key,
-                          admin_token=args.admin_token, max_waiting_requests=args.max_waiting_requests,
-                          max_waiting_tokens=args.max_waiting_tokens, drain_timeout_s=args.drain_timeout,
+                          served_model_name=args.served_model_name or "", api_key=api_key,
+                          admin_token=admin_token, max_waiting_requests=args.max_waiting_requests,
+                          max_waiting_tokens=args.max_waiting_tokens, max_body_bytes=args.max_body_bytes,
+                          drain_timeout_s=args.drain_timeout,
                           ready_deadline_s=args.ready_deadline, stall_seconds=args.stall_seconds)
     return run(args.model, _engine_config(args), server)
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
-    env = os.environ.get
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8101)
     p.add_argument("--replica-id", default="replica-0")
     p.add_argument("--zone", default="local")
     p.add_argument("--served-model-name", default=None)
-    p.add_argument("--api-key", default=env("INFERENCE_API_KEY"),
-                   help="require this bearer key on /v1 (default: $INFERENCE_API_KEY, else none)")
-    p.add_argument("--admin-token", default=env("INFERENCE_ADMIN_TOKEN"),
-                   help="enables /admin/faults with this bearer token (default: $INFERENCE_ADMIN_TOKEN)")
+    p.add_argument("--api-key", default=None,
+                   help=f"require this bearer key on /v1 (visible in ps: prefer --api-key-file or "
+                        f"${API_KEY_ENV}; default: none)")
+    p.add_argument("--api-key-file", default=None, help="read the API key from this file's first line")
+    p.add_argument("--admin-token", default=None,
+                   help=f"enables /admin/faults with this bearer token (visible in ps: prefer "
+                        f"--admin-token-file or ${ADMIN_TOKEN_ENV})")
+    p.add_argument("--admin-token-file", default=None,
+                   help="read the admin token from this file's first line")
     p.add_argument("--max-waiting-requests", type=int, default=_default(ServerConfig, "max_waiting_requests"))
     p.add_argument("--max-waiting-tokens", type=int, default=_default(ServerConfig, "max_waiting_tokens"))
+    p.add_argument("--max-body-bytes", type=int, default=_default(ServerConfig, "max_body_bytes"),
+                   help="larger request bodies get 413, refused from Content-Length before reading")
     p.add_argument("--drain-timeout", type=float, default=_default(ServerConfig, "drain_timeout_s"))
     p.add_argument("--ready-deadline", type=float, default=_default(ServerConfig, "ready_deadline_s"))
     p.add_argument("--stall-seconds", type=float, default=_default(ServerConfig, "stall_seconds"))

@@ -143,9 +143,12 @@ class AsyncEngine:
                 for hook in self.before_step:
                     hook(self)
                 if self.engine.has_unfinished_requests():
-                    self._dispatch(self.engine.step())
+                    outputs = self.engine.step()
+                    # Metrics first: a client that got its last token and then reads /metrics must find
+                    # the step that made it counted (dispatching first left a window, seen under load).
                     for after in self.after_step:
                         after(self.engine)
+                    self._dispatch(outputs)
                 self.last_progress = time.monotonic()
         except BaseException as exc:  # the loop must report, not vanish
             logger.exception("engine loop died")

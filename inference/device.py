@@ -23,6 +23,7 @@ import importlib
 import importlib.util
 import logging
 import platform
+import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -31,6 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import psutil
 import torch
 
 logger = logging.getLogger(__name__)
@@ -39,9 +41,7 @@ AUTO = "auto"
 ACCELERATOR_KINDS = ("npu", "cuda")  # in order of preference for "auto"
 DEVICE_KINDS = ("cpu", *ACCELERATOR_KINDS)
 VISIBLE_DEVICES_ENV = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}
-PROC_SELF_STATUS = Path("/proc/self/status")
-PROC_MEMINFO = Path("/proc/meminfo")
-PROC_CPUINFO = Path("/proc/cpuinfo")
+PROC_CPUINFO = Path("/proc/cpuinfo")  # the CPU's model name: psutil does not report it
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,19 +379,22 @@ def cpu_model_name(cpuinfo: Path = PROC_CPUINFO) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def cpu_memory_stats(status: Path = PROC_SELF_STATUS, meminfo: Path = PROC_MEMINFO) -> MemoryStats:
-    """Process RSS (VmRSS, peak VmHWM) against MemTotal; getrusage and sysconf where /proc is missing."""
-    fields = dict(_read_key_values(status))
-    total = dict(_read_key_values(meminfo)).get("MemTotal")
-    if "VmRSS" in fields and total is not None:
-        peak = fields.get("VmHWM")
-        return MemoryStats(used_bytes=_kib(fields["VmRSS"]), total_bytes=_kib(total),
-                           peak_bytes=_kib(peak) if peak else None)
-    import resource  # Unix only; reached on machines without /proc
+def cpu_memory_stats() -> MemoryStats:
+    """This process's resident memory and its peak against the machine's memory (psutil)."""
+    used = psutil.Process().memory_info().rss
+    peak = _peak_rss_bytes()
+    return MemoryStats(used_bytes=used, total_bytes=psutil.virtual_memory().total,
+                       peak_bytes=None if peak is None else max(peak, used))
 
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux (bytes on macOS)
-    page, pages = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_PHYS_PAGES")
-    return MemoryStats(used_bytes=peak_kib * 1024, total_bytes=page * pages, peak_bytes=peak_kib * 1024)
+
+def _peak_rss_bytes() -> int | None:
+    """The process's peak resident memory (getrusage: psutil does not report it); None off Unix."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
 def _read_key_values(path: Path) -> list[tuple[str, str]]:
@@ -401,8 +404,3 @@ def _read_key_values(path: Path) -> list[tuple[str, str]]:
         return []
     pairs = (line.partition(":") for line in lines)
     return [(key.strip(), value.strip()) for key, sep, value in pairs if sep]
-
-
-def _kib(value: str) -> int:
-    """'123456 kB' -> bytes."""
-    return int(value.split()[0]) * 1024

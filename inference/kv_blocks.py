@@ -70,6 +70,11 @@ class BlockManager:
         return max(len(self.free_queue) - self.num_reserved, 0)
 
     @property
+    def num_blocks_in_use(self) -> int:
+        """Blocks referenced by sequences now (not the free ones, cached or not, and not the reserved)."""
+        return self.num_blocks - len(self.free_queue)
+
+    @property
     def usage(self) -> float:
         """Fraction of the pool in use by running sequences or reserved (vLLM's kv_cache_usage_perc)."""
         return 1.0 - self.num_free_blocks / self.num_blocks

@@ -6,7 +6,6 @@ The control plane's process backend manages fleets; this is the small single-rep
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -17,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from inference.environment import child_environment
 
 
 def unwind_on_sigterm() -> None:
@@ -37,13 +38,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def replica_environment(extra: Mapping[str, str] = {}) -> dict[str, str]:
-    """The environment a replica process starts with: ours, plus ``extra``, plus passive OpenMP waiting.
+    """The environment a replica process starts with: ours without its secrets
+    (:func:`~inference.environment.child_environment`), plus ``extra``, plus passive OpenMP waiting.
 
     A replica shares CPU cores with other replicas, the gateway and the control plane. OpenMP workers
     that spin between parallel regions (libgomp's default) burn cores the others need, which shows as
     latency added everywhere else. An explicit ``OMP_WAIT_POLICY`` wins.
     """
-    return {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, **(extra or {})}
+    return {"OMP_WAIT_POLICY": "PASSIVE", **child_environment(extra)}
 
 
 @dataclass

@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from inference.output import RequestOutput
+from inference.runtime_metrics import register_runtime_metrics
 
 # Like vLLM: no `_created` series (they double the page and Prometheus ignores them in text format).
 disable_created_metrics()
@@ -58,6 +59,7 @@ class EngineGauges:
     device_memory_used: int
     device_memory_total: int
     device_utilization: float | None
+    kv_blocks_in_use: int = 0  # exact: blocks referenced by sequences (kv_cache_usage also counts reserved)
 
 
 @dataclass(slots=True, frozen=True)
@@ -89,6 +91,8 @@ class _EngineCollector(Collector):
                             "tokens.", g.prefix_cache_hits)
         yield self._counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.",
                             g.num_preemptions)
+        yield self._gauge("kv_cache_blocks_in_use", "KV-cache blocks referenced by sequences now (0 when "
+                          "idle: a block still held then has leaked).", g.kv_blocks_in_use)
         yield self._gauge("device_memory_used_bytes", "Device memory in use by this replica.",
                           g.device_memory_used)
         yield self._gauge("device_memory_total_bytes", "Device memory in total.", g.device_memory_total)
@@ -123,6 +127,7 @@ class ReplicaMetrics:
         self.registry = CollectorRegistry()
         self.label_values = (model_name, replica, zone)
         self.registry.register(_EngineCollector(read_engine, self.label_values, cache_info))
+        register_runtime_metrics(self.registry)
         r = self.registry
         token_buckets = buckets_1_2_5(max_model_len)
 

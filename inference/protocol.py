@@ -18,6 +18,23 @@ from inference.sampling_params import InvalidParameterError, SamplingParams
 
 UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions", "logit_bias")
 COMPLETION_DEFAULT_MAX_TOKENS = 16
+# The request fields OpenAI documents (accepted; those this server does not act on are ignored, or refused
+# above when they would change the answer) and this server's extensions. Anything else is a 400 naming it,
+# as OpenAI answers: a misspelt parameter must not be silently dropped.
+OPENAI_FIELDS = frozenset({
+    "model", "prompt", "messages", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs",
+    "top_logprobs", "max_tokens", "max_completion_tokens", "n", "presence_penalty", "seed", "stop", "stream",
+    "stream_options", "suffix", "temperature", "top_p", "user", "tools", "tool_choice", "functions",
+    "function_call", "parallel_tool_calls", "response_format", "metadata", "store", "service_tier",
+    "modalities", "audio", "prediction", "reasoning_effort", "web_search_options", "verbosity",
+    "prompt_cache_key", "safety_identifier",
+})
+EXTENSION_FIELDS = frozenset({"top_k", "ignore_eos", "min_tokens", "priority", "return_token_ids",
+                              "output_offset"})
+KNOWN_FIELDS = OPENAI_FIELDS | EXTENSION_FIELDS
+# A client may pick a scheduling priority only within the gateway's classes (interactive 0, standard 1,
+# batch 2); values outside are clamped, so that no request jumps ahead of the readiness probes.
+MIN_PRIORITY, MAX_PRIORITY = 0, 2
 
 
 @dataclass(slots=True)
@@ -55,6 +72,9 @@ def parse_chat(body: Any, render: Callable[[list[dict[str, Any]]], str]) -> Pars
 def _object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidParameterError("body", "must be a JSON object")
+    unknown = sorted(set(body) - KNOWN_FIELDS)
+    if unknown:
+        raise InvalidParameterError(unknown[0][:64], "unrecognized request argument")
     for name in UNSUPPORTED:
         if body.get(name) not in (None, False, [], {}):
             raise InvalidParameterError(name, "is not supported by this server")
@@ -77,6 +97,7 @@ def _parse(body: dict[str, Any], kind: str, prompt: str | list[int], *,
     priority = body.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise InvalidParameterError("priority", f"must be an integer, got {priority!r}")
+    priority = min(max(priority, MIN_PRIORITY), MAX_PRIORITY)
     params = _sampling(body, max_tokens if max_tokens is not None else default_max_tokens)
     return ParsedRequest(kind, model, prompt, params, stream, _bool(options, "include_usage", False),
                          priority, max_tokens is not None or default_max_tokens is not None,
@@ -118,7 +139,10 @@ def _number(body: dict[str, Any], name: str, default: float) -> float:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidParameterError(name, f"must be a number, got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError as exc:  # an integer with hundreds of digits
+        raise InvalidParameterError(name, "must be a number, got an integer too large for one") from exc
 
 
 def _bool(body: dict[str, Any], name: str, default: bool) -> bool:

@@ -12,8 +12,10 @@ import asyncio
 import hmac
 import json
 import logging
+import math
 import os
 import signal
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -40,10 +42,19 @@ from inference.protocol import (
     usage_chunk,
 )
 from inference.sampling_params import InvalidParameterError, SamplingParams
+from inference.spec import document_openai
 
 logger = logging.getLogger(__name__)
 
 READY_PRIORITY = -(2**31)  # readiness probes jump the queue
+# What /v1/completions and /v1/chat/completions may answer besides 200, in the order they are checked
+ERRORS = {400: "a bad body or parameter (`param` names it), or a prompt longer than the context",
+          401: "missing or invalid API key (--api-key)",
+          404: "the request names a model this replica does not serve",
+          413: "the body is over --max-body-bytes",
+          429: "the queue is full; Retry-After says when to try again",
+          500: "the device failed during the request (a device failure, or an injected fault)",
+          503: "the replica is draining, its engine is dead, or its device failed"}
 
 
 @dataclass(slots=True)
@@ -128,7 +139,7 @@ def engine_gauges(aengine: AsyncEngine, device: Any) -> Callable[[], EngineGauge
             kv_cache_usage=engine.block_manager.usage, prefix_cache_queries=stats.queries,
             prefix_cache_hits=stats.hits, num_preemptions=engine.scheduler.num_preemptions,
             device_memory_used=memory.used_bytes, device_memory_total=memory.total_bytes,
-            device_utilization=device.utilization())
+            device_utilization=device.utilization(), kv_blocks_in_use=engine.block_manager.num_blocks_in_use)
     return read
 
 
@@ -181,6 +192,7 @@ def create_app(replica: Replica) -> FastAPI:
         return Response(generate_latest(replica.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     _admin_routes(app, replica)
+    document_openai(app, ERRORS, models_errors={401: ERRORS[401]})
     return app
 
 
@@ -222,12 +234,21 @@ def _bearer(request: Request) -> str | None:
     return value[7:].strip() if value.lower().startswith("bearer ") else None
 
 
+def _is_bearer(request: Request, expected: str) -> bool:
+    """Whether the request carries ``expected`` as its bearer token, in constant time. Compared as bytes:
+    header values arrive decoded as latin-1 and may hold any byte, which ``compare_digest`` refuses in a
+    str (a non-ASCII token must be a 401, not a 500)."""
+    given = _bearer(request)
+    if given is None:
+        return False
+    return hmac.compare_digest(given.encode("latin-1", errors="replace"), expected.encode("utf-8"))
+
+
 def _check_api_key(request: Request, replica: Replica) -> None:
     expected = replica.config.api_key
     if expected is None:
         return
-    given = _bearer(request)
-    if given is None or not hmac.compare_digest(given, expected):
+    if not _is_bearer(request, expected):
         replica.metrics.observe_rejected("unauthorized")
         raise HTTPError(401, "missing or invalid API key", type_="invalid_request_error",
                         code="invalid_api_key")
@@ -238,8 +259,7 @@ def _check_admin(request: Request, replica: Replica) -> None:
     if expected is None:
         raise HTTPError(403, "fault hooks are disabled: the replica was started without --admin-token",
                         type_="permission_error")
-    given = _bearer(request)
-    if given is None or not hmac.compare_digest(given, expected):
+    if not _is_bearer(request, expected):
         raise HTTPError(401, "missing or invalid admin token", type_="invalid_request_error",
                         code="invalid_admin_token")
 
@@ -261,11 +281,75 @@ async def _read_json(request: Request, replica: Replica) -> Any:
             raise HTTPError(413, f"request body exceeds the limit of {limit} bytes",
                             type_="invalid_request_error", code="request_too_large")
         chunks.append(chunk)
+    return _parse_json(b"".join(chunks))
+
+
+def _parse_json(raw: bytes) -> Any:
+    """Strict JSON: no NaN or Infinity (nor a number too large for a float); nesting beyond the
+    interpreter's recursion limit and integers longer than Python converts (4,300 digits) are refusals of
+    the body, like any other malformed JSON."""
     try:
-        return json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HTTPError(400, f"request body is not valid JSON: {exc}", type_="invalid_request_error",
-                        param="body") from exc
+        body = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError as exc:
+        raise _bad_body("request body is nested too deeply") from exc
+    except UnicodeDecodeError as exc:
+        raise _bad_body(f"request body is not valid UTF-8: {exc.reason} at byte {exc.start}") from exc
+    except json.JSONDecodeError as exc:
+        raise _bad_body(f"request body is not valid JSON: {exc}") from exc
+    except _NotANumber as exc:
+        raise _bad_body(f"request body is not valid JSON: {exc}") from exc
+    except ValueError as exc:  # int() of a number too long to convert
+        limit = sys.get_int_max_str_digits()
+        raise _bad_body(f"request body holds an integer longer than {limit} digits") from exc
+    if not _is_unicode(body):
+        raise _bad_body("request body holds a string with a lone surrogate escape (\\ud800-\\udfff), "
+                        "which is not Unicode text")
+    return body
+
+
+def _is_unicode(body: Any) -> bool:
+    """Whether every string in ``body`` (keys included) is encodable text: JSON may escape half of a
+    surrogate pair, which the tokenizer and the response encoder cannot handle. Iterative: the body may be
+    nested as deep as the parser allowed."""
+    stack = [body]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii() and not _encodable(item):
+                return False
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class _NotANumber(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotANumber(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotANumber(f"{text[:40]} is out of range for a number")
+    return value
+
+
+def _bad_body(message: str) -> HTTPError:
+    return HTTPError(400, message, type_="invalid_request_error", param="body")
 
 
 def _parsed(parse: Callable[[], ParsedRequest]) -> ParsedRequest:

@@ -13,17 +13,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from chaos.errors import ChaosError, Refused
 from chaos.targets import Selector, Target
 
 Scalar = str | int | float | bool | None
 
 
-class FaultError(Exception):
+class FaultError(ChaosError):
     """A fault could not be validated, injected or reverted."""
 
 
-class FaultUnavailable(FaultError):
-    """The kind exists but cannot run here (a missing tool, capability or module)."""
+class FaultUnavailable(FaultError, Refused):
+    """The kind exists but cannot run here (a missing tool, capability or module): retrying will not help."""
 
 
 class RevertFailed(FaultError):
@@ -108,12 +109,21 @@ class FaultKindInfo:
     description: str
     params: tuple[ParamInfo, ...] = ()
     takes_down: bool = False  # the target stops serving (counts against the blast radius)
+    impairs: bool = False  # the target keeps serving, with less of its host (counts against it too)
     available: bool = True
     unavailable_reason: str | None = None
 
 
 class Fault(abc.ABC):
-    """One fault kind. Instances hold configuration only; per-fault state lives in the revert token."""
+    """One fault kind. Instances hold configuration only; per-fault state lives in the revert token.
+
+    ``expires_by_itself``: the fault ends at its duration where it lives (a replica's own fault hook, a
+    gateway's toxic, stress-ng's ``--timeout``), whether or not anyone reverts it. For the others (a paused
+    process, a partition) the fault manager starts an expiry guard (:mod:`chaos.expiry`) that reverts it
+    on time even if the process that injected it has died.
+    """
+
+    expires_by_itself = False
 
     @abc.abstractmethod
     def describe(self) -> FaultKindInfo: ...

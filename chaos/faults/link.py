@@ -2,8 +2,10 @@
 gets slower (``link-delay``) or fails (``link-abort``), while the replica itself stays healthy.
 
 The toxics live in the gateway, which the chaos layer reaches through the small :class:`LinkControl`
-protocol (the control plane's gateway satisfies it). Revert removes the toxic; a toxic dies with the
-gateway's process, so a revert after a control plane crash finds nothing to do and succeeds.
+protocol (the control plane's gateway supervisor satisfies it, applying each toxic on every gateway
+process). Revert removes the toxic. A toxic carries the fault's duration and the gateways drop it when
+that is over, so it ends on time even while the control plane is down; a revert that then finds nothing
+to remove succeeds.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ ABORT_MODES = ("refuse", "reset")
 
 
 class LinkControl(Protocol):
-    """Where link toxics are applied: ``add`` returns the toxic's id; ``remove`` is idempotent."""
+    """Where link toxics are applied: ``add`` returns the toxic's id; ``remove`` is idempotent. The toxic
+    ends by itself after ``duration_s`` where it lives (the gateways), even if no revert ever comes."""
 
-    def add(self, replica_id: str, toxic: Mapping[str, Scalar]) -> str: ...
+    async def add(self, replica_id: str, toxic: Mapping[str, Scalar], *,
+                  duration_s: float | None = None) -> str: ...
 
-    def remove(self, toxic_id: str) -> bool: ...
+    async def remove(self, toxic_id: str) -> bool: ...
 
 
 _DELAY = FaultKindInfo(
@@ -52,6 +56,7 @@ _ABORT = FaultKindInfo(
 
 
 class _LinkFault(Fault):
+    expires_by_itself = True  # the gateways drop a toxic at its duration
     info: FaultKindInfo
 
     def __init__(self, link: LinkControl | None) -> None:
@@ -71,13 +76,16 @@ class _LinkFault(Fault):
         if self.link is None:
             raise FaultError("unavailable: no gateway in this process to apply link toxics")
         toxic = self.toxic(check_params(spec, self.info))
-        toxic_id = self.link.add(target.replica_id, toxic)
+        try:
+            toxic_id = await self.link.add(target.replica_id, toxic, duration_s=spec.duration_s)
+        except (OSError, ValueError) as exc:
+            raise FaultError(f"link toxic not applied: {exc}") from exc
         return RevertToken(self.info.kind, target.replica_id, "remove-toxic", {"toxic_id": toxic_id})
 
     async def revert(self, token: RevertToken) -> None:
         toxic_id = token.data.get("toxic_id")
         if self.link is not None and isinstance(toxic_id, str):
-            self.link.remove(toxic_id)
+            await self.link.remove(toxic_id)
 
     def toxic(self, params: dict[str, Scalar]) -> dict[str, Scalar]:
         raise NotImplementedError

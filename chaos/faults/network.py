@@ -1,8 +1,9 @@
-"""Network partition of one TCP port on loopback, as an eBPF classifier on ``lo``.
+"""Network partition of one TCP port, as an eBPF classifier on the interface that reaches it (``lo`` for a
+replica on this machine's loopback; the lab's bridge for a replica on a lab host).
 
 Where it sits: the chaos layer's fault kinds wrap :class:`PortPartition` (it imports nothing from the
 rest of the project). It compiles a small ``BPF.SCHED_CLS`` program with bcc and attaches it with
-pyroute2 as a direct-action ``bpf`` filter on the ``clsact`` qdisc of ``lo``; the program drops TCP
+pyroute2 as a direct-action ``bpf`` filter on the ``clsact`` qdisc of the interface; the program drops TCP
 segments whose source or destination port is the partitioned one, so new connections time out and open
 ones stall, as if the wire were cut.
 
@@ -12,11 +13,15 @@ and sits at a fixed place (priority = port, a fixed handle), so a record can be 
 that filter, then the ``clsact`` qdisc when chaos created it and no filter is left on it.
 
 Only ingress is hooked: on ``lo`` every packet leaves through egress and comes back through ingress of the
-same device, so one hook already drops both directions.
+same device, so one hook already drops both directions. On the way to another host (a bridge or a NIC)
+ingress sees what that host sends back: its answers from the partitioned port are dropped, and a TCP
+connection without answers is as cut as one without requests. :func:`route_interface` finds the interface
+from the kernel's route to the host.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 import socket
@@ -26,8 +31,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from chaos.ebpf import availability, import_system
+from chaos.errors import ChaosError
 
-__all__ = ["MARKER", "PartitionError", "PartitionRecord", "PortPartition", "availability"]
+__all__ = ["MARKER", "PartitionError", "PartitionRecord", "PortPartition", "availability", "route_interface"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +48,7 @@ ENOENT = 2
 EINVAL = 22
 
 _NAME = re.compile(re.escape(MARKER) + r" port=(\d+) qdisc=(owned|shared)$")
+_IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 
 _PROGRAM = r"""
 #include <uapi/linux/bpf.h>
@@ -79,7 +86,7 @@ int drop_port(struct __sk_buff *skb) {
 """
 
 
-class PartitionError(RuntimeError):
+class PartitionError(ChaosError, RuntimeError):
     """A partition could not be injected or reverted; the netlink or bcc error is the ``__cause__``."""
 
 
@@ -100,15 +107,15 @@ class PartitionRecord:
         validate(self.port)
         if self.marker != MARKER:
             raise ValueError(f"marker: expected {MARKER!r}, got {self.marker!r}")
-        if self.interface != INTERFACE:
-            raise ValueError(f"interface: only {INTERFACE!r} is supported, got {self.interface!r}")
+        if not isinstance(self.interface, str) or not _IFNAME.match(self.interface):
+            raise ValueError(f"interface: not an interface name: {self.interface!r}")
         if self.priority != self.port or self.handle != FILTER_HANDLE:
             raise ValueError(f"priority/handle: expected {self.port}/{FILTER_HANDLE}, "
                              f"got {self.priority}/{self.handle}")
 
     @classmethod
-    def for_port(cls, port: int, *, owns_qdisc: bool) -> PartitionRecord:
-        return cls(port=port, owns_qdisc=owns_qdisc, priority=port)
+    def for_port(cls, port: int, *, owns_qdisc: bool, interface: str = INTERFACE) -> PartitionRecord:
+        return cls(port=port, owns_qdisc=owns_qdisc, interface=interface, priority=port)
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> PartitionRecord:
@@ -118,11 +125,11 @@ class PartitionRecord:
             raise ValueError(f"not a port partition record: {exc}") from exc
 
     @classmethod
-    def from_filter_name(cls, name: str) -> PartitionRecord | None:
+    def from_filter_name(cls, name: str, interface: str = INTERFACE) -> PartitionRecord | None:
         match = _NAME.match(name)
         if match is None:
             return None
-        return cls.for_port(int(match[1]), owns_qdisc=match[2] == "owned")
+        return cls.for_port(int(match[1]), owns_qdisc=match[2] == "owned", interface=interface)
 
     @property
     def filter_name(self) -> str:
@@ -139,7 +146,7 @@ def validate(port: int) -> None:
 
 
 class PortPartition:
-    """Drops TCP traffic to and from one loopback port until reverted."""
+    """Drops TCP traffic to and from one port, on one interface (``lo`` by default), until reverted."""
 
     def validate(self, port: int) -> None:
         validate(port)
@@ -148,46 +155,71 @@ class PortPartition:
         parsed = PartitionRecord.from_dict(record)
         return f"TCP port {parsed.port} partitioned on {parsed.interface} (eBPF filter prio {parsed.port})"
 
-    def prepare(self, port: int) -> dict[str, Any]:
+    def prepare(self, port: int, interface: str = INTERFACE) -> dict[str, Any]:
         """The record ``inject(port)`` will return, for a ledger written before the fault goes in."""
         validate(port)
-        with _netlink("inspect " + INTERFACE) as ipr:
-            return PartitionRecord.for_port(port, owns_qdisc=_chaos_owns_qdisc(ipr)).as_dict()
+        with _netlink("inspect " + interface) as ipr:
+            index = _index(ipr, interface)
+            return PartitionRecord.for_port(port, owns_qdisc=_chaos_owns_qdisc(ipr, index, interface),
+                                            interface=interface).as_dict()
 
-    def inject(self, port: int) -> dict[str, Any]:
+    def inject(self, port: int, interface: str = INTERFACE) -> dict[str, Any]:
         """Attach the drop filter for ``port``; returns the JSON-serialisable revert record."""
         validate(port)
         ok, reason = availability()
         if not ok:
             raise PartitionError(f"cannot partition port {port}: {reason}")
-        with _netlink(f"partition port {port}") as ipr:
-            index = _lo_index(ipr)
-            if _find_filter(ipr, index, port) is not None:
-                raise PartitionError(f"port {port} is already partitioned on {INTERFACE}")
-            record = PartitionRecord.for_port(port, owns_qdisc=_ensure_clsact(ipr, index))
+        with _netlink(f"partition port {port} on {interface}") as ipr:
+            index = _index(ipr, interface)
+            if _find_filter(ipr, index, port, interface) is not None:
+                raise PartitionError(f"port {port} is already partitioned on {interface}")
+            record = PartitionRecord.for_port(port, owns_qdisc=_ensure_clsact(ipr, index, interface),
+                                              interface=interface)
             try:
                 _attach(ipr, index, record)
             except BaseException:
                 _remove_qdisc_if_unused(ipr, index, record)
                 raise
-        log.info("port %d: partitioned on %s (%s)", port, INTERFACE, record.filter_name)
+        log.info("port %d: partitioned on %s (%s)", port, interface, record.filter_name)
         return record.as_dict()
 
     def revert(self, record: dict[str, Any]) -> None:
-        """Remove the filter ``record`` names, and the qdisc if chaos made it; already gone is success."""
+        """Remove the filter ``record`` names, and the qdisc if chaos made it; already gone (the filter, or
+        the whole interface) is success."""
         parsed = PartitionRecord.from_dict(record)
-        with _netlink(f"revert partition of port {parsed.port}") as ipr:
-            index = _lo_index(ipr)
-            if _find_filter(ipr, index, parsed.port) is not None:
+        with _netlink(f"revert partition of port {parsed.port} on {parsed.interface}") as ipr:
+            indices = ipr.link_lookup(ifname=parsed.interface)
+            if not indices:
+                return  # the interface is gone, and its filters with it
+            index = int(indices[0])
+            if _find_filter(ipr, index, parsed.port, parsed.interface) is not None:
                 _ignoring(ENOENT, ipr.tc, "del-filter", "bpf", index, FILTER_HANDLE,
                           parent=INGRESS_PARENT, prio=parsed.port, protocol=ETH_P_ALL)
             _remove_qdisc_if_unused(ipr, index, parsed)
-        log.info("port %d: partition on %s reverted", parsed.port, INTERFACE)
+        log.info("port %d: partition on %s reverted", parsed.port, parsed.interface)
 
-    def active(self) -> list[dict[str, Any]]:
-        """Records of every partition filter on ``lo``, including those a crashed process left behind."""
-        with _netlink("inspect " + INTERFACE) as ipr:
-            return [r.as_dict() for r in _chaos_filters(ipr, _lo_index(ipr))]
+    def active(self, interface: str = INTERFACE) -> list[dict[str, Any]]:
+        """Records of every partition filter on ``interface``, including those a crashed process left."""
+        with _netlink("inspect " + interface) as ipr:
+            return [r.as_dict() for r in _chaos_filters(ipr, _index(ipr, interface), interface)]
+
+
+def route_interface(host: str) -> str:
+    """The interface this machine reaches ``host`` through (``lo`` for a loopback address), from the
+    kernel's routing table; PartitionError when there is no route or ``host`` is not an IP address."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError as exc:
+        raise PartitionError(f"host: {host!r} is not an IP address") from exc
+    if address.is_loopback:
+        return INTERFACE
+    with _netlink(f"route to {host}") as ipr:
+        routes = ipr.route("get", dst=str(address))
+        index = routes[0].get_attr("RTA_OIF") if routes else None
+        links = ipr.get_links(index) if index is not None else []
+        if not links:
+            raise PartitionError(f"no route to {host}")
+        return str(links[0].get_attr("IFLA_IFNAME"))
 
 
 @contextmanager
@@ -201,10 +233,10 @@ def _netlink(action: str) -> Iterator[Any]:
         raise PartitionError(f"{action}: {exc}") from exc
 
 
-def _lo_index(ipr: Any) -> int:
-    indices = ipr.link_lookup(ifname=INTERFACE)
+def _index(ipr: Any, interface: str) -> int:
+    indices = ipr.link_lookup(ifname=interface)
     if not indices:
-        raise PartitionError(f"no interface {INTERFACE!r}")
+        raise PartitionError(f"no interface {interface!r}")
     return int(indices[0])
 
 
@@ -218,32 +250,32 @@ def _filters(ipr: Any, index: int, parent: int) -> list[Any]:
     return list(ipr.get_filters(index=index, parent=parent))
 
 
-def _chaos_filters(ipr: Any, index: int) -> list[PartitionRecord]:
+def _chaos_filters(ipr: Any, index: int, interface: str) -> list[PartitionRecord]:
     records = []
     for message in _filters(ipr, index, INGRESS_PARENT):
         options = message.get_attr("TCA_OPTIONS")
         name = options.get_attr("TCA_BPF_NAME") if options is not None else None
-        record = PartitionRecord.from_filter_name(name) if name else None
+        record = PartitionRecord.from_filter_name(name, interface) if name else None
         if record is not None and message["handle"] == FILTER_HANDLE:
             records.append(record)
     return records
 
 
-def _find_filter(ipr: Any, index: int, port: int) -> PartitionRecord | None:
-    return next((r for r in _chaos_filters(ipr, index) if r.port == port), None)
+def _find_filter(ipr: Any, index: int, port: int, interface: str) -> PartitionRecord | None:
+    return next((r for r in _chaos_filters(ipr, index, interface) if r.port == port), None)
 
 
-def _chaos_owns_qdisc(ipr: Any) -> bool:
+def _chaos_owns_qdisc(ipr: Any, index: int, interface: str) -> bool:
     """Whether a partition would own the clsact: absent now, or created by an earlier partition."""
-    index = _lo_index(ipr)
     if not _has_clsact(ipr, index):
         return True
-    return any(r.owns_qdisc for r in _chaos_filters(ipr, index))
+    return any(r.owns_qdisc for r in _chaos_filters(ipr, index, interface))
 
 
-def _ensure_clsact(ipr: Any, index: int) -> bool:
-    """Make sure ``lo`` has a clsact qdisc; True when chaos owns it (ownership passes between filters)."""
-    owned = _chaos_owns_qdisc(ipr)
+def _ensure_clsact(ipr: Any, index: int, interface: str) -> bool:
+    """Make sure the interface has a clsact qdisc; True when chaos owns it (ownership passes between
+    filters)."""
+    owned = _chaos_owns_qdisc(ipr, index, interface)
     if not _has_clsact(ipr, index):
         ipr.tc("add", "clsact", index)
     return owned
@@ -269,7 +301,7 @@ def _remove_qdisc_if_unused(ipr: Any, index: int, record: PartitionRecord) -> No
     if _filters(ipr, index, INGRESS_PARENT) or _filters(ipr, index, EGRESS_PARENT):
         return
     _ignoring(EINVAL, ipr.tc, "del", "clsact", index)  # EINVAL: deleted concurrently
-    log.info("%s: removed the clsact qdisc chaos had created", INTERFACE)
+    log.info("%s: removed the clsact qdisc chaos had created", record.interface)
 
 
 def _ignoring(code: int, call: Any, *args: Any, **kwargs: Any) -> None:

@@ -1,8 +1,8 @@
 """Process faults: kill (SIGKILL), terminate (SIGTERM) and pause (SIGSTOP, reverted with SIGCONT).
 
 Kill and terminate revert to nothing: the fleet restarts the replica. A pause token records the pid and
-the process's start time from ``/proc/<pid>/stat``, so revert never signals a recycled pid: a process
-that is gone, or a pid that now belongs to someone else, counts as already reverted.
+the process's start time (psutil), so revert never signals a recycled pid: a process that is gone, or a
+pid that now belongs to someone else, counts as already reverted.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from pathlib import Path
+
+import psutil
 
 from chaos.faults.base import (
     Fault,
@@ -28,30 +29,37 @@ from chaos.targets import Target
 
 logger = logging.getLogger(__name__)
 
-PROC = Path("/proc")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)  # what SIGSTOP leaves a process in
 
 
-def process_start_time(pid: int, proc: Path = PROC) -> int | None:
-    """Field 22 of ``/proc/<pid>/stat`` (start time in clock ticks since boot); None when it is gone."""
+def process_start_time(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot; None when it is gone. Ticks, as the kernel counts
+    them, are what revert tokens in the ledger have always held: a token written before an upgrade still
+    matches its process."""
     try:
-        stat = (proc / str(pid) / "stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+        created = psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rindex(")") + 2:].split()
-    return int(fields[19])  # fields[0] is field 3 (state), so field 22 is fields[19]
+    return start_ticks(created)
+
+
+def start_ticks(created: float) -> int:
+    """psutil's creation time (POSIX seconds) back in clock ticks since boot, exactly: psutil adds the
+    same boot time to the kernel's ticks."""
+    return round((created - psutil.boot_time()) * CLOCK_TICKS)
 
 
 STOP_SETTLE_S = 5.0  # how long a SIGSTOP may take to stop a process on a busy machine
 
 
-def process_state(pid: int, proc: Path = PROC) -> str | None:
-    """Field 3 of ``/proc/<pid>/stat`` (R, S, T, Z, ...); None when the process is gone."""
+def process_state(pid: int) -> str | None:
+    """psutil's status of ``pid`` (``psutil.STATUS_*``: running, sleeping, stopped, zombie...); None when
+    the process is gone."""
     try:
-        stat = (proc / str(pid) / "stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+        return str(psutil.Process(pid).status())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-    return stat[stat.rindex(")") + 2:].split()[0]
 
 
 @dataclass(slots=True, frozen=True)
@@ -72,11 +80,10 @@ _KINDS = {
 
 
 class ProcessFault(Fault):
-    def __init__(self, kind: str, *, proc: Path = PROC) -> None:
+    def __init__(self, kind: str) -> None:
         if kind not in _KINDS:
             raise ValueError(f"kind: must be one of {', '.join(_KINDS)}, got {kind!r}")
         self._kind = _KINDS[kind]
-        self._proc = proc
 
     def describe(self) -> FaultKindInfo:
         return FaultKindInfo(kind=self._kind.kind, family="process", description=self._kind.description,
@@ -89,7 +96,7 @@ class ProcessFault(Fault):
 
     def prepare(self, spec: FaultSpec, target: Target) -> RevertToken:
         pid = self._checked_pid(target)
-        started = process_start_time(pid, self._proc)
+        started = process_start_time(pid)
         if started is None:
             raise FaultError(f"{target.replica_id}: process {pid} is not running")
         action = "signal" if self._kind.revert_signal is not None else "none"
@@ -103,7 +110,7 @@ class ProcessFault(Fault):
         token = self.prepare(spec, target)
         pid = int(token.data["pid"] or 0)
         # prepare() just read the start time; read it again so a pid recycled in between is left alone.
-        if process_start_time(pid, self._proc) != token.data["start_time"]:
+        if process_start_time(pid) != token.data["start_time"]:
             raise FaultError(f"{target.replica_id}: process {pid} went away before {self._kind.kind}")
         try:
             os.kill(pid, self._kind.sig)
@@ -121,7 +128,7 @@ class ProcessFault(Fault):
         """Return once the process is stopped: a signal takes effect when the process next runs, which on
         a busy machine can be a while after kill() returned, and the fault is in place only then."""
         deadline = time.monotonic() + STOP_SETTLE_S
-        while process_state(pid, self._proc) not in ("T", "t", None):
+        while process_state(pid) not in (*STOPPED, None):
             if time.monotonic() > deadline:
                 raise FaultError(f"{replica_id}: pid {pid} still running {STOP_SETTLE_S:g}s after SIGSTOP")
             await asyncio.sleep(0.01)
@@ -135,7 +142,7 @@ class ProcessFault(Fault):
         name = str(token.data.get("signal", "SIGCONT"))
         if not isinstance(pid, int) or not isinstance(started, int) or name not in signal.Signals.__members__:
             raise RevertFailed(f"{token.target}: malformed revert token {token.to_json()!r}", retryable=False)
-        if process_start_time(pid, self._proc) != started:
+        if process_start_time(pid) != started:
             logger.info("%s: pid %d is gone or recycled; nothing to revert", token.target, pid)
             return
         try:

@@ -79,6 +79,8 @@ def _is_loopback(url: httpx.URL) -> bool:
 
 
 class ReplicaFault(Fault):
+    expires_by_itself = True  # the replica ends its own fault hooks at their duration
+
     def __init__(self, kind: str, *, admin_tokens: AdminTokens | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, transport: httpx.AsyncBaseTransport | None = None,
                  wall_clock: Callable[[], float] = time.time) -> None:

@@ -5,11 +5,19 @@ Backend: ``stress-ng`` when it is installed (``--cpu N --cpu-load L`` and ``--vm
 plus a grace as a second safety net), else a bounded Python burner subprocess (a CPU loop at the same duty
 cycle and a touched ``bytearray``) that exits by itself at the same deadline.
 
+Limits, relative to the host (:class:`HostResources`): all stress faults together, the running ones and
+the ones planned, hold at most half the host's memory and run at most one CPU worker per CPU; the fault
+manager asks :meth:`StressFault.over_budget` before anything starts (and counts stressed replicas against
+the blast radius, see ``FaultKindInfo.impairs``). The control plane is never the target: its own process is
+refused, CPUs it is pinned to are left out of the stressor's set, and the stressor's workers are the OOM
+killer's first choice (``oom_score_adj`` 1000; stress-ng's ``--oomable`` keeps a killed one from coming
+back).
+
 The stressor runs in its own session, so its process group id is its pid. Every process of it carries a
 tag in its environment (``CHAOS_STRESS_TAG``), chosen in ``prepare`` and so already in the ledger before
-anything starts. Revert kills the group when the leader's pid still has the recorded start time (from
-``/proc/<pid>/stat``; a recycled pid is never signalled), then any process that carries the tag (an
-orphaned worker); a new control plane can do the same after a crash from the token alone.
+anything starts. Revert kills the group when the leader's pid still has the recorded start time (read with
+psutil; a recycled pid is never signalled), then any process that carries the tag (an orphaned worker); a
+new control plane can do the same after a crash from the token alone.
 """
 
 from __future__ import annotations
@@ -25,9 +33,11 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
+
+import psutil
 
 from chaos.faults.base import (
     Fault,
@@ -40,22 +50,28 @@ from chaos.faults.base import (
     Scalar,
     check_params,
 )
-from chaos.faults.process import PROC, process_start_time
+from chaos.faults.process import process_start_time, process_state, start_ticks
 from chaos.targets import Target
+from inference.environment import child_environment
 
 logger = logging.getLogger(__name__)
 
 KIND = "stress"
 TAG_ENV = "CHAOS_STRESS_TAG"
 TIMEOUT_GRACE_S = 5  # the stressor's own deadline is a little after the fault's, revert comes first
-MAX_CPU_WORKERS = 64
-MAX_VM_BYTES = 64 * 2**30
+MEMORY_SHARE = 0.5  # all stress faults together hold at most this share of the host's memory
+WORKERS_PER_CPU = 1  # ... and run at most this many CPU workers per CPU of the host
 REAP_TIMEOUT_S = 2.0
 Backend = Literal["stress-ng", "python"]
 
 # The fallback stressor: argv = workers, load percent, vm bytes, seconds, comma-separated CPUs.
 BURNER = r"""
 import os, sys, time
+try:
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")  # the OOM killer's first choice, as stress-ng makes its workers
+except OSError:
+    pass
 workers, load, vm_bytes, seconds = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 cpus = {int(c) for c in sys.argv[5].split(",") if c}
 if cpus:
@@ -82,18 +98,46 @@ while time.monotonic() < deadline:
 """
 
 
+@dataclass(slots=True, frozen=True)
+class HostResources:
+    """What the stress limits are relative to: the host's memory and CPUs."""
+
+    memory_bytes: int
+    num_cpus: int
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes < 1 or self.num_cpus < 1:
+            raise ValueError(f"host resources: need memory and CPUs, got {self!r}")
+
+    @classmethod
+    def detect(cls) -> HostResources:
+        return cls(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), os.cpu_count() or 1)
+
+    @property
+    def max_vm_bytes(self) -> int:
+        return int(self.memory_bytes * MEMORY_SHARE)
+
+    @property
+    def max_cpu_workers(self) -> int:
+        return self.num_cpus * WORKERS_PER_CPU
+
+
 class StressFault(Fault):
     """``backend`` is ``auto`` (stress-ng when found), ``stress-ng`` or ``python``."""
 
-    def __init__(self, *, backend: str = "auto", stress_ng: str | None = None, proc: Path = PROC) -> None:
+    expires_by_itself = True
+
+    def __init__(self, *, backend: str = "auto", stress_ng: str | None = None,
+                 host: HostResources | None = None) -> None:
         if backend not in ("auto", "stress-ng", "python"):
             raise ValueError(f"backend: must be auto, stress-ng or python, got {backend!r}")
         self._stress_ng = stress_ng or shutil.which("stress-ng")
         self._backend: Backend = "stress-ng" if backend != "python" and self._stress_ng else "python"
         self._missing = backend == "stress-ng" and not self._stress_ng
-        self._proc = proc
         self._tags: dict[tuple[int, str], str] = {}  # prepare -> inject hand-over of the ledger's tag
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # to reap after revert
+        self._host = host or HostResources.detect()
+        self._load: dict[str, tuple[int, int]] = {}  # tag -> (CPU workers, vm bytes) of a running stressor
 
     @property
     def backend(self) -> Backend:
@@ -105,7 +149,10 @@ class StressFault(Fault):
         return FaultKindInfo(
             kind=KIND, family="resource", available=not self._missing,
             unavailable_reason="unavailable: stress-ng not found" if self._missing else None,
-            description=f"CPU and memory pressure on the replica's CPUs; backend: {backend}",
+            description=f"CPU and memory pressure on the replica's CPUs; backend: {backend}; all stress "
+                        f"faults together at most {self._host.max_cpu_workers} CPU workers and "
+                        f"{self._host.max_vm_bytes} bytes (half the host's memory)",
+            impairs=True,
             params=(ParamInfo("cpu_workers", "integer", "CPU stressor processes", required=False, default=1),
                     ParamInfo("cpu_load", "number", "percent busy per CPU worker (1-100)", required=False,
                               default=100),
@@ -118,14 +165,36 @@ class StressFault(Fault):
         params = check_params(spec, self.describe())
         workers, load = _num(params["cpu_workers"]), _num(params["cpu_load"])
         vm_bytes = _num(params["vm_bytes"])
-        if not 0 <= workers <= MAX_CPU_WORKERS:
-            raise ValueError(f"params.cpu_workers: must be 0..{MAX_CPU_WORKERS}, got {workers:g}")
+        max_workers, max_bytes = self._host.max_cpu_workers, self._host.max_vm_bytes
+        if not 0 <= workers <= max_workers:
+            raise ValueError(f"params.cpu_workers: must be 0..{max_workers} (the host's CPUs), "
+                             f"got {workers:g}")
         if not 1 <= load <= 100:
             raise ValueError(f"params.cpu_load: must be 1..100 percent, got {load:g}")
-        if not 0 <= vm_bytes <= MAX_VM_BYTES:
-            raise ValueError(f"params.vm_bytes: must be 0..{MAX_VM_BYTES}, got {vm_bytes:g}")
+        if not 0 <= vm_bytes <= max_bytes:
+            raise ValueError(f"params.vm_bytes: must be 0..{max_bytes} (half the host's memory), got "
+                             f"{vm_bytes:g}")
         if workers == 0 and vm_bytes == 0:
             raise ValueError("params: nothing to stress (cpu_workers and vm_bytes are both 0)")
+
+    def over_budget(self, spec: FaultSpec, targets: Sequence[Target]) -> str | None:
+        """Why stressing ``targets`` now would exceed the host's limits, counting the stressors already
+        running; None when it fits."""
+        params = check_params(spec, self.describe())
+        workers, vm_bytes = int(_num(params["cpu_workers"])), int(_num(params["vm_bytes"]))
+        return self._over_budget(workers * len(targets), vm_bytes * len(targets), len(targets))
+
+    def _over_budget(self, workers: int, vm_bytes: int, num_targets: int) -> str | None:
+        running_workers = sum(w for w, _ in self._load.values())
+        running_bytes = sum(b for _, b in self._load.values())
+        host, running = self._host, f"{len(self._load)} stressors running"
+        if running_workers + workers > host.max_cpu_workers:
+            return (f"stress budget: {workers} CPU workers on {num_targets} targets plus {running_workers} "
+                    f"({running}) exceed the host's {host.max_cpu_workers} CPUs")
+        if running_bytes + vm_bytes > host.max_vm_bytes:
+            return (f"stress budget: {vm_bytes} bytes on {num_targets} targets plus {running_bytes} "
+                    f"({running}) exceed half the host's memory ({host.max_vm_bytes} bytes)")
+        return None
 
     def prepare(self, spec: FaultSpec, target: Target) -> RevertToken:
         self._checked_pid(target)
@@ -137,20 +206,26 @@ class StressFault(Fault):
         self.validate(spec)
         pid = self._checked_pid(target)
         tag = self._tags.pop((id(spec), target.replica_id), None) or uuid.uuid4().hex
+        cpus = self._cpus(target, pid)
+        params = check_params(spec, self.describe())
+        load = int(_num(params["cpu_workers"])), int(_num(params["vm_bytes"]))
+        problem = self._over_budget(*load, 1)  # a concurrent plan may have taken the room since
+        if problem is not None:
+            raise FaultError(f"{target.replica_id}: {problem}")
+        argv = self._argv(params, cpus, spec.duration_s)
         try:
-            cpus = sorted(os.sched_getaffinity(pid))
-        except OSError as exc:
-            msg = f"{target.replica_id}: cannot read the CPU affinity of pid {pid}: {exc}"
-            raise FaultError(msg) from exc
-        argv = self._argv(check_params(spec, self.describe()), cpus, spec.duration_s)
-        try:
-            child = subprocess.Popen(argv, env={**os.environ, TAG_ENV: tag}, start_new_session=True,
+            child = subprocess.Popen(argv, env=child_environment({TAG_ENV: tag}), start_new_session=True,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         except OSError as exc:
             raise FaultError(f"{target.replica_id}: cannot start {argv[0]}: {exc}") from exc
-        started = process_start_time(child.pid, self._proc)
+        # The stressor pins itself too, but only once it has started: until then it would run on our CPUs.
+        # OSError: it exited already (its own error is in its exit status).
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(child.pid, cpus)
+        started = process_start_time(child.pid)
         self._children[child.pid] = child
+        self._load[tag] = load
         logger.warning("%s: %s stressor pid %d on CPUs %s (%s)", target.replica_id, self._backend, child.pid,
                        cpus, " ".join(argv[1:]) if self._backend == "stress-ng" else "python burner")
         data: dict[str, Scalar] = {"tag": tag, "backend": self._backend, "pid": child.pid,
@@ -165,7 +240,7 @@ class StressFault(Fault):
     def _kill(self, token: RevertToken) -> None:
         tag, pid, started = str(token.data["tag"]), token.data.get("pid"), token.data.get("start_time")
         is_ours = isinstance(pid, int) and isinstance(started, int) \
-            and process_start_time(pid, self._proc) == started
+            and process_start_time(pid) == started
         if is_ours and isinstance(pid, int):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)  # its own session: the group id is the leader's pid
@@ -178,20 +253,21 @@ class StressFault(Fault):
                 child.wait(REAP_TIMEOUT_S)
         # SIGKILL takes effect when each worker next runs and frees its memory: give them a moment.
         deadline = time.monotonic() + REAP_TIMEOUT_S
-        while left := [p for p in self._strays(token) if _state(p, self._proc) not in (None, "Z")]:
+        while left := [p for p in self._strays(token) if _is_alive(p)]:
             if time.monotonic() > deadline:
                 raise RevertFailed(f"{token.target}: stressor processes {left} still running", retryable=True)
             time.sleep(0.05)
+        self._load.pop(tag, None)
         logger.info("%s: stressor (tag %s) killed", token.target, tag[:8])
 
     def _strays(self, token: RevertToken) -> list[int]:
         """What is left of the stressor: processes with its tag, and (stress-ng workers overwrite their
         environment with their title) members of its process group started no earlier than its leader."""
-        found = set(tagged_pids(str(token.data["tag"]), self._proc))
+        found = set(tagged_pids(str(token.data["tag"])))
         pgid, started = token.data.get("pid"), token.data.get("start_time")
         if isinstance(pgid, int) and isinstance(started, int):
             prefix = "stress-ng" if token.data.get("backend") == "stress-ng" else "python"
-            found |= set(group_pids(pgid, since=started, comm_prefix=prefix, proc=self._proc))
+            found |= set(group_pids(pgid, since=started, comm_prefix=prefix))
         return sorted(found)
 
     def _argv(self, params: dict[str, Scalar], cpus: Sequence[int], duration_s: float) -> list[str]:
@@ -202,7 +278,7 @@ class StressFault(Fault):
             return [sys.executable, "-c", BURNER, str(workers), f"{load:g}", str(vm_bytes), str(seconds),
                     ",".join(map(str, cpus))]
         argv = [str(self._stress_ng), "--taskset", ",".join(map(str, cpus)), "--timeout", f"{seconds}s",
-                "--quiet"]
+                "--quiet", "--oomable"]
         if workers:
             argv += ["--cpu", str(workers), "--cpu-load", f"{load:g}"]
         if vm_bytes:
@@ -211,50 +287,47 @@ class StressFault(Fault):
 
     def _checked_pid(self, target: Target) -> int:
         pid = target.pid
-        if pid is None or pid <= 1 or process_start_time(pid, self._proc) is None:
+        if pid is None or pid <= 1 or process_start_time(pid) is None:
             raise FaultError(f"{target.replica_id}: no local process to stress next to (pid {pid!r})")
+        if pid == os.getpid():
+            raise FaultError(f"{target.replica_id}: pid {pid} is the control plane's own process; "
+                             "it is never stressed")
         return pid
 
-
-def tagged_pids(tag: str, proc: Path = PROC) -> list[int]:
-    """Processes whose environment carries ``CHAOS_STRESS_TAG=<tag>`` (a pid reused by others never does)."""
-    needle = f"{TAG_ENV}={tag}".encode()
-    return sorted(pid for pid, environ in _environs(proc) if needle in environ.split(b"\0"))
-
-
-def group_pids(pgid: int, *, since: int, comm_prefix: str, proc: Path = PROC) -> list[int]:
-    """Members of process group ``pgid`` started at or after ``since`` whose name starts with the prefix."""
-    found = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
+    def _cpus(self, target: Target, pid: int) -> list[int]:
+        """The target's CPUs, less those the control plane is pinned to when the target has others."""
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+            theirs = os.sched_getaffinity(pid)
+        except OSError as exc:
+            msg = f"{target.replica_id}: cannot read the CPU affinity of pid {pid}: {exc}"
+            raise FaultError(msg) from exc
+        return sorted((theirs - os.sched_getaffinity(0)) or theirs)
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Processes whose environment carries ``CHAOS_STRESS_TAG=<tag>`` (a pid reused by others never does);
+    processes whose environment is not ours to read are not ours."""
+    return sorted(p.info["pid"] for p in psutil.process_iter(["pid", "environ"])
+                  if (p.info["environ"] or {}).get(TAG_ENV) == tag)
+
+
+def group_pids(pgid: int, *, since: int, comm_prefix: str) -> list[int]:
+    """Members of process group ``pgid`` started at or after ``since`` (clock ticks since boot) whose name
+    starts with the prefix."""
+    found = []
+    for p in psutil.process_iter(["pid", "name", "create_time"]):
+        name, created = p.info["name"] or "", p.info["create_time"]
+        if created is None or not name.startswith(comm_prefix) or start_ticks(created) < since:
             continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid and int(fields[19]) >= since and comm.startswith(comm_prefix):
-            found.append(int(entry.name))
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(p.info["pid"]) == pgid:
+                found.append(p.info["pid"])
     return sorted(found)
 
 
-def _environs(proc: Path) -> Iterator[tuple[int, bytes]]:
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            yield int(entry.name), (entry / "environ").read_bytes()
-        except OSError:  # gone, or not ours to read
-            continue
-
-
-def _state(pid: int, proc: Path) -> str | None:
-    try:
-        stat = (proc / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2:].split()[0]
+def _is_alive(pid: int) -> bool:
+    """Running, or stopped: not gone and not a zombie that waits to be reaped."""
+    return process_state(pid) not in (None, psutil.STATUS_ZOMBIE)
 
 
 def _num(value: Scalar) -> float:

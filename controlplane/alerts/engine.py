@@ -10,25 +10,32 @@ notify a webhook). Alertmanager can drive the same actions: its v4 webhook paylo
 the same transitions. The rules, queries and rule-file export that callers import from here are
 re-exported from :mod:`controlplane.alerts.rules`.
 
-Actions are idempotent (one per firing; a replica is restarted at most once per cooldown), rate-limited
-per kind, audited as the ``alerts`` principal and recorded with the alert. A failed action is a value in
-the record, never an exception that stops the loop.
+Actions (:mod:`controlplane.alerts.actions`) are idempotent (one per firing; a replica is restarted at most
+once per cooldown), rate-limited per kind, audited as the ``alerts`` principal and recorded with the alert.
+A failed action is a value in the record, never an exception that stops the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-import httpx
-
+from controlplane.alerts.actions import (
+    RESULT_FIELDS,
+    RETRYABLE,
+    AbortDrill,
+    ActionResult,
+    Actions,
+    FleetControl,
+    Post,
+    Source,
+    post_json,
+)
 from controlplane.alerts.config import ALERT_ACTIONS, AlertsConfig
 from controlplane.alerts.delegation import SETTINGS_KEY, alert_delegation, rule_file_writer, rule_switches
 from controlplane.alerts.rules import (
@@ -45,39 +52,34 @@ from controlplane.alerts.rules import (
     rule_file,
     rules_from_config,
 )
-from controlplane.auth import Auditor, Principal, Role
-from controlplane.replicas import ReplicaEndpoint, ReplicaState
-from controlplane.store.database import Outcome, Record, Store
+from controlplane.auth import Auditor
+from controlplane.errors import ControlPlaneError, NotFound
+from controlplane.store.database import Record, Store
 from controlplane.telemetry.base import Group, Telemetry, TelemetryError
 from controlplane.telemetry.prometheus import PrometheusSource
 
 __all__ = [
     "QUERIES", "ActionKind", "ActionResult", "Actions", "Alert", "AlertEngine", "AlertError", "ExternalAlert",
-    "FleetControl", "Observation", "Rule", "RuleStatus", "Transition", "alert_delegation", "build_engine",
-    "check_webhook_url", "default_rules", "instance_key", "post_json", "redact_url", "rule_file",
-    "rule_file_writer", "rule_switches", "rules_from_config", "step",
+    "FleetControl", "Observation", "Rule", "RuleStatus", "Transition", "UnknownRule", "alert_delegation",
+    "build_engine", "check_webhook_url", "default_rules", "instance_key", "post_json", "redact_url",
+    "rule_file", "rule_file_writer", "rule_switches", "rules_from_config", "step",
 ]
 
 logger = logging.getLogger(__name__)
 
 COLLECTION = "alerts"  # one record per transition; key: the alert instance
-ALERTS_PRINCIPAL = Principal("alerts", Role.OPERATOR)
 REBUILD_RECORDS = 5_000  # newest transitions read at start to rebuild the current states
 TRIM_EVERY = 100  # ticks between trims of the alerts collection
-# A replica the fleet is already bringing up, draining or restarting is not restarted again by an alert.
-NOT_RESTARTABLE = (ReplicaState.STARTING, ReplicaState.DRAINING, ReplicaState.CRASHED, ReplicaState.STOPPED)
 
 State = Literal["pending", "firing", "resolved"]
-ActionOutcome = Literal["ok", "error", "skipped", "deferred", "cooldown", "rate_limited"]
-# Refusals that may pass later: a firing alert tries its action again every ``action_retry_s``.
-RETRYABLE: tuple[str, ...] = ("deferred", "cooldown", "rate_limited")
-Source = Literal["rules", "alertmanager"]
-AbortDrill = Callable[[str], Awaitable[object] | object]
-Post = Callable[[str, Mapping[str, Any], float], int]
 
 
-class AlertError(Exception):
+class AlertError(ControlPlaneError):
     """A bad rule, an unknown rule name or a bad webhook payload; the message says which."""
+
+
+class UnknownRule(AlertError, NotFound):
+    """No alert rule has this name."""
 
 
 # ---- states and the pure step ---------------------------------------------------------------------
@@ -135,158 +137,6 @@ def step(rule: Rule, values: Mapping[Group, float], active: Mapping[str, Alert],
     return out
 
 
-# ---- actions --------------------------------------------------------------------------------------
-class FleetControl(Protocol):
-    """The part of the fleet that alert actions drive (``controlplane.fleet.reconcile.Fleet`` satisfies
-    it)."""
-
-    @property
-    def desired_total(self) -> int: ...
-
-    def scale(self, replicas: int) -> None: ...
-
-    def restart(self, replica_id: str) -> None: ...
-
-    def endpoints(self) -> list[ReplicaEndpoint]: ...
-
-
-@dataclass(slots=True, frozen=True)
-class ActionResult:
-    kind: str
-    target: str
-    outcome: ActionOutcome
-    detail: str
-    at: float
-
-
-RESULT_FIELDS = ("kind", "target", "outcome", "detail", "at")
-_AUDIT_OUTCOME: dict[str, Outcome] = {"ok": "ok", "error": "error", "skipped": "denied", "deferred": "denied",
-                                      "cooldown": "denied", "rate_limited": "denied"}
-
-
-def post_json(url: str, body: Mapping[str, Any], timeout_s: float) -> int:
-    """POST ``body`` as JSON; the HTTP status (raises httpx.HTTPError when it cannot be sent)."""
-    with httpx.Client(timeout=timeout_s, trust_env=False) as http:
-        return http.post(url, json=dict(body)).status_code
-
-
-class Actions:
-    """Runs an alert's action once, within its rate limit and cooldown, and audits the outcome."""
-
-    def __init__(self, config: AlertsConfig, *, fleet: FleetControl | None, auditor: Auditor,
-                 clock: Callable[[], float] = time.time, abort_drill: AbortDrill | None = None,
-                 post: Post = post_json) -> None:
-        self.config = config
-        self.fleet = fleet
-        self.auditor = auditor
-        self.clock = clock
-        self.abort_drill = abort_drill
-        self.post = post
-        self._done: dict[str, deque[float]] = {}  # kind -> times actions of it ran (ok or error)
-        self._restarted: dict[str, float] = {}  # replica id -> when an alert last restarted it
-
-    def remember(self, result: ActionResult) -> None:
-        """Count an action taken earlier (rebuilt from the records at start) against limits and cooldowns."""
-        if result.outcome in ("ok", "error"):
-            self._done.setdefault(result.kind, deque()).append(result.at)
-        if result.kind == "restart_replica" and result.outcome == "ok":
-            self._restarted[result.target] = max(result.at, self._restarted.get(result.target, 0.0))
-
-    async def run(self, kind: ActionKind, *, alert: str, labels: Mapping[str, str],
-                  annotations: Mapping[str, str], source: Source, webhook_url: str = "",
-                  body: Mapping[str, Any] | None = None) -> ActionResult:
-        now = self.clock()
-        target = self._target(kind, labels, webhook_url)
-        shown = redact_url(target) if kind == "notify" else target or "-"  # a URL may carry a secret
-        if kind == "none":
-            return ActionResult(kind, shown, "skipped", "the alert names no action", now)
-        refusal = self._refusal(kind, target, now)
-        if refusal is not None:
-            result = ActionResult(kind, shown, refusal[0], refusal[1], now)
-        else:
-            try:
-                outcome, detail = await self._execute(kind, target, body or {})
-            except Exception as exc:  # any failure is the action's result, never the loop's end
-                outcome, detail = "error", f"{type(exc).__name__}: {exc}"
-            result = ActionResult(kind, shown, outcome, detail, now)
-            self.remember(result)
-        self.auditor.record(ALERTS_PRINCIPAL, f"alerts.{kind}", shown, {"alert": alert, "source": source},
-                            _AUDIT_OUTCOME[result.outcome], result.detail)
-        log = logger.warning if result.outcome == "error" else logger.info
-        log("alert %s: action %s on %s: %s %s", alert, kind, shown, result.outcome, result.detail)
-        return result
-
-    def _target(self, kind: ActionKind, labels: Mapping[str, str], webhook_url: str) -> str:
-        if kind == "restart_replica":
-            return labels.get("replica", "")
-        if kind == "notify":
-            return webhook_url or self.config.webhook_url
-        return "fleet" if kind == "scale_up" else kind
-
-    def _refusal(self, kind: str, target: str, now: float) -> tuple[ActionOutcome, str] | None:
-        if kind == "restart_replica":
-            last = self._restarted.get(target)
-            if last is not None and now - last < self.config.restart_cooldown_s:
-                return "cooldown", (f"{target} was restarted by an alert {now - last:.0f}s ago "
-                                    f"(cooldown {self.config.restart_cooldown_s:g}s)")
-        done = self._done.setdefault(kind, deque())
-        while done and now - done[0] >= self.config.action_rate_window_s:
-            done.popleft()
-        if len(done) >= self.config.action_rate_limit:
-            return "rate_limited", (f"{len(done)} {kind} actions in the last "
-                                    f"{self.config.action_rate_window_s:g}s (limit "
-                                    f"{self.config.action_rate_limit})")
-        return None
-
-    async def _execute(self, kind: str, target: str, body: Mapping[str, Any]) -> tuple[ActionOutcome, str]:
-        if kind == "scale_up":
-            return self._scale_up()
-        if kind == "restart_replica":
-            return self._restart(target)
-        if kind == "abort_drill":
-            if self.abort_drill is None:
-                return "skipped", "no drill service to abort"
-            result = self.abort_drill(f"alert {body.get('alert', '')}")
-            if inspect.isawaitable(result):
-                result = await result
-            return "ok", f"abort requested: {result}" if result is not None else "abort requested"
-        return await self._notify(target, body)
-
-    def _scale_up(self) -> tuple[ActionOutcome, str]:
-        if self.fleet is None:
-            return "skipped", "no fleet"
-        current = self.fleet.desired_total
-        wanted = min(current + self.config.scale_up_step, self.config.max_replicas)
-        if wanted <= current:
-            return "skipped", f"already at max_replicas ({self.config.max_replicas})"
-        self.fleet.scale(wanted)
-        return "ok", f"desired replicas {current} -> {wanted}"
-
-    def _restart(self, replica_id: str) -> tuple[ActionOutcome, str]:
-        if not replica_id:
-            return "error", "the alert has no replica label"
-        if self.fleet is None:
-            return "skipped", "no fleet"
-        states = {e.replica_id: e.state for e in self.fleet.endpoints()}
-        state = states.get(replica_id)
-        if state is None:
-            return "error", f"no replica {replica_id!r} in the fleet"
-        if state in NOT_RESTARTABLE:
-            return "deferred", f"{replica_id} is {state.value}: the fleet is already handling it"
-        self.fleet.restart(replica_id)
-        self._restarted[replica_id] = self.clock()
-        return "ok", f"restarted {replica_id} (was {state.value})"
-
-    async def _notify(self, url: str, body: Mapping[str, Any]) -> tuple[ActionOutcome, str]:
-        if not url:
-            return "skipped", "no webhook_url configured"
-        check_webhook_url(url)
-        status = await asyncio.to_thread(self.post, url, body, self.config.notify_timeout_s)
-        if 200 <= status < 300:
-            return "ok", f"webhook answered {status}"
-        return "error", f"webhook answered {status}"
-
-
 # ---- the engine -----------------------------------------------------------------------------------
 @dataclass(slots=True)
 class _Deferred:
@@ -333,7 +183,7 @@ class AlertEngine:
         try:
             return self._rules[name]
         except KeyError:
-            raise AlertError(f"no alert rule named {name!r}") from None
+            raise UnknownRule(f"no alert rule named {name!r}", param="name", subject=name) from None
 
     def set_enabled(self, name: str, enabled: bool) -> list[Transition]:
         """Enable or disable a rule (kept across restarts); disabling resolves its active alerts."""

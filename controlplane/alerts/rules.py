@@ -42,7 +42,7 @@ from controlplane.telemetry.base import (
     Regex,
     Telemetry,
 )
-from controlplane.telemetry.prometheus import duration, gauge_query, quantile_query, rate_query
+from controlplane.telemetry.promql import duration, gauge_query, quantile_query, rate_query
 
 QUERY_WINDOW_S = 60.0  # rate and quantile window of the built-in queries
 REPLICAS_JOB = "replicas"  # the scrape job of the replicas (Prometheus' and the scraper's)

@@ -12,11 +12,11 @@ from datetime import datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane.alerts.engine import AlertEngine, AlertError, ExternalAlert
-from controlplane.auth import Auditor, Principal, Role, openai_error, require
+from controlplane.auth import Auditor, Principal, Role, require
 
 MAX_WEBHOOK_ALERTS = 1_000
 
@@ -50,11 +50,6 @@ class WebhookPayload(BaseModel):
     groupKey: str = ""
 
 
-def _refused(status: int, message: str, *, param: str | None = None) -> JSONResponse:
-    type_ = "not_found_error" if status == 404 else "invalid_request_error"
-    return JSONResponse(openai_error(message, type_=type_, param=param), status_code=status)
-
-
 def alerts_router(engine: AlertEngine, auditor: Auditor) -> APIRouter:
     router = APIRouter(prefix="/api/v1/alerts", tags=["alerts"])
     viewer, operator = require(Role.VIEWER), require(Role.OPERATOR)
@@ -63,19 +58,20 @@ def alerts_router(engine: AlertEngine, auditor: Auditor) -> APIRouter:
     async def rules(_: Principal = Depends(viewer)) -> list[dict[str, Any]]:
         return engine.rules_json()
 
-    @router.get("/rules.yml", response_class=PlainTextResponse)
+    @router.get("/rules.yml", response_class=PlainTextResponse,
+                responses={200: {"description": "a Prometheus rule file",
+                                 "content": {"application/yaml": {"schema": {"type": "object"}}}}})
     async def rules_yml(_: Principal = Depends(viewer)) -> PlainTextResponse:
         return PlainTextResponse(engine.export(), media_type="application/yaml")
 
-    @router.put("/rules/{name}", response_model=None)
-    async def switch(name: str, body: RuleSwitch, who: Principal = Depends(operator)
-                     ) -> dict[str, Any] | JSONResponse:
+    @router.put("/rules/{name}")
+    async def switch(name: str, body: RuleSwitch, who: Principal = Depends(operator)) -> dict[str, Any]:
         action = "alerts.enable" if body.enabled else "alerts.disable"
         try:
             resolved = engine.set_enabled(name, body.enabled)
-        except AlertError as exc:
+        except AlertError as exc:  # UnknownRule: 404
             auditor.record(who, action, name, {}, "error", str(exc))
-            return _refused(404, str(exc), param="name")
+            raise
         auditor.record(who, action, name, {}, "ok", f"{len(resolved)} active alerts resolved")
         return {"name": name, "enabled": body.enabled, "resolved": [t.key for t in resolved]}
 

@@ -5,21 +5,32 @@ and ``$CONTROLPLANE_USERS``, and a first admin whose password is ``$CONTROLPLANE
 config's ``console.admin_password``, or generated and printed once). The console posts a user's name and
 password to ``POST /api/v1/auth/login`` and gets back a short-lived bearer token of that user's role; every
 later call of that browser session carries it, so the API itself refuses what the role may not do.
-``POST /api/v1/auth/logout`` revokes the caller's token. Every login, failed or not, is audited.
+``POST /api/v1/auth/logout`` revokes the caller's token (any token, not only a session's), except the last
+admin token that does not expire (the first admin's, typically): that would leave no admin token, so it is
+refused with 409 (issue another admin token first, or recover with ``controlplane admin reset-token`` on
+the host). A console session's token always goes: it expires anyway, and the admin user can log in again.
+
+Every login is audited: a success as the user acting, a failure as ``anonymous`` trying (action
+``auth.login``, outcome ``denied``, the name typed as its target, the client's address in its
+parameters): a typed name is not who acted. Failed logins back off per user name and per client address
+(:mod:`controlplane.api.throttle`): a throttled attempt is answered 429 with Retry-After before its
+password is hashed, and is not audited, so a flood neither burns CPU on scrypt nor grows the audit trail.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from controlplane.api.throttle import LoginThrottle
 from controlplane.auth import (
     Auditor,
     Principal,
@@ -28,8 +39,11 @@ from controlplane.auth import (
     check_password,
     hash_password,
     openai_error,
+    public,
     require,
 )
+from controlplane.config import LoginLimits
+from controlplane.errors import Conflict, RateLimited
 from controlplane.store.database import AuditRecord, Store, StoreConflictError
 
 log = logging.getLogger(__name__)
@@ -106,21 +120,37 @@ class LoginRequest(BaseModel):
     ttl_s: float = Field(DEFAULT_SESSION_TTL_S, gt=0, le=MAX_SESSION_TTL_S)
 
 
-def auth_router(store: Store, tokens: TokenAuthority, auditor: Auditor) -> APIRouter:
+ANONYMOUS = "anonymous"  # the actor of a failed login: nobody we know
+
+
+def auth_router(store: Store, tokens: TokenAuthority, auditor: Auditor,
+                throttle: LoginThrottle | None = None) -> APIRouter:
+    """The auth routes; ``throttle`` defaults to the ``[api.login]`` defaults."""
     router = APIRouter(prefix="/api/v1/auth", tags=["security"])
+    throttle = throttle or LoginThrottle(LoginLimits())
     viewer = require(Role.VIEWER)
 
-    @router.post("/login", response_model=None)
-    def login(body: LoginRequest) -> dict[str, object] | JSONResponse:
+    @router.post("/login", response_model=None, dependencies=[Depends(public)],
+                 responses={401: {"description": "wrong user name or password"},
+                            429: {"description": "too many failed logins for this user or from this "
+                                                 "client; Retry-After says when to try again"}})
+    def login(body: LoginRequest, request: Request) -> dict[str, object] | JSONResponse:
         # A plain def: scrypt takes tens of milliseconds, so FastAPI runs it in a worker thread.
+        client = request.client.host if request.client else "unknown"
+        wait = throttle.admit(body.user, client)
+        if wait > 0:
+            log.info("login throttled user=%s client=%s retry_after=%.1fs", body.user, client, wait)
+            raise RateLimited(f"too many failed logins; try again in {math.ceil(wait)} s", retry_after_s=wait)
         user = store.user(body.user)
         matches = check_password(body.password, user.password_hash if user else _DUMMY_HASH)
         role = _role(user.role) if user is not None else None
         if user is None or not matches or role is None:
-            store.add_audit(AuditRecord(actor=body.user, role="-", action="auth.login", target=body.user,
-                                        params={}, outcome="denied", detail="wrong user name or password"))
+            store.add_audit(AuditRecord(actor=ANONYMOUS, role="-", action="auth.login",
+                                        target=body.user, params={"client": client}, outcome="denied",
+                                        detail="wrong user name or password"))
             return JSONResponse(openai_error("wrong user name or password", type_="authentication_error",
                                              code="invalid_credentials"), status_code=401)
+        throttle.succeeded(body.user, client)
         # "alice/console-1a2b3c": the audit names the user; "/" is in no user or API token name.
         token_name = f"{user.name}/console-{secrets.token_hex(3)}"
         secret = tokens.issue(token_name, role, body.ttl_s)
@@ -128,8 +158,16 @@ def auth_router(store: Store, tokens: TokenAuthority, auditor: Auditor) -> APIRo
                        detail=f"session token {token_name}")
         return {"user": user.name, "role": role.value, "token": secret, "ttl_s": body.ttl_s}
 
-    @router.post("/logout")
+    @router.post("/logout", responses={409: {"description": "the caller's token is the last live admin "
+                                                            "token; it is not revoked"}})
     def logout(who: Principal = Depends(viewer)) -> dict[str, object]:
+        permanent = tokens.live_names(Role.ADMIN, permanent=True)
+        if who.name in permanent and len(permanent) == 1:
+            detail = ("the last admin token that does not expire is not revoked: that would leave no admin "
+                      "token. Issue another admin token first, or run `controlplane admin reset-token` on "
+                      "the host")
+            auditor.record(who, "auth.logout", who.name, {}, "denied", detail)
+            raise Conflict(detail)
         revoked = tokens.revoke(who.name)
         auditor.record(who, "auth.logout", who.name, {}, "ok" if revoked else "error")
         return {"revoked": revoked}

@@ -21,12 +21,8 @@ from controlplane.auth import Auditor, Principal, Role, require
 from controlplane.autoscale.config import ScheduleWindowConfig
 from controlplane.autoscale.loop import COLLECTION, Autoscaler
 from controlplane.autoscale.windows import Window
-
-
-class AutoscalerRefused(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+from controlplane.errors import Refused
+from controlplane.vocabulary import AUTOSCALER_TARGETS
 
 
 class Targets(BaseModel):
@@ -52,12 +48,9 @@ class ConfigUpdate(BaseModel):
 
     def changes(self) -> dict[str, Any]:
         out = {k: v for k, v in self.model_dump(exclude={"targets"}).items() if v is not None}
-        names = {"waiting_per_replica": "target_waiting_per_replica",
-                 "kv_cache_usage": "target_kv_cache_usage", "ttft_p95_s": "ttft_slo_s",
-                 "tokens_per_s_per_replica": "target_tokens_per_s_per_replica",
-                 "engine_load_per_replica": "target_engine_load_per_replica"}
         if self.targets is not None:
-            out.update({names[k]: v for k, v in self.targets.model_dump().items() if v is not None})
+            targets = self.targets.model_dump().items()
+            out.update({AUTOSCALER_TARGETS[k]: v for k, v in targets if v is not None})
         return out
 
 
@@ -158,12 +151,12 @@ def autoscaler_router(autoscaler: Autoscaler, auditor: Auditor) -> APIRouter:
         changes = body.changes()
         if not changes:
             auditor.record(who, "autoscaler.config", "autoscaler", changes, "error", "nothing to change")
-            raise AutoscalerRefused(400, "nothing to change: give at least one field")
+            raise Refused("nothing to change: give at least one field")
         try:
             autoscaler.update(changes)
         except ValueError as exc:
             auditor.record(who, "autoscaler.config", "autoscaler", changes, "error", str(exc))
-            raise AutoscalerRefused(400, str(exc), param=str(exc).split(":")[0]) from exc
+            raise Refused(str(exc), param=str(exc).split(":")[0]) from exc
         auditor.record(who, "autoscaler.config", "autoscaler", changes, "ok")
         return autoscaler.status()
 
@@ -179,8 +172,7 @@ def autoscaler_router(autoscaler: Autoscaler, auditor: Auditor) -> APIRouter:
             await asyncio.to_thread(autoscaler.set_windows, cfgs)
         except ValueError as exc:
             auditor.record(who, "autoscaler.windows", "autoscaler", params, "error", str(exc))
-            raise AutoscalerRefused(400, str(exc), param=window_param(str(exc), [c.name for c in cfgs])) \
-                from exc
+            raise Refused(str(exc), param=window_param(str(exc), [c.name for c in cfgs])) from exc
         auditor.record(who, "autoscaler.windows", "autoscaler", params, "ok")
         return await asyncio.to_thread(windows_view, autoscaler)
 

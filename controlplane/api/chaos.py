@@ -18,15 +18,17 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 
 from chaos import ctk
+from chaos.egress import HostAllowList, host_entry, loopback_entries
 from chaos.experiment import (
     ExperimentRunner,
     InvalidExperiment,
     check_python_modules,
+    redact,
     resolve_secrets,
     resolve_values,
     validate_experiment,
 )
-from chaos.faults.base import FaultError, FaultSpec, FaultUnavailable
+from chaos.faults.base import FaultError, FaultSpec
 from chaos.safety import (
     ActiveFault,
     FaultManager,
@@ -38,6 +40,7 @@ from chaos.safety import (
 from chaos.targets import Selector
 from controlplane.auth import Auditor, Principal, Role, bearer_token, require
 from controlplane.drills.port import fleet_targets
+from controlplane.errors import Conflict, NotFound, Refused
 from controlplane.fleet.reconcile import Fleet
 
 
@@ -70,13 +73,8 @@ class ExperimentRequest(BaseModel):
     check_interval_s: float = Field(1.0, gt=0, le=60)
 
 
-class ChaosRefused(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-def chaos_router(manager: FaultManager, fleet: Fleet, auditor: Auditor) -> APIRouter:
+def chaos_router(manager: FaultManager, fleet: Fleet, auditor: Auditor, *,
+                 experiment_hosts: Sequence[str] = ()) -> APIRouter:
     router = APIRouter(prefix="/api/v1/chaos", tags=["chaos"])
     viewer, operator = require(Role.VIEWER), require(Role.OPERATOR)
 
@@ -96,9 +94,12 @@ def chaos_router(manager: FaultManager, fleet: Fleet, auditor: Auditor) -> APIRo
                                       seed=body.seed)
             spec = FaultSpec(body.kind, body.params, body.duration_s, selector)
             plan = manager.plan(spec, fleet_targets(fleet), allow_all=body.allow_all)
-        except (ValueError, KeyError, FaultUnavailable) as exc:
+        except (ValueError, KeyError) as exc:
             auditor.record(who, "chaos.inject", body.kind, params, "error", str(exc))
-            raise ChaosRefused(400, str(exc).strip("'\"")) from exc
+            raise Refused(str(exc).strip("'\"")) from exc
+        except FaultError as exc:  # FaultUnavailable: a kind that cannot run here (400)
+            auditor.record(who, "chaos.inject", body.kind, params, "error", str(exc))
+            raise
         summary = {"kind": spec.kind, "duration_s": spec.duration_s,
                    "targets": [t.replica_id for t in plan.targets], "reasons": list(plan.reasons),
                    "allowed": plan.allowed}
@@ -106,12 +107,12 @@ def chaos_router(manager: FaultManager, fleet: Fleet, auditor: Auditor) -> APIRo
             return {"dry_run": True, "plan": summary}
         if not plan.allowed:
             auditor.record(who, "chaos.inject", body.kind, params, "denied", "; ".join(plan.reasons))
-            raise ChaosRefused(409, "; ".join(plan.reasons))
+            raise Conflict("; ".join(plan.reasons))
         try:
             faults = await manager.inject(spec, fleet_targets(fleet), allow_all=body.allow_all)
-        except FaultError as exc:
+        except FaultError as exc:  # Halted, BlastRadiusExceeded: conflicts (409)
             auditor.record(who, "chaos.inject", body.kind, params, "denied", str(exc))
-            raise ChaosRefused(409, str(exc)) from exc
+            raise
         failed = [f.error for f in faults if not f.ok]
         auditor.record(who, "chaos.inject", body.kind, params, "error" if failed else "ok", "; ".join(
             str(e) for e in failed))
@@ -138,12 +139,12 @@ def chaos_router(manager: FaultManager, fleet: Fleet, auditor: Auditor) -> APIRo
         return {"halted": manager.is_halted}
 
     if hasattr(manager.ledger, "add_record"):  # the store: journals live next to the fault ledger
-        _experiment_routes(router, manager, fleet, auditor, manager.ledger)
+        _experiment_routes(router, manager, fleet, auditor, manager.ledger, tuple(experiment_hosts))
     return router
 
 
 def _experiment_routes(router: APIRouter, manager: FaultManager, fleet: Fleet, auditor: Auditor,
-                       store: Any) -> None:
+                       store: Any, experiment_hosts: tuple[str, ...]) -> None:
     """POST /experiments runs one natively in this process (its chaos.ctk activities call this API back
     with the caller's own token); journals are store records of collection "experiments"."""
     viewer, operator = require(Role.VIEWER), require(Role.OPERATOR)
@@ -159,7 +160,7 @@ def _experiment_routes(router: APIRouter, manager: FaultManager, fleet: Fleet, a
         title = str(body.experiment.get("title", ""))[:200]
         params = {"title": title, "dry_run": body.dry_run, "min_ready": body.min_ready,
                   "max_error_rate": body.max_error_rate, "max_p99_ttft_s": body.max_p99_ttft_s}
-        own = {ctk.URL_KEY: str(request.base_url).rstrip("/")}
+        own = {ctk.URL_KEY: _own_url(request)}
         experiment = {**body.experiment, "configuration": {**(body.experiment.get("configuration") or {}),
                                                            **own}}
         try:
@@ -169,10 +170,11 @@ def _experiment_routes(router: APIRouter, manager: FaultManager, fleet: Fleet, a
             resolve_secrets(experiment.get("secrets"), allow_env=False)
         except InvalidExperiment as exc:
             auditor.record(who, "chaos.experiment", title, params, "error", str(exc))
-            raise ChaosRefused(400, str(exc)) from exc
+            raise
         secrets = {ctk.TOKEN_KEY: bearer_token(request)}
         runner = ExperimentRunner(revert_faults=_reverter(manager), base_configuration=own,
-                                  base_secrets=secrets, allow_env=False)
+                                  base_secrets=secrets, allow_env=False,
+                                  egress=_egress(request, fleet, experiment_hosts))
         conditions = _stop_conditions(body, fleet, own, secrets)
         record = store.add_record(EXPERIMENTS, {"title": title, "status": "running", "by": who.name,
                                                 "dry": body.dry_run}, key=title)
@@ -185,8 +187,9 @@ def _experiment_routes(router: APIRouter, manager: FaultManager, fleet: Fleet, a
             except InvalidExperiment as exc:  # e.g. an environment lookup in its configuration
                 journal = {"title": title, "status": "failed", "error": str(exc)}
             except Exception as exc:
-                logger.exception("experiment %d (%s) crashed", record.id, title)
-                journal = {"title": title, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+                error = redact(f"{type(exc).__name__}: {exc}", [v for v in secrets.values() if v])
+                logger.error("experiment %d (%s) crashed: %s", record.id, title, error)
+                journal = {"title": title, "status": "failed", "error": error}
             journal = {**journal, "id": record.id, "title": title, "by": who.name}
             store.update_record(record.id, journal)
             store.trim_records(EXPERIMENTS, KEEP_JOURNALS)
@@ -212,8 +215,36 @@ def _experiment_routes(router: APIRouter, manager: FaultManager, fleet: Fleet, a
     async def journal(experiment_id: int, _: Principal = Depends(viewer)) -> dict[str, Any]:
         record = store.record(experiment_id, EXPERIMENTS)
         if record is None:
-            raise ChaosRefused(404, f"experiment {experiment_id}: not found")
+            raise NotFound(f"experiment {experiment_id}: not found", subject=str(experiment_id))
         return {"id": record.id, **record.body}
+
+
+def _own_address(request: Request) -> tuple[str, int]:
+    """This API's address as the connection reached it (the server's socket, never the ``Host`` header,
+    which the caller writes: it would point the caller's token and the allow-list anywhere)."""
+    server = request.scope.get("server")
+    if server and server[1] is not None:
+        return str(server[0]), int(server[1])
+    return "127.0.0.1", request.url.port or (443 if request.url.scheme == "https" else 80)
+
+
+def _own_url(request: Request) -> str:
+    host, port = _own_address(request)
+    return f"{request.url.scheme}://{host_entry(host, port)}"
+
+
+def _egress(request: Request, fleet: Fleet, configured: Sequence[str]) -> HostAllowList:
+    """Where an experiment's http providers may go: this API, the control plane's other listeners and its
+    replicas (on loopback, as the fleet knows them now), and the configured hosts."""
+    host, port = _own_address(request)
+    own = [*loopback_entries({port, *fleet.reserved_ports}), host_entry(host, port), *configured]
+
+    def replicas() -> list[str]:
+        endpoints = fleet.endpoints()
+        ports = [e.port for e in endpoints]
+        return [*loopback_entries(ports), *(host_entry(e.host, e.port) for e in endpoints)]
+
+    return HostAllowList(own, replicas)
 
 
 async def _discard(work: Any) -> None:

@@ -8,21 +8,19 @@ the OpenAI error shape whose ``param`` names the field.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from chaos.drills import DrillError
 from chaos.scenarios import SCENARIOS
-from controlplane.api.chaos import ChaosRefused
+from controlplane.api.errors import field_of
 from controlplane.auth import Auditor, Principal, Role, require
 from controlplane.drills.report import compare, to_markdown
 from controlplane.drills.service import KEEP_REPORTS, DrillService
-
-_FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*): ")  # "load.trace: no trace file ..." names load.trace
+from controlplane.errors import Conflict, NotFound, Refused
 
 
 class LoadRequest(BaseModel):
@@ -55,12 +53,14 @@ class RunRequest(BaseModel):
     fault_at_s: float | None = Field(None, gt=0, description="t0, seconds into the load")
     max_tokens: int | None = Field(None, ge=1, le=1024)
     capacity_deadline_s: float | None = Field(None, gt=0, le=1800)
+    steady_state_timeout_s: float | None = Field(None, gt=0, le=3600, description="wait this long at most "
+                                                 "for the steady state (a fleet still starting)")
     targets: dict[str, float] = Field(default_factory=dict, description="target overrides by name")
     dry_run: bool = False
 
     def overrides(self) -> dict[str, Any]:
-        fields = ("rate", "duration_s", "fault_at_s", "max_tokens", "capacity_deadline_s", "replicas",
-                  "zones")
+        fields = ("rate", "duration_s", "fault_at_s", "max_tokens", "capacity_deadline_s",
+                  "steady_state_timeout_s", "replicas", "zones")
         out: dict[str, Any] = {k: getattr(self, k) for k in fields if getattr(self, k) is not None}
         if self.load is not None:
             out["load"] = self.load.override()
@@ -76,8 +76,8 @@ def drills_router(service: DrillService, auditor: Auditor) -> APIRouter:
     async def scenarios(_: Principal = Depends(viewer)) -> list[dict[str, Any]]:
         return [s.describe() for s in SCENARIOS.values()]
 
-    @router.post("/run", response_model=None)
-    async def run(body: RunRequest, who: Principal = Depends(operator)) -> dict[str, Any] | JSONResponse:
+    @router.post("/run")
+    async def run(body: RunRequest, who: Principal = Depends(operator)) -> dict[str, Any]:
         params = body.model_dump()
         try:
             if body.dry_run:
@@ -86,10 +86,10 @@ def drills_router(service: DrillService, auditor: Auditor) -> APIRouter:
         except (KeyError, ValueError) as exc:
             message = str(exc).strip("'\"")
             auditor.record(who, "drill.run", body.scenario, params, "error", message)
-            return _invalid(message)
-        except DrillError as exc:
+            raise Refused(message, param=field_of(message)) from exc
+        except DrillError as exc:  # DrillBusy: one at a time (409)
             auditor.record(who, "drill.run", body.scenario, params, "denied", str(exc))
-            raise ChaosRefused(409, str(exc)) from exc
+            raise
         auditor.record(who, "drill.run", body.scenario, params, "ok", f"drill {drill_id}")
         return {"id": drill_id, "scenario": body.scenario, "status": "running"}
 
@@ -104,41 +104,45 @@ def drills_router(service: DrillService, auditor: Auditor) -> APIRouter:
         try:
             wanted = [int(i) for i in ids.split(",") if i.strip()]
         except ValueError as exc:
-            raise ChaosRefused(400, f"ids: expected comma-separated integers, got {ids!r}") from exc
+            raise Refused(f"ids: expected comma-separated integers, got {ids!r}", param="ids") from exc
         if len(wanted) < 2:
-            raise ChaosRefused(400, "ids: give at least two drill ids")
+            raise Refused("ids: give at least two drill ids", param="ids")
         return compare([_report(service, i) for i in wanted])
 
-    @router.get("/{drill_id}")
+    @router.get("/{drill_id:int}")
     async def show(drill_id: int, _: Principal = Depends(viewer)) -> dict[str, Any]:
         return _report(service, drill_id)
 
-    @router.get("/{drill_id}/report.md", response_class=PlainTextResponse)
+    @router.get("/{drill_id:int}/report.md", response_class=PlainTextResponse,
+                responses={200: {"content": {"text/markdown": {"schema": {"type": "string"}}}}})
     async def markdown(drill_id: int, _: Principal = Depends(viewer)) -> PlainTextResponse:
         return PlainTextResponse(to_markdown(_report(service, drill_id)), media_type="text/markdown")
 
-    @router.post("/{drill_id}/abort")
+    @router.post("/{drill_id:int}/abort")
     async def abort(drill_id: int, who: Principal = Depends(operator)) -> dict[str, Any]:
         report = _report(service, drill_id)
         if not service.abort(drill_id):
             auditor.record(who, "drill.abort", str(drill_id), {}, "denied", "not running")
-            raise ChaosRefused(409, f"drill {drill_id} is not running (status {report.get('status')})")
+            raise Conflict(f"drill {drill_id} is not running (status {report.get('status')})",
+                           subject=str(drill_id))
         auditor.record(who, "drill.abort", str(drill_id), {}, "ok")
         return {"id": drill_id, "aborting": True}
 
+    @router.put("/{drill_id:int}/report")
+    async def external_report(drill_id: int, body: dict[str, Any],
+                              who: Principal = Depends(operator)) -> dict[str, Any]:
+        """The report (or progress) of a drill whose runner lives outside the control plane (the
+        control-plane-crash drill, with the token issued for it); audited once it is final."""
+        stored = service.external_report(drill_id, body)
+        if stored.get("status") != "running":
+            auditor.record(who, "drill.report", str(drill_id), {"status": stored.get("status")}, "ok")
+        return {"id": drill_id, "status": stored.get("status")}
+
     return router
-
-
-def _invalid(message: str) -> JSONResponse:
-    """A 400 in the OpenAI error shape; ``param`` is the field the message starts with."""
-    named = _FIELD.match(message)
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error",
-                                   "param": named.group(1) if named else None, "code": None}},
-                        status_code=400)
 
 
 def _report(service: DrillService, drill_id: int) -> dict[str, Any]:
     report = service.get(drill_id)
     if report is None:
-        raise ChaosRefused(404, f"no drill {drill_id}")
+        raise NotFound(f"no drill {drill_id}", subject=str(drill_id))
     return report

@@ -1,8 +1,10 @@
 """The control plane's REST API (FastAPI; OpenAPI spec at ``/openapi.json``).
 
-Reads need a viewer token, mutations an operator token, token management an admin token. Every mutation
-writes an audit record (who, what, when, outcome), also when it is refused or fails. The console, the
-CLI and the Chaos Toolkit extension all go through this API (see ``controlplane.client``).
+Reads need a viewer token, mutations an operator token, token management an admin token. Every route
+declares who may call it with one guard (``controlplane.auth.guard``), published as ``x-access`` in the
+spec; the gate (``controlplane.api.gate``) checks it before reading the body, then caps the body. Every
+mutation writes an audit record (who, what, when, outcome), also when it is refused or fails. The console,
+the CLI and the Chaos Toolkit extension all go through this API (see ``controlplane.client``).
 """
 
 from __future__ import annotations
@@ -11,30 +13,38 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-from fastapi import Depends, FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import Depends, FastAPI, Query
 from pydantic import BaseModel, Field
 
 from chaos.safety import FaultManager
 from controlplane.alerts.engine import AlertEngine
 from controlplane.api.alerts import alerts_router
 from controlplane.api.auth import auth_router
-from controlplane.api.autoscaler import AutoscalerRefused, autoscaler_router
-from controlplane.api.chaos import ChaosRefused, chaos_router
+from controlplane.api.autoscaler import autoscaler_router
+from controlplane.api.chaos import chaos_router
 from controlplane.api.drills import drills_router
-from controlplane.api.schedules import install_schedules
+from controlplane.api.errors import install_error_handlers
+from controlplane.api.gate import Gate
+from controlplane.api.gateways import Gateways, gateways_router
+from controlplane.api.process_metrics import process_metrics_router
+from controlplane.api.schedules import schedules_router
 from controlplane.api.simulations import simulator_router
-from controlplane.auth import Auditor, Principal, Role, TokenAuthority, install, require
+from controlplane.api.spec import document
+from controlplane.api.throttle import LoginThrottle
+from controlplane.auth import Auditor, Principal, Role, TokenAuthority, install, public, require
 from controlplane.autoscale.loop import Autoscaler
+from controlplane.config import ApiConfig
 from controlplane.drills.service import DrillService
-from controlplane.fleet.reconcile import Fleet, FleetError
+from controlplane.errors import ControlPlaneError, Refused, Unavailable
+from controlplane.fleet.feed import EndpointsFeed
+from controlplane.fleet.reconcile import Fleet
 from controlplane.schedules.scheduler import DrillScheduler
 from controlplane.store.database import Store
-from controlplane.telemetry.base import GENERATION_TOKENS, REQUEST_SUCCESS, Scope, Telemetry, TelemetryError
+from controlplane.store.sqlite import MAX_ROW_ID
+from controlplane.telemetry.base import GENERATION_TOKENS, REQUEST_SUCCESS, Scope, Telemetry
 from controlplane.traces import TraceRecord
 
 logger = logging.getLogger(__name__)
@@ -70,23 +80,18 @@ class Services:
     autoscaler: Autoscaler | None = None
     schedules: DrillScheduler | None = None
     drills: DrillService | None = None
-
-
-def _error(status: int, message: str, *, type_: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": None}},
-                        status_code=status)
+    feed: EndpointsFeed | None = None  # with gateways: the routes the gateway processes call
+    gateways: Gateways | None = None
+    experiment_hosts: tuple[str, ...] = ()  # chaos.experiment_hosts: more hosts experiments may request
+    api: ApiConfig = field(default_factory=ApiConfig)  # the body cap and the login backoff
 
 
 def create_api(services: Services) -> FastAPI:
     app = FastAPI(title="LLM SRE control plane", version="0.1.0")
+    app.add_middleware(Gate, max_body_bytes=services.api.max_body_bytes)
     install(app, services.tokens, services.auditor)
+    install_error_handlers(app)
     viewer, operator, admin = require(Role.VIEWER), require(Role.OPERATOR), require(Role.ADMIN)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return _error(400, f"{param}: {first.get('msg')}", type_="invalid_request_error", param=param)
 
     async def audited(principal: Principal, action: str, target: str, params: dict[str, Any],
                       run: Callable[[], Awaitable[T] | T]) -> T:
@@ -94,38 +99,30 @@ def create_api(services: Services) -> FastAPI:
             result = run()
             if isinstance(result, Awaitable):
                 result = await result
-        except FleetError as exc:
+        except ControlPlaneError as exc:  # a fleet refusal, a duplicate token name...: audited, then answered
             services.auditor.record(principal, action, target, params, "error", str(exc))
-            raise _Refused(409, str(exc)) from exc
+            raise
         services.auditor.record(principal, action, target, params, "ok")
         return result
 
     if services.chaos is not None:
-        app.include_router(chaos_router(services.chaos, services.fleet, services.auditor))
+        app.include_router(chaos_router(services.chaos, services.fleet, services.auditor,
+                                        experiment_hosts=services.experiment_hosts))
     if services.alerts is not None:
         app.include_router(alerts_router(services.alerts, services.auditor))
     if services.autoscaler is not None:
         app.include_router(autoscaler_router(services.autoscaler, services.auditor))
     if services.schedules is not None:  # before any /api/v1/drills/{drill_id} route, which would shadow it
-        install_schedules(app, services.schedules, services.auditor)
+        app.include_router(schedules_router(services.schedules, services.auditor))
     if services.drills is not None:  # after the schedules: /api/v1/drills/{drill_id} would shadow them
         app.include_router(drills_router(services.drills, services.auditor))
+    if services.feed is not None and services.gateways is not None:
+        app.include_router(gateways_router(services.feed, services.gateways, services.store,
+                                           services.auditor))
 
-    @app.exception_handler(AutoscalerRefused)
-    async def _autoscaler_refused(_: Request, exc: AutoscalerRefused) -> JSONResponse:
-        return _error(exc.status, exc.message, type_="invalid_request_error", param=exc.param)
+    app.include_router(process_metrics_router())  # GET /metrics: this process's asyncio tasks
 
-    @app.exception_handler(ChaosRefused)
-    async def _chaos_refused(_: Request, exc: ChaosRefused) -> JSONResponse:
-        type_ = "conflict" if exc.status == 409 else "invalid_request_error"
-        return _error(exc.status, exc.message, type_=type_)
-
-    @app.exception_handler(_Refused)
-    async def _refused(_: Request, exc: _Refused) -> JSONResponse:
-        type_ = "conflict" if exc.status == 409 else "invalid_request_error"
-        return _error(exc.status, exc.message, type_=type_)
-
-    @app.get("/health", tags=["meta"])
+    @app.get("/health", tags=["meta"], dependencies=[Depends(public)])
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
@@ -139,6 +136,8 @@ def create_api(services: Services) -> FastAPI:
             "rollout": None if rollout is None else {"model": rollout.model, "generation": rollout.generation,
                                                      "surge": rollout.surge},
             "replicas": [_endpoint_json(e) for e in fleet.endpoints()],
+            # the cluster's nodes (none for local processes); a lost one stays listed until it is back
+            "nodes": [asdict(n) for n in fleet.nodes()], "zones_down": sorted(fleet.zones_down),
         }
 
     @app.post("/api/v1/fleet/scale", tags=["fleet"])
@@ -159,7 +158,8 @@ def create_api(services: Services) -> FastAPI:
         return {"model": ro.model, "generation": ro.generation}
 
     @app.get("/api/v1/events", tags=["observability"])
-    async def events(since_id: int = 0, kind: str | None = None, subject: str | None = None,
+    async def events(since_id: int = Query(0, ge=0, le=MAX_ROW_ID), kind: str | None = None,
+                     subject: str | None = None,
                      limit: int = Query(200, ge=1, le=5000),
                      _: Principal = Depends(viewer)) -> list[dict[str, Any]]:
         return [asdict(e) for e in services.store.events(since_id=since_id, kind_prefix=kind,
@@ -172,13 +172,7 @@ def create_api(services: Services) -> FastAPI:
 
     @app.get("/api/v1/metrics/summary", tags=["observability"])
     async def summary(scope: str = "fleet", _: Principal = Depends(viewer)) -> dict[str, Any]:
-        if services.telemetry is None:
-            raise _Refused(503, "telemetry is not running")
-        try:
-            parsed = Scope.parse(scope)
-        except ValueError as exc:
-            raise _Refused(400, f"scope: {exc}") from exc
-        return asdict(services.telemetry.summary(parsed))
+        return asdict(_telemetry().summary(_scope(scope)))
 
     @app.get("/api/v1/audit", tags=["security"])
     async def audit(limit: int = Query(200, ge=1, le=5000), actor: str | None = None,
@@ -191,7 +185,8 @@ def create_api(services: Services) -> FastAPI:
                                lambda: services.tokens.issue(body.name, Role(body.role), body.ttl_s))
         return {"name": body.name, "role": body.role, "token": secret}
 
-    app.include_router(auth_router(services.store, services.tokens, services.auditor))
+    app.include_router(auth_router(services.store, services.tokens, services.auditor,
+                                   LoginThrottle(services.api.login)))
     app.include_router(simulator_router(services.auditor, services.store))
 
     @app.get("/api/v1/latency/breakdown", tags=["observability"])
@@ -199,10 +194,7 @@ def create_api(services: Services) -> FastAPI:
                           quantile: float = Query(0.99, ge=0.5, lt=1.0),
                           slowest: int = Query(20, ge=0, le=200),
                           _: Principal = Depends(viewer)) -> dict[str, Any]:
-        try:
-            parsed = Scope.parse(scope)
-        except ValueError as exc:
-            raise _Refused(400, f"scope: {exc}") from exc
+        parsed = _scope(scope)
         since = time.time() - window_s
         stored = services.store.traces(since=since, limit=MAX_BREAKDOWN_TRACES)
         traces = [t for t in stored if _in_scope(t, parsed)]
@@ -218,27 +210,21 @@ def create_api(services: Services) -> FastAPI:
                       minutes: float = Query(10.0, gt=0, le=24 * 60),
                       step_s: float = Query(5.0, ge=1, le=3600),
                       _: Principal = Depends(viewer)) -> list[dict[str, Any]]:
-        telemetry = _telemetry()
+        telemetry, parsed = _telemetry(), _scope(scope)
         try:
-            parsed = Scope.parse(scope)
             end = time.time()
             series = telemetry.range(kind, metric, start=end - minutes * 60, end=end,  # type: ignore[arg-type]
                                      step=step_s, q=q, by=(by,) if by else (), match=parsed.matchers)
         except ValueError as exc:
-            raise _Refused(400, str(exc)) from exc
-        except TelemetryError as exc:
-            raise _Refused(503, str(exc)) from exc
+            raise Refused(str(exc)) from exc
         return [{"labels": s.labels, "points": [list(p) for p in s.points]} for s in series]
 
     @app.get("/api/v1/metrics/replicas", tags=["observability"])
     def replica_activity(_: Principal = Depends(viewer)) -> dict[str, dict[str, float | None]]:
         telemetry = _telemetry()
-        try:
-            loads = telemetry.replica_loads()
-            qps = telemetry.rate(REQUEST_SUCCESS)
-            tokens = telemetry.rate(GENERATION_TOKENS)
-        except TelemetryError as exc:
-            raise _Refused(503, str(exc)) from exc
+        loads = telemetry.replica_loads()  # a TelemetryError is a 503: the source may answer later
+        qps = telemetry.rate(REQUEST_SUCCESS)
+        tokens = telemetry.rate(GENERATION_TOKENS)
         return {rid: {"waiting": load.num_waiting, "running": load.num_running,
                       "kv_usage": load.kv_cache_usage,
                       "qps": qps.get((rid,)), "tokens_per_s": tokens.get((rid,))}
@@ -246,21 +232,24 @@ def create_api(services: Services) -> FastAPI:
 
     def _telemetry() -> Telemetry:
         if services.telemetry is None:
-            raise _Refused(503, "telemetry is not running")
+            raise Unavailable("telemetry is not running")
         return services.telemetry
 
+    document(app)
     return app
 
 
-class _Refused(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
+def _scope(text: str) -> Scope:
+    try:
+        return Scope.parse(text)
+    except ValueError as exc:
+        raise Refused(f"scope: {exc}", param="scope") from exc
 
 
 def _endpoint_json(e: Any) -> dict[str, Any]:
     return {"replica_id": e.replica_id, "zone": e.zone, "url": e.base_url, "state": e.state.value,
-            "model": e.model, "pid": e.pid, "generation": e.generation}
+            "model": e.model, "pid": e.pid, "generation": e.generation,
+            "node": dict(e.labels).get("node")}  # the node's address on a cluster; None for local processes
 
 
 # ---- tail attribution ------------------------------------------------------------------------------

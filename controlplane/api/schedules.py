@@ -14,21 +14,14 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, Field
 
 from controlplane.api.drills import LoadRequest
-from controlplane.auth import Auditor, Principal, Role, openai_error, require
-from controlplane.schedules.scheduler import (
-    DrillScheduler,
-    InvalidSchedule,
-    Schedule,
-    ScheduleConflict,
-    ScheduleError,
-    UnknownSchedule,
-)
-from controlplane.schedules.triggers import error_field
+from controlplane.api.errors import field_of, status_of
+from controlplane.auth import Auditor, Principal, Role, require
+from controlplane.errors import Refused
+from controlplane.schedules.scheduler import DrillScheduler, Schedule, ScheduleError
 
 PREFIX = "/api/v1/drills/schedules"
 OVERRIDES_HELP = ("scenario fields replaced for this schedule's drills: rate, duration_s, fault_at_s, "
@@ -70,34 +63,10 @@ class EditSchedule(BaseModel):
     coalesce: bool | None = None
 
 
-class ScheduleRefused(Exception):
-    """A refused schedule request, rendered as ``status`` with an OpenAI-shaped body."""
-
-    def __init__(self, exc: ScheduleError) -> None:
-        super().__init__(str(exc))
-        self.message = str(exc)
-        self.status, self.type_ = _status(exc)
-        self.param = error_field(self.message) if self.status == 400 else None
-
-
-_STATUS: tuple[tuple[type[ScheduleError], int, str], ...] = (
-    (InvalidSchedule, 400, "invalid_request_error"),
-    (UnknownSchedule, 404, "not_found_error"),
-    (ScheduleConflict, 409, "conflict"),
-)
-
-
-def _status(exc: ScheduleError) -> tuple[int, str]:
-    for kind, status, type_ in _STATUS:
-        if isinstance(exc, kind):
-            return status, type_
-    return 500, "server_error"
-
-
-def install_schedules(app: FastAPI, scheduler: DrillScheduler, auditor: Auditor) -> None:
-    """Add the schedule routes to ``app`` and render their refusals in the OpenAI error shape."""
-    app.include_router(schedules_router(scheduler, auditor))
-    app.add_exception_handler(ScheduleRefused, _render_refused)
+def _name_field(exc: ScheduleError) -> None:
+    """Give a refusal its ``param``: the field its message starts with ("cron: ...")."""
+    if isinstance(exc, Refused) and exc.param is None:
+        exc.param = field_of(exc.message)
 
 
 def schedules_router(scheduler: DrillScheduler, auditor: Auditor) -> APIRouter:
@@ -109,10 +78,10 @@ def schedules_router(scheduler: DrillScheduler, auditor: Auditor) -> APIRouter:
         try:
             result = await asyncio.to_thread(run)  # the job store is SQLite: off the event loop
         except ScheduleError as exc:
-            refused = ScheduleRefused(exc)
-            auditor.record(who, action, target, params, "denied" if refused.status < 500 else "error",
-                           refused.message)
-            raise refused from exc
+            status, _ = status_of(exc)
+            auditor.record(who, action, target, params, "denied" if status < 500 else "error", exc.message)
+            _name_field(exc)
+            raise
         auditor.record(who, action, target, params, "ok")
         return result
 
@@ -120,7 +89,8 @@ def schedules_router(scheduler: DrillScheduler, auditor: Auditor) -> APIRouter:
         try:
             return await asyncio.to_thread(run)
         except ScheduleError as exc:
-            raise ScheduleRefused(exc) from exc
+            _name_field(exc)
+            raise
 
     @router.get("")
     async def list_schedules(_: Principal = Depends(viewer)) -> list[dict[str, Any]]:
@@ -183,7 +153,3 @@ def schedules_router(scheduler: DrillScheduler, auditor: Auditor) -> APIRouter:
 
     return router
 
-
-def _render_refused(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ScheduleRefused)
-    return JSONResponse(openai_error(exc.message, type_=exc.type_, param=exc.param), status_code=exc.status)

@@ -11,31 +11,36 @@ A run changes nothing in the fleet, but it is CPU work on the control plane's ho
 operator token, is audited (``simulate.run`` for its outcome, ``simulate.start`` for a job's start), runs
 in a worker thread, one run at a time across both endpoints (a second one gets 409), on a bounded trace
 (at most ``MAX_REQUESTS`` requests and ``MAX_DURATION_S`` simulated seconds). The trace is the seeded
-synthetic bursty one, the Azure trace at ``$CONTROLPLANE_AZURE_TRACE`` (``azure``), or requests sent inline.
+synthetic bursty one, the Azure trace (``azure``: the one shipped with the load client, or
+``$CONTROLPLANE_AZURE_TRACE`` on the server), or requests sent inline.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from controlplane.auth import Auditor, Principal, Role, require
+from controlplane.errors import Conflict, NotFound, Refused
+from controlplane.sim.batch import as_batch_work, in_batch_thread
 from controlplane.store.database import Store, StoreError
+from controlplane.vocabulary import (
+    AZURE_TRACE,
+    DEFAULT_POLICIES,
+    SIMULATION_TRACES,
+    SYNTHETIC_BURSTY,
+)
 
 logger = logging.getLogger(__name__)
 
 MAX_REQUESTS = 50_000
 MAX_DURATION_S = 4 * 3600.0
-AZURE_TRACE_ENV = "CONTROLPLANE_AZURE_TRACE"
 COLLECTION = "simulations"
 KEEP_JOBS = 50  # job records kept, results included (4 policies on a 4-hour trace: about 0.5 MB each)
 LIST_LIMIT = 20
@@ -51,14 +56,14 @@ class InlineRequest(BaseModel):
 
 
 class SimulateRequest(BaseModel):
-    trace: str = Field("synthetic-bursty", pattern="^(synthetic-bursty|azure|inline)$")
+    trace: str = Field(SYNTHETIC_BURSTY, pattern=f"^({'|'.join(SIMULATION_TRACES)})$")
     requests: list[InlineRequest] = Field(
         default_factory=list,
         max_length=MAX_REQUESTS,
         description="the trace when 'inline'; compress and token_scale apply",
     )
     policies: list[str] = Field(
-        default_factory=lambda: ["ours", "hpa"],
+        default_factory=lambda: list(DEFAULT_POLICIES),
         min_length=1,
         max_length=4,
         description="ours, hpa or static:N",
@@ -79,15 +84,7 @@ class SimulateRequest(BaseModel):
     )
 
 
-def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
-    type_ = "conflict" if status == 409 else "invalid_request_error"
-    return JSONResponse(
-        {"error": {"message": message, "type": type_, "param": param, "code": None}}, status_code=status
-    )
-
-
-class SimulationBusy(Exception):
-    """A run is going on (a job or a synchronous ``/simulate``): one at a time."""
+BUSY = "a simulation is already running{running}; try again when it has finished"
 
 
 class SimulationJobs:
@@ -114,14 +111,14 @@ class SimulationJobs:
     def start(self, body: SimulateRequest, who: Principal) -> dict[str, Any]:
         """Record the job, audit its start and run it in the background; returns the job as ``get`` does.
 
-        ValueError: a bad policy (checked before anything runs); SimulationBusy: a run is going on.
+        ValueError: a bad policy (checked before anything runs); Conflict: a run is going on.
         """
         from controlplane.sim.simulator import PolicySpec
 
         labels = [PolicySpec.parse(p).label for p in body.policies]
         if not self.lock.acquire(blocking=False):
             running = "" if self._running_id is None else f" (simulation {self._running_id})"
-            raise SimulationBusy(f"a simulation is already running{running}; try again when it has finished")
+            raise Conflict(BUSY.format(running=running))
         try:
             progress = {"fraction": 0.0, "policy": labels[0]}
             record = self.store.add_record(
@@ -145,6 +142,7 @@ class SimulationJobs:
         return {**record.body, "id": record.id}
 
     def _run(self, job_id: int, body: SimulateRequest, who: Principal) -> None:
+        as_batch_work()  # this thread is the job's own: the data plane and the loops come first
         try:
             result = run_what_if(body, progress=self._advance)
         except ValueError as exc:
@@ -169,16 +167,16 @@ class SimulationJobs:
                                       "progress": {**self._progress, "fraction": 1.0}}
         else:
             ending = {"status": "error", "error": error, "progress": dict(self._progress)}
-        try:
+        try:  # audited first: whoever sees the job finished finds its audit record too
+            if result is not None:
+                self.auditor.record(who, "simulate.run", body.trace, _params(body), "ok", _summary(result))
+            else:
+                self.auditor.record(who, "simulate.run", body.trace, _params(body), "error", str(error))
             current = self.store.record(job_id, COLLECTION)
             if current is None:
                 logger.warning("simulation %d: its record was trimmed meanwhile; outcome dropped", job_id)
             else:
                 self.store.update_record(job_id, {**current.body, **ending, "finished_at": time.time()})
-            if result is not None:
-                self.auditor.record(who, "simulate.run", body.trace, _params(body), "ok", _summary(result))
-            else:
-                self.auditor.record(who, "simulate.run", body.trace, _params(body), "error", str(error))
         except StoreError:
             logger.exception("simulation %d: its outcome could not be stored", job_id)
         logger.info("simulation %d: %s", job_id, ending["status"])
@@ -206,46 +204,44 @@ def simulator_router(auditor: Auditor, store: Store) -> APIRouter:
     if interrupted := jobs.mark_interrupted():
         logger.warning("%d simulation(s) running when the control plane stopped: interrupted", interrupted)
 
-    @router.post("/simulate", response_model=None)
-    async def simulate(
-        body: SimulateRequest, who: Principal = Depends(operator)
-    ) -> dict[str, Any] | JSONResponse:
+    @router.post("/simulate")
+    async def simulate(body: SimulateRequest, who: Principal = Depends(operator)) -> dict[str, Any]:
         params = _params(body)
         if not jobs.lock.acquire(blocking=False):
             auditor.record(who, "simulate.run", body.trace, params, "denied", "a simulation is running")
-            return _error(409, "a simulation is already running; try again when it has finished")
+            raise Conflict(BUSY.format(running=""))
         try:
-            result = await asyncio.to_thread(run_what_if, body)
+            result = await in_batch_thread(lambda: run_what_if(body))
         except ValueError as exc:
             auditor.record(who, "simulate.run", body.trace, params, "error", str(exc))
-            return _error(400, str(exc))
+            raise Refused(str(exc)) from exc
         finally:
             jobs.lock.release()
         auditor.record(who, "simulate.run", body.trace, params, "ok", _summary(result))
         return result
 
-    @router.post("/simulations", status_code=202, response_model=None)
-    async def start(
-        body: SimulateRequest, who: Principal = Depends(operator)
-    ) -> dict[str, Any] | JSONResponse:
+    @router.post("/simulations", status_code=202)
+    async def start(body: SimulateRequest, who: Principal = Depends(operator)) -> dict[str, Any]:
         try:
             return jobs.start(body, who)
         except ValueError as exc:
             auditor.record(who, "simulate.start", body.trace, _params(body), "error", str(exc))
-            return _error(400, str(exc), param="policies")
-        except SimulationBusy as exc:
+            raise Refused(str(exc), param="policies") from exc
+        except Conflict as exc:
             auditor.record(who, "simulate.start", body.trace, _params(body), "denied", str(exc))
-            return _error(409, str(exc))
+            raise
 
     @router.get("/simulations")
     async def listing(limit: int = Query(LIST_LIMIT, ge=1, le=KEEP_JOBS),
                       _: Principal = Depends(viewer)) -> list[dict[str, Any]]:
         return jobs.list(limit)
 
-    @router.get("/simulations/{job_id}", response_model=None)
-    async def show(job_id: int, _: Principal = Depends(viewer)) -> dict[str, Any] | JSONResponse:
+    @router.get("/simulations/{job_id}")
+    async def show(job_id: int, _: Principal = Depends(viewer)) -> dict[str, Any]:
         job = jobs.get(job_id)
-        return _error(404, f"no simulation {job_id}", param="id") if job is None else job
+        if job is None:
+            raise NotFound(f"no simulation {job_id}", param="id", subject=str(job_id))
+        return job
 
     return router
 
@@ -280,13 +276,10 @@ def run_what_if(body: SimulateRequest, progress: Progress | None = None) -> dict
         max_prompt_len=profile.max_model_len * 3 // 4,
         max_output_len=profile.max_model_len // 4,
     )
-    if body.trace == "synthetic-bursty":
+    if body.trace == SYNTHETIC_BURSTY:
         requests = synthetic_bursty(BurstyConfig(seed=body.seed, duration_s=body.duration_s or 3600.0), shape)
-    elif body.trace == "azure":
-        path = os.environ.get(AZURE_TRACE_ENV)
-        if not path:
-            raise ValueError(f"trace: 'azure' needs ${AZURE_TRACE_ENV} on the server; send the trace inline")
-        requests = azure_trace(path, shape)
+    elif body.trace == AZURE_TRACE:
+        requests = azure_trace(AZURE_TRACE, shape)
     else:
         requests = shaped([(r.arrival, r.prompt_len, r.output_len) for r in body.requests], shape)
     if not requests:

@@ -10,7 +10,8 @@ not teach the fit that bursts are normal (unless it lasts a whole period: then i
 Three anomalous points in a row propose +1 replica, five propose +2; once it fired, the source waits
 out its own cooldown before a new episode may fire again.
 
-Pure bookkeeping with numerical libraries: no I/O and no clock (time comes in with each point).
+Pure bookkeeping with numerical libraries: no I/O and no clock (time comes in with each point), and
+:func:`observe` returns the next :class:`AnomalyState` instead of changing the one it was given.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -75,12 +75,18 @@ class AnomalyReading:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in dataclasses.asdict(self).items()}
 
 
-@dataclass(slots=True)
-class AnomalyDetector:
-    settings: AnomalySettings = field(default_factory=AnomalySettings)
-    rates: deque[float] = field(init=False)
-    ttfts: deque[float] = field(init=False)
-    errors: deque[tuple[float, float]] = field(init=False)  # one-step forecast residuals of normal points
+@dataclass(slots=True, frozen=True)
+class AnomalyState:
+    """What the source remembers between ticks. Each tick makes a new one (:func:`observe`).
+
+    Frozen, but for one object: the fitted IsolationForest (scikit-learn models are mutable objects). It is
+    never changed once fitted; a refit makes a new forest, so states that share one stay independent.
+    """
+
+    settings: AnomalySettings = AnomalySettings()
+    rates: tuple[float, ...] = ()  # the last ``settings.history`` points, oldest first
+    ttfts: tuple[float, ...] = ()
+    errors: tuple[tuple[float, float], ...] = ()  # one-step forecast residuals of normal points
     ttft_seen: bool = False
     consecutive: int = 0
     episode_base: int | None = None  # replicas when the current episode's first point came
@@ -90,96 +96,99 @@ class AnomalyDetector:
     forest: IsolationForest | None = None
     scale: tuple[float, float] = (1.0, 1.0)  # residual scales the forest was fitted with
 
-    def __post_init__(self) -> None:
-        self.rates = deque(maxlen=self.settings.history)
-        self.ttfts = deque(maxlen=self.settings.history)
-        self.errors = deque(maxlen=self.settings.history)
 
-    def observe(self, now: float, current: int, rate: float | None,
-                ttft_p95_s: float | None) -> tuple[Proposal | None, AnomalyReading]:
-        """Add one point and say whether the source proposes replicas now; ``ttft_p95_s`` None: no request
-        in the window (the last known latency carries on)."""
-        ttft = ttft_p95_s if ttft_p95_s is not None and math.isfinite(ttft_p95_s) else None
-        if ttft is not None and not self.ttft_seen:  # until the first request, latency is unknown: backfill
-            self.ttfts = deque([ttft] * len(self.ttfts), maxlen=self.settings.history)
-            self.ttft_seen = True
-        last_ttft = self.ttfts[-1] if self.ttfts else 0.0
-        point = (0.0 if rate is None or not math.isfinite(rate) else rate,
-                 last_ttft if ttft is None else ttft)
-        if len(self.rates) < 3 * self.settings.period:
-            self._append(point)
-            return None, AnomalyReading(len(self.rates), False, 0,
-                                        note=f"warming up ({len(self.rates)}/{3 * self.settings.period} "
-                                             "points)")
-        reading, expected = self._score(point)
-        self.consecutive = self.consecutive + 1 if reading.anomalous else 0
-        # An anomalous point enters the history as what was expected, so that the fit keeps describing
-        # normal load; a shift that lasts a whole period is the new normal and enters as it is.
-        self._append(expected if reading.anomalous and self.consecutive < self.settings.period else point)
-        reading = _with(reading, consecutive=self.consecutive)
-        if not reading.anomalous:
-            self.episode_base, self.fired_step = None, 0
-            return None, reading
-        if self.episode_base is None:
-            self.episode_base = current
-        return self._propose(now, reading)
+Outcome = tuple[Proposal | None, AnomalyReading, AnomalyState]
 
-    def _append(self, point: tuple[float, float]) -> None:
-        self.rates.append(point[0])
-        self.ttfts.append(point[1])
 
-    def _propose(self, now: float, reading: AnomalyReading) -> tuple[Proposal | None, AnomalyReading]:
-        step = next((add for count, add in STEPS if self.consecutive >= count), 0)
-        if step == 0:
-            return None, reading
-        if step > self.fired_step:  # a new step fires unless a finished episode's cooldown still runs
-            last = self.last_fired_at
-            if self.fired_step == 0 and last is not None and now - last < self.settings.cooldown_s:
-                left = self.settings.cooldown_s - (now - last)
-                return None, _with(reading, note=f"anomalous, but in cooldown for {left:.0f}s more")
-            self.fired_step, self.last_fired_at = step, now
-        assert self.episode_base is not None
-        wanted = self.episode_base + self.fired_step
-        reason = (f"{self.consecutive} anomalous points in a row "
-                  f"(residual rate {reading.residual_rate:+.3g}/s z={reading.z_rate:.1f}, "
-                  f"ttft {reading.residual_ttft_s:+.3g}s z={reading.z_ttft:.1f}, "
-                  f"forest score {reading.score:.3f} vs {reading.threshold:.3f}): "
-                  f"{self.episode_base} + {self.fired_step} = {wanted}")
-        return Proposal("anomaly", wanted, reason), reading
+def observe(state: AnomalyState, now: float, current: int, rate: float | None,
+            ttft_p95_s: float | None) -> Outcome:
+    """Add one point: whether the source proposes replicas now, what it saw, and the state after it.
+    ``ttft_p95_s`` None: no request in the window (the last known latency carries on)."""
+    period = state.settings.period
+    ttft = ttft_p95_s if ttft_p95_s is not None and math.isfinite(ttft_p95_s) else None
+    if ttft is not None and not state.ttft_seen:  # until the first request, latency is unknown: backfill
+        state = replace(state, ttfts=(ttft,) * len(state.ttfts), ttft_seen=True)
+    last_ttft = state.ttfts[-1] if state.ttfts else 0.0
+    point = (0.0 if rate is None or not math.isfinite(rate) else rate, last_ttft if ttft is None else ttft)
+    if len(state.rates) < 3 * period:
+        state = _appended(state, point)
+        note = f"warming up ({len(state.rates)}/{3 * period} points)"
+        return None, AnomalyReading(len(state.rates), False, 0, note=note), state
+    reading, expected, state = _score(state, point)
+    consecutive = state.consecutive + 1 if reading.anomalous else 0
+    # An anomalous point enters the history as what was expected, so that the fit keeps describing
+    # normal load; a shift that lasts a whole period is the new normal and enters as it is.
+    kept = expected if reading.anomalous and consecutive < period else point
+    state = replace(_appended(state, kept), consecutive=consecutive)
+    reading = _with(reading, consecutive=consecutive)
+    if not reading.anomalous:
+        return None, reading, replace(state, episode_base=None, fired_step=0)
+    base = current if state.episode_base is None else state.episode_base
+    return _propose(replace(state, episode_base=base), base, now, reading)
 
-    def _score(self, point: tuple[float, float]) -> tuple[AnomalyReading, tuple[float, float]]:
-        """The point's residual against the fit of the history before it (trend now + the season one
-        period ago), scored against earlier such residuals by their robust scale and an IsolationForest."""
-        period = self.settings.period
-        fits = [_decompose(np.asarray(s, dtype=float), period) for s in (self.rates, self.ttfts)]
-        expected = (float(fits[0][0][-1] + fits[0][1][-period]), float(fits[1][0][-1] + fits[1][1][-period]))
-        newest = np.asarray(point) - np.asarray(expected)
-        if len(self.errors) < 2 * period:  # the forecast errors of normal load are not known yet
-            self.errors.append((float(newest[0]), float(newest[1])))
-            return AnomalyReading(len(self.rates) + 1, False, 0, float(newest[0]), float(newest[1]),
-                                  note=f"calibrating ({len(self.errors)}/{2 * period} residuals)"), expected
-        errors = np.asarray(self.errors)
-        scales = (max(_robust_sigma(errors[:, 0]), self.settings.min_rate_sigma),
-                  max(_robust_sigma(errors[:, 1]), self.settings.min_ttft_sigma_s))
-        if self.forest is None or self.ticks_since_fit >= self.settings.refit_every:
-            self.scale = scales
-            self.forest = IsolationForest(n_estimators=self.settings.trees, contamination="auto",
-                                          random_state=self.settings.seed)
-            self.forest.fit(errors / np.asarray(self.scale))
-            self.ticks_since_fit = 0
-        self.ticks_since_fit += 1
-        score = float(self.forest.score_samples((newest / np.asarray(self.scale)).reshape(1, -1))[0])
-        threshold = float(self.forest.offset_)
-        z_rate, z_ttft = float(newest[0] / scales[0]), float(newest[1] / scales[1])
-        # Residuals without any spread (an idle fleet) give the forest nothing to isolate: z alone decides.
-        flat = bool(np.all(np.ptp(errors, axis=0) == 0))
-        anomalous = (flat or score < threshold) and max(z_rate, z_ttft) >= self.settings.z
-        if not anomalous or self.consecutive + 1 >= period:  # the residuals of normal load, and a new normal
-            self.errors.append((float(newest[0]), float(newest[1])))
-        reading = AnomalyReading(len(self.rates) + 1, anomalous, 0, float(newest[0]), float(newest[1]),
-                                 z_rate, z_ttft, score, threshold,
-                                 note="no spread in earlier residuals: z alone decides" if flat else "")
-        return reading, expected
+
+def _appended(state: AnomalyState, point: tuple[float, float]) -> AnomalyState:
+    keep = state.settings.history
+    return replace(state, rates=(*state.rates, point[0])[-keep:], ttfts=(*state.ttfts, point[1])[-keep:])
+
+
+def _propose(state: AnomalyState, base: int, now: float, reading: AnomalyReading) -> Outcome:
+    step = next((add for count, add in STEPS if state.consecutive >= count), 0)
+    if step == 0:
+        return None, reading, state
+    if step > state.fired_step:  # a new step fires unless a finished episode's cooldown still runs
+        last = state.last_fired_at
+        if state.fired_step == 0 and last is not None and now - last < state.settings.cooldown_s:
+            left = state.settings.cooldown_s - (now - last)
+            return None, _with(reading, note=f"anomalous, but in cooldown for {left:.0f}s more"), state
+        state = replace(state, fired_step=step, last_fired_at=now)
+    wanted = base + state.fired_step
+    reason = (f"{state.consecutive} anomalous points in a row "
+              f"(residual rate {reading.residual_rate:+.3g}/s z={reading.z_rate:.1f}, "
+              f"ttft {reading.residual_ttft_s:+.3g}s z={reading.z_ttft:.1f}, "
+              f"forest score {reading.score:.3f} vs {reading.threshold:.3f}): "
+              f"{base} + {state.fired_step} = {wanted}")
+    return Proposal("anomaly", wanted, reason), reading, state
+
+
+def _score(state: AnomalyState,
+           point: tuple[float, float]) -> tuple[AnomalyReading, tuple[float, float], AnomalyState]:
+    """The point's residual against the fit of the history before it (trend now + the season one
+    period ago), scored against earlier such residuals by their robust scale and an IsolationForest."""
+    settings, period = state.settings, state.settings.period
+    fits = [_decompose(np.asarray(s, dtype=float), period) for s in (state.rates, state.ttfts)]
+    expected = (float(fits[0][0][-1] + fits[0][1][-period]), float(fits[1][0][-1] + fits[1][1][-period]))
+    newest = np.asarray(point) - np.asarray(expected)
+    residual = (float(newest[0]), float(newest[1]))
+    if len(state.errors) < 2 * period:  # the forecast errors of normal load are not known yet
+        state = _with_error(state, residual)
+        note = f"calibrating ({len(state.errors)}/{2 * period} residuals)"
+        return AnomalyReading(len(state.rates) + 1, False, 0, *residual, note=note), expected, state
+    errors = np.asarray(state.errors)
+    scales = (max(_robust_sigma(errors[:, 0]), settings.min_rate_sigma),
+              max(_robust_sigma(errors[:, 1]), settings.min_ttft_sigma_s))
+    forest, scale, ticks = state.forest, state.scale, state.ticks_since_fit
+    if forest is None or ticks >= settings.refit_every:
+        forest = IsolationForest(n_estimators=settings.trees, contamination="auto",
+                                 random_state=settings.seed)
+        forest.fit(errors / np.asarray(scales))
+        scale, ticks = scales, 0
+    state = replace(state, forest=forest, scale=scale, ticks_since_fit=ticks + 1)
+    score = float(forest.score_samples((newest / np.asarray(scale)).reshape(1, -1))[0])
+    threshold = float(forest.offset_)
+    z_rate, z_ttft = residual[0] / scales[0], residual[1] / scales[1]
+    # Residuals without any spread (an idle fleet) give the forest nothing to isolate: z alone decides.
+    flat = bool(np.all(np.ptp(errors, axis=0) == 0))
+    anomalous = (flat or score < threshold) and max(z_rate, z_ttft) >= settings.z
+    reading = AnomalyReading(len(state.rates) + 1, anomalous, 0, *residual, z_rate, z_ttft, score, threshold,
+                             note="no spread in earlier residuals: z alone decides" if flat else "")
+    if not anomalous or state.consecutive + 1 >= period:  # the residuals of normal load, and a new normal
+        state = _with_error(state, residual)
+    return reading, expected, state
+
+
+def _with_error(state: AnomalyState, residual: tuple[float, float]) -> AnomalyState:
+    return replace(state, errors=(*state.errors, residual)[-state.settings.history:])
 
 
 def _decompose(series: np.ndarray, period: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

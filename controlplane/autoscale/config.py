@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from controlplane.vocabulary import AUTOSCALER_METRICS
+
 
 @dataclass(slots=True)
 class ScheduleWindowConfig:
@@ -23,10 +25,9 @@ class ScheduleWindowConfig:
     max_replicas: int | None = None
 
 
-# What the autoscaler observes per tick, by name (``controlplane.autoscale.loop.METRICS``); guards name
-# some of them.
-AUTOSCALER_METRICS = ("waiting_per_replica", "kv_cache_usage", "ttft_p95_s", "tokens_per_s_per_replica",
-                      "engine_load_per_replica")
+# What the autoscaler observes per tick, by name (``controlplane.autoscale.loop.METRICS``), is
+# ``AUTOSCALER_METRICS`` of ``controlplane.vocabulary``; guards name some of them.
+__all__ = ["AUTOSCALER_METRICS", "AutoscalerConfig", "ScheduleWindowConfig"]
 
 
 @dataclass(slots=True)

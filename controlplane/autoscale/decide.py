@@ -3,9 +3,12 @@
 Each source proposes a replica count with its reason (target tracking and panic mode from
 :mod:`controlplane.autoscale.policies`, the anomaly source from :mod:`controlplane.autoscale.anomaly`), the
 largest wins, then the clamps apply (min/max, stabilization, rate limits, the scale-down period, and last the
-bounds of the active cron window from :mod:`controlplane.autoscale.windows`). No I/O, no clock: the live
-loop (:mod:`controlplane.autoscale.loop`) and the what-if simulator (:mod:`controlplane.sim.simulator`,
-policy ``ours``) call the same :func:`decide`, so the benchmark measures what runs live.
+bounds of the active cron window from :mod:`controlplane.autoscale.windows`). No I/O, no clock, no change
+to its arguments: :func:`decide` takes the remembered :class:`LoopState` and returns the plan with the
+next state, and :func:`applied` records a scale that happened (not in observe-only mode, not when the
+scale call failed). The live loop (:mod:`controlplane.autoscale.loop`) and the what-if simulator
+(:mod:`controlplane.sim.simulator`, policy ``ours``) call the same functions, so the benchmark measures
+what runs live.
 
 Our policy has one definition, :func:`ours_policy` with :func:`offered_engine_load`: the request rate
 times the mean prompt and output tokens of the requests that finished in the window, in engine seconds
@@ -16,11 +19,12 @@ panic mode's demand.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from controlplane.autoscale.anomaly import AnomalyDetector, AnomalyReading, AnomalySettings
+from controlplane.autoscale.anomaly import AnomalyReading, AnomalySettings, AnomalyState
+from controlplane.autoscale.anomaly import observe as observe_anomaly
 from controlplane.autoscale.config import AUTOSCALER_METRICS, AutoscalerConfig
 from controlplane.autoscale.policies import (
     Decision,
@@ -29,8 +33,10 @@ from controlplane.autoscale.policies import (
     PanicState,
     PolicyConfig,
     Proposal,
+    Recommendation,
     Snapshot,
 )
+from controlplane.autoscale.policies import applied as applied_policy
 from controlplane.autoscale.policies import decide as decide_policy
 from controlplane.autoscale.profile import ReplicaProfile
 from controlplane.autoscale.windows import Window, active_window
@@ -56,13 +62,13 @@ class Observation:
     mean_output_tokens: float | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class LoopState:
-    """What decisions remember between ticks."""
+    """What decisions remember between ticks: each tick's :func:`decide` returns the next one."""
 
-    history: History
-    panic: PanicState = field(default_factory=PanicState)
-    anomaly: AnomalyDetector | None = None
+    history: History  # recent recommendations, for the scale-down stabilization window
+    panic: PanicState = field(default_factory=PanicState)  # panic mode's end, the last scale-down applied
+    anomaly: AnomalyState | None = None  # None: the anomaly source is off
 
 
 @dataclass(slots=True, frozen=True)
@@ -122,26 +128,42 @@ def anomaly_settings(cfg: AutoscalerConfig) -> AnomalySettings:
                            min_ttft_sigma_s=cfg.anomaly_min_ttft_sigma_s)
 
 
-def new_state(cfg: AutoscalerConfig) -> LoopState:
-    return LoopState(History(cfg.scale_down_stabilization_s),
-                     anomaly=AnomalyDetector(anomaly_settings(cfg)) if cfg.anomaly_enabled else None)
+def new_state(cfg: AutoscalerConfig, *, history: tuple[Recommendation, ...] = ()) -> LoopState:
+    return LoopState(History(cfg.scale_down_stabilization_s, history),
+                     anomaly=AnomalyState(anomaly_settings(cfg)) if cfg.anomaly_enabled else None)
 
 
-def decide(obs: Observation, state: LoopState, cfg: AutoscalerConfig, windows: list[Window]) -> Plan:
-    """Proposals, merge and clamps for one observation; updates ``state`` (history, panic, anomaly)."""
+def decide(obs: Observation, state: LoopState, cfg: AutoscalerConfig,
+           windows: list[Window]) -> tuple[Plan, LoopState]:
+    """Proposals, merge and clamps for one observation: the plan, and the state after this observation
+    (history, panic window, anomaly model). It does not assume the plan was applied: see :func:`applied`."""
     extra: list[Proposal] = []
-    reading = None
-    if state.anomaly is not None:
+    reading, anomaly = None, state.anomaly
+    if anomaly is not None:
         # Without requests there is no latency to judge (the target source reads it as 0).
         ttft = obs.metrics.get("ttft_p95_s") if obs.request_rate else None
-        proposal, reading = state.anomaly.observe(obs.now, obs.current, obs.request_rate, ttft)
+        proposal, reading, anomaly = observe_anomaly(anomaly, obs.now, obs.current, obs.request_rate, ttft)
         if proposal is not None:
             extra.append(proposal)
     snapshot = Snapshot(obs.now, obs.current, obs.ready, obs.starting, obs.metrics, obs.demand,
                         cfg.target_engine_load_per_replica)
-    decision = decide_policy(snapshot, ours_policy(cfg), state.history.items, state.panic, extra)
-    state.history.window_s = cfg.scale_down_stabilization_s
-    state.history.add(obs.now, decision.recommendation)
+    decision, panic = decide_policy(snapshot, ours_policy(cfg), state.history.items, state.panic, extra)
+    # the window follows the configuration, which an operator may change between ticks
+    history = replace(state.history, window_s=cfg.scale_down_stabilization_s).added(obs.now,
+                                                                                    decision.recommendation)
+    return _bounded(obs, decision, cfg, windows, reading), LoopState(history, panic, anomaly)
+
+
+def applied(state: LoopState, obs: Observation, plan: Plan) -> LoopState:
+    """The state once the fleet was scaled as ``plan`` says at ``obs.now``. Call it only for a scale that
+    happened: a plan that was not applied must not start a scale-down period."""
+    return replace(state, panic=applied_policy(state.panic, current=obs.current, replicas=plan.replicas,
+                                               now=obs.now))
+
+
+def _bounded(obs: Observation, decision: Decision, cfg: AutoscalerConfig, windows: list[Window],
+             reading: AnomalyReading | None) -> Plan:
+    """The plan: the decision within the bounds of the active cron window (or min/max)."""
     window = active_window(windows, datetime.fromtimestamp(obs.wall, UTC))
     low, high = window.bounds(cfg.min_replicas, cfg.max_replicas) if window else (cfg.min_replicas,
                                                                                     cfg.max_replicas)

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from controlplane.autoscale.checks import autoscaler_problems
 from controlplane.autoscale.config import AutoscalerConfig, ScheduleWindowConfig
-from controlplane.autoscale.decide import Observation, Plan, decide, new_state, record_body
+from controlplane.autoscale.decide import Observation, Plan, applied, decide, new_state, record_body
 from controlplane.autoscale.observe import observe_telemetry
 from controlplane.autoscale.policies import Recommendation
 from controlplane.autoscale.profile import load_profile
@@ -69,8 +69,7 @@ class Autoscaler:
         self.windows = parse_windows(self.config.windows)
         self.window_configs, self.windows_source = list(self.config.windows), "config"
         self._restore_windows()
-        self.state = new_state(self.config)
-        self._restore_history()
+        self.state = new_state(self.config, history=self._restore_history())
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -144,16 +143,16 @@ class Autoscaler:
         self.window_configs, self.windows_source = cfgs, "api"
         logger.info("autoscaler: %d schedule window(s) restored from the store", len(cfgs))
 
-    def _restore_history(self) -> None:
+    def _restore_history(self) -> tuple[Recommendation, ...]:
         """Recommendations of the stabilization window survive a restart (stored wall time -> loop clock)."""
         now, wall = self.clock(), self.wall()
         since = wall - self.config.scale_down_stabilization_s
-        for rec in reversed(self.store.records(COLLECTION, since=since, limit=5000)):
-            at = rec.body.get("at", rec.ts)
-            replicas = int(rec.body["recommendation"])
-            self.state.history.items.append(Recommendation(now - (wall - at), replicas))
+        stored = reversed(self.store.records(COLLECTION, since=since, limit=5000))
+        history = tuple(Recommendation(now - (wall - rec.body.get("at", rec.ts)),
+                                       int(rec.body["recommendation"])) for rec in stored)
         latest = self.store.records(COLLECTION, limit=1)
         self.last = dict(latest[0].body, id=latest[0].id) if latest else None
+        return history
 
     # ---- the loop ------------------------------------------------------------------------------
     async def tick(self) -> dict[str, Any] | None:
@@ -167,8 +166,10 @@ class Autoscaler:
         obs = await asyncio.to_thread(observe_telemetry, self.telemetry, endpoints, now=self.clock(),
                                       wall=self.wall(), current=current, window_s=window_s,
                                       profile=self.profile, panic_window_s=cfg.panic_window_s)
-        plan = await asyncio.to_thread(decide, obs, self.state, cfg, windows)
+        plan, self.state = await asyncio.to_thread(decide, obs, self.state, cfg, windows)
         body = self._apply(obs, plan, cfg)
+        if body["applied"]:  # only a scale that happened starts a scale-down period
+            self.state = applied(self.state, obs, plan)
         rec = await asyncio.to_thread(self.store.add_record, COLLECTION, body, "", obs.wall)
         if self.ticks % TRIM_EVERY_TICKS == 0:
             await asyncio.to_thread(self.store.trim_records, COLLECTION, cfg.decisions_keep)

@@ -1,8 +1,10 @@
 """Autoscaling decisions as pure functions: a snapshot and a policy in, a decision with its reasons out.
 
 The autoscaler loop observes a :class:`Snapshot`, calls :func:`decide`, applies the decision once and
-stores it. Nothing here does I/O or reads a clock: time comes in with the snapshot, history comes in as
-the recent recommendations, so every rule is unit-tested on synthetic snapshots.
+stores it. Nothing here does I/O, reads a clock or changes its arguments: time comes in with the snapshot,
+history comes in as the recent recommendations, the remembered :class:`PanicState` comes in and its next
+value goes out (and :func:`applied` once the caller scaled), so every rule is unit-tested on synthetic
+snapshots.
 
 Sources propose a replica count: target tracking (the Kubernetes HPA formula ``ceil(current * metric /
 target)`` over several metrics, with a per-direction tolerance and conservative handling of missing
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 
 @dataclass(slots=True, frozen=True)
@@ -122,12 +124,18 @@ class Decision:
         return self.replicas != self.current
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class PanicState:
     """Panic mode persists for ``panic_window_s`` after demand last exceeded the threshold."""
 
     until: float | None = None
-    last_scale_down: float | None = None  # when decide last scaled down (for scale_down_period_s)
+    last_scale_down: float | None = None  # when the caller last applied a scale-down (scale_down_period_s)
+
+
+def applied(state: PanicState, *, current: int, replicas: int, now: float) -> PanicState:
+    """The state once the fleet was scaled from ``current`` to ``replicas`` at ``now``: a scale-down
+    starts the next scale-down period. Only for a scale that happened (not observe-only, not failed)."""
+    return replace(state, last_scale_down=now) if replicas < current else state
 
 
 def target_tracking(snapshot: Snapshot, config: PolicyConfig) -> Proposal:
@@ -167,30 +175,31 @@ def _guards_over(snapshot: Snapshot, config: PolicyConfig) -> str:
     return ", ".join(over)
 
 
-def panic(snapshot: Snapshot, config: PolicyConfig, state: PanicState) -> tuple[Proposal | None, bool]:
-    """KPA's panic mode: demand over ``panic_threshold`` x ready capacity scales straight to demand."""
+def panic(snapshot: Snapshot, config: PolicyConfig,
+          state: PanicState) -> tuple[Proposal | None, bool, PanicState]:
+    """KPA's panic mode: demand over ``panic_threshold`` x ready capacity scales straight to demand.
+    (proposal, panicking, the state after this snapshot)."""
     if snapshot.demand is None or not snapshot.capacity_per_replica:
-        return None, state.until is not None and snapshot.now < state.until
+        return None, state.until is not None and snapshot.now < state.until, state
     capacity = max(snapshot.ready, 1) * snapshot.capacity_per_replica
+    until = state.until
     if snapshot.demand > config.panic_threshold * capacity:
-        state.until = snapshot.now + config.panic_window_s
-    panicking = state.until is not None and snapshot.now < state.until
-    if not panicking:
-        state.until = None
-        return None, False
+        until = snapshot.now + config.panic_window_s
+    if until is None or snapshot.now >= until:
+        return None, False, replace(state, until=None)
     wanted = max(math.ceil(snapshot.demand / snapshot.capacity_per_replica), snapshot.current)
-    left = (state.until or snapshot.now) - snapshot.now
     # three significant digits: demand may be requests (90) or engine seconds per second (1.63)
-    reason = (f"demand {snapshot.demand:.3g} vs ready capacity {capacity:.3g}: panic for {left:.0f}s more, "
-              f"{wanted} replicas")
-    return Proposal("panic", wanted, reason), True
+    reason = (f"demand {snapshot.demand:.3g} vs ready capacity {capacity:.3g}: panic for "
+              f"{until - snapshot.now:.0f}s more, {wanted} replicas")
+    return Proposal("panic", wanted, reason), True, replace(state, until=until)
 
 
 def decide(snapshot: Snapshot, config: PolicyConfig, history: Sequence[Recommendation],
-           state: PanicState, extra: Sequence[Proposal] = ()) -> Decision:
-    """Merge every source's proposal and clamp it; ``history`` holds earlier recommendations."""
+           state: PanicState, extra: Sequence[Proposal] = ()) -> tuple[Decision, PanicState]:
+    """Merge every source's proposal and clamp it; ``history`` holds earlier recommendations. Returns the
+    decision and the panic state after this snapshot (pass it through :func:`applied` once scaled)."""
     proposals = [target_tracking(snapshot, config), *extra]
-    panic_proposal, panicking = panic(snapshot, config, state)
+    panic_proposal, panicking, state = panic(snapshot, config, state)
     if panic_proposal is not None:
         proposals.append(panic_proposal)
     recommendation = max(p.replicas for p in proposals)
@@ -206,7 +215,7 @@ def decide(snapshot: Snapshot, config: PolicyConfig, history: Sequence[Recommend
         replicas = _rate_limit(replicas, snapshot.current, config, clamps)
     replicas = _scale_down_period(replicas, snapshot, config, state, clamps)
     return Decision(snapshot.current, replicas, tuple(proposals), tuple(clamps), panicking,
-                    _clamp(recommendation, config.min_replicas, config.max_replicas, "", []))
+                    _clamp(recommendation, config.min_replicas, config.max_replicas, "", [])), state
 
 
 def _clamp(value: int, low: int, high: int, name: str, clamps: list[str]) -> int:
@@ -238,7 +247,6 @@ def _scale_down_period(replicas: int, snapshot: Snapshot, config: PolicyConfig, 
         clamps.append(f"scale-down period: {replicas} -> {snapshot.current} (last scale-down "
                       f"{snapshot.now - last:.0f}s ago, one per {config.scale_down_period_s:g}s)")
         return snapshot.current
-    state.last_scale_down = snapshot.now
     return replicas
 
 
@@ -253,13 +261,14 @@ def _rate_limit(replicas: int, current: int, config: PolicyConfig, clamps: list[
     return limited
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class History:
     """Recent recommendations, bounded by the stabilization window."""
 
     window_s: float
-    items: list[Recommendation] = field(default_factory=list)
+    items: tuple[Recommendation, ...] = ()
 
-    def add(self, at: float, replicas: int) -> None:
-        self.items.append(Recommendation(at, replicas))
-        self.items = [r for r in self.items if at - r.at <= self.window_s]
+    def added(self, at: float, replicas: int) -> History:
+        """This history with one more recommendation, less those that left the window by ``at``."""
+        items = (*self.items, Recommendation(at, replicas))
+        return History(self.window_s, tuple(r for r in items if at - r.at <= self.window_s))

@@ -17,11 +17,14 @@ from typing import Any
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from controlplane.cli import schedules as cli_schedules
-from controlplane.client import ApiError, ControlPlaneClient
-from controlplane.drills.report import compare_markdown, to_markdown
+from controlplane.cli.exits import UsageError
+from controlplane.cli.options import add_json_option, client, print_json, show
+from controlplane.client import ControlPlaneClient, DrillReport, DrillSummary, Scenario, Unreachable, as_json
+from controlplane.drills.report import compare_markdown
 
 SUMMARY = "failover drills: run a scenario under load, list, show (JSON or Markdown), compare, schedule"
 POLL_S = 1.0
+OUTAGE_PATIENCE_S = 300.0  # a control plane down this long during a drill: give up following it
 FINISHED = ("passed", "failed", "aborted", "error", "interrupted")
 
 
@@ -35,17 +38,22 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
     run.add_argument("--max-tokens", type=int, default=None, help="tokens per request (a trace: the cap)")
     cli_schedules.add_aim_and_load_options(run)  # the same options a schedule takes
     run.add_argument("--target", action="append", help="NAME=VALUE target override, e.g. rto_service_s=0.5")
+    run.add_argument("--steady-timeout", type=float, default=None, metavar="S",
+                     help="wait this long at most for the steady state, e.g. right after `controlplane up` "
+                     "while the replicas start (default: the scenario's, 180 s)")
     run.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     run.add_argument("--wait", action="store_true", help="follow it with a progress bar and print the report")
-    actions.add_parser("scenarios", help="the shipped scenarios with their defaults and targets")
+    add_json_option(actions.add_parser("scenarios", help="the shipped scenarios with their defaults and "
+                                                         "targets"))
     listing = actions.add_parser("list", help="recent drills")
     listing.add_argument("--limit", type=int, default=20)
+    add_json_option(listing)
     show = actions.add_parser("show", help="one drill's report (JSON, or Markdown)")
     show.add_argument("id", type=int)
     show.add_argument("--markdown", action="store_true")
     compare = actions.add_parser("compare", help="figures of several drills side by side")
     compare.add_argument("ids", type=int, nargs="+")
-    compare.add_argument("--json", action="store_true")
+    add_json_option(compare)
     abort = actions.add_parser("abort", help="abort the running drill (operator); its faults are reverted")
     abort.add_argument("id", type=int)
     cli_schedules.add_arguments(actions.add_parser("schedule", help=cli_schedules.SUMMARY))
@@ -54,28 +62,25 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.drill_action == "schedule":
         return cli_schedules.run(args)
-    with ControlPlaneClient(args.url, args.token) as client:
-        action = args.drill_action
+    action = args.drill_action
+    if action == "compare" and len(args.ids) < 2:
+        raise UsageError("compare: give at least two drill ids")
+    with client(args) as api:
         if action == "run":
-            return _run(client, args)
+            return _run(api, args)
         if action == "scenarios":
-            for s in client.drill_scenarios():
-                faults = ", ".join(f["kind"] for f in s["faults"]) or s["action"]
-                print(f"{s['id']:<16} {faults:<16} {s['rate']:g} req/s x {s['duration_s']:g}s  {s['title']}")
+            show(args, api.drill_scenarios(), _print_scenarios)
         elif action == "list":
-            _print_list(client.drills(args.limit))
+            show(args, api.drills(args.limit), _print_list)
         elif action == "show":
             if args.markdown:
-                sys.stdout.write(client.drill_markdown(args.id))
-            else:
-                print(json.dumps(client.drill(args.id), indent=2, sort_keys=True))
+                sys.stdout.write(api.drill_markdown(args.id))
+            else:  # the whole report as stored
+                print(json.dumps(api.drill(args.id).document, indent=2, sort_keys=True))
         elif action == "compare":
-            if len(args.ids) < 2:
-                raise ApiError("compare: give at least two drill ids")
-            table = client.drill_compare(args.ids)
-            sys.stdout.write(json.dumps(table, indent=2) + "\n" if args.json else compare_markdown(table))
+            show(args, api.drill_compare(args.ids), lambda t: sys.stdout.write(compare_markdown(as_json(t))))
         else:
-            print(json.dumps(client.drill_abort(args.id)))
+            print_json(api.drill_abort(args.id))
     return 0
 
 
@@ -86,55 +91,70 @@ def _targets(pairs: list[str] | None) -> dict[str, float]:
         try:
             out[name] = float(value)
         except ValueError:
-            raise ApiError(f"--target: expected NAME=NUMBER, got {text!r}") from None
+            raise UsageError(f"--target: expected NAME=NUMBER, got {text!r}") from None
         if not sep or not name:
-            raise ApiError(f"--target: expected NAME=NUMBER, got {text!r}")
+            raise UsageError(f"--target: expected NAME=NUMBER, got {text!r}")
     return out
 
 
-def _run(client: ControlPlaneClient, args: argparse.Namespace) -> int:
-    started = client.drill_run(args.scenario, rate=args.rate, duration_s=args.duration,
-                               fault_at_s=args.fault_at, max_tokens=args.max_tokens,
-                               targets=_targets(args.target), dry_run=args.dry_run,
-                               replicas=args.replica, zones=args.zone, load=cli_schedules.trace_load(args))
+def _run(api: ControlPlaneClient, args: argparse.Namespace) -> int:
+    aimed: dict[str, Any] = {"rate": args.rate, "duration_s": args.duration, "fault_at_s": args.fault_at,
+                             "max_tokens": args.max_tokens, "targets": _targets(args.target),
+                             "replicas": args.replica, "zones": args.zone,
+                             "load": cli_schedules.trace_load(args)}
     if args.dry_run:
-        print(json.dumps(started["plan"], indent=2, sort_keys=True))
+        print_json(api.drill_plan(args.scenario, **aimed))
         return 0
-    drill_id = int(started["id"])
+    drill_id = api.drill_run(args.scenario, **aimed, steady_state_timeout_s=args.steady_timeout).id
     print(f"drill {drill_id}: {args.scenario} started; follow it with `controlplane drill show {drill_id}`")
     if not args.wait:
         return 0
-    report = follow(client, drill_id)
-    sys.stdout.write(to_markdown(report))
-    return 0 if report.get("status") == "passed" else 1
+    report = follow(api, drill_id)
+    sys.stdout.write(api.drill_markdown(drill_id))
+    return 0 if report.status == "passed" else 1
 
 
-def follow(client: ControlPlaneClient, drill_id: int) -> dict[str, Any]:
-    """Poll the drill until it finishes, with a tqdm bar of its progress."""
+def follow(api: ControlPlaneClient, drill_id: int, *, outage_s: float = OUTAGE_PATIENCE_S) -> DrillReport:
+    """Poll the drill until it finishes, with a tqdm bar of its progress. A control plane that stops
+    answering (the control-plane-crash drill kills it on purpose) is waited for up to ``outage_s``."""
     with tqdm(total=100, desc=f"drill {drill_id}", unit="%", bar_format="{l_bar}{bar}| {postfix}") as bar:
+        gone_since: float | None = None
         while True:
-            report = client.drill(drill_id)
-            progress = report.get("progress") or {}
-            done = 100 if report.get("status") in FINISHED else int(100 * float(progress.get("fraction", 0)))
+            try:
+                report = api.drill(drill_id)
+            except Unreachable:
+                gone_since = gone_since or time.monotonic()
+                if time.monotonic() - gone_since > outage_s:
+                    raise
+                bar.set_postfix_str("control plane unreachable, waiting for it")
+                time.sleep(POLL_S)
+                continue
+            gone_since = None
+            progress = report.progress
+            done = 100 if report.status in FINISHED else int(100 * (progress.fraction if progress else 0.0))
             bar.update(max(done - bar.n, 0))
-            bar.set_postfix_str(str(progress.get("phase") or report.get("status")))
-            if report.get("status") in FINISHED:
+            bar.set_postfix_str(progress.phase if progress else report.status)
+            if report.status in FINISHED:
                 return report
             time.sleep(POLL_S)
 
 
-def _print_list(drills: list[dict[str, Any]]) -> None:
+def _print_scenarios(scenarios: list[Scenario]) -> None:
+    for s in scenarios:
+        faults = ", ".join(f.kind for f in s.faults) or s.action
+        print(f"{s.id:<16} {faults:<16} {s.rate:g} req/s x {s.duration_s:g}s  {s.title}")
+
+
+def _print_list(drills: list[DrillSummary]) -> None:
     if not drills:
         print("no drills yet")
         return
     print(f"{'ID':>5} {'SCENARIO':<16} {'STATUS':<11} {'RTO_SVC':>8} {'RTO_SLO':>8} {'RTO_CAP':>8} "
           f"{'FAILED':>6}  STARTED")
     for d in drills:
-        at = d.get("started_at")
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at)) if at else "-"
-        print(f"{d['id']:>5} {d['scenario']:<16} {d['status']:<11} {_num(d.get('rto_service_s')):>8} "
-              f"{_num(d.get('rto_slo_s')):>8} {_num(d.get('rto_capacity_s')):>8} "
-              f"{_num(d.get('requests_failed')):>6}  {started}")
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(d.started_at)) if d.started_at else "-"
+        print(f"{d.id:>5} {d.scenario:<16} {d.status:<11} {_num(d.rto_service_s):>8} {_num(d.rto_slo_s):>8} "
+              f"{_num(d.rto_capacity_s):>8} {_num(d.requests_failed):>6}  {started}")
 
 
 def _num(value: Any) -> str:

@@ -1,4 +1,8 @@
-"""``controlplane``: start the control plane (``up``) or talk to a running one through its REST API."""
+"""``controlplane``: start the control plane (``up``) or talk to a running one through its REST API.
+
+Every command that reads something prints a table, or the same data as JSON with ``--json``; ``--url`` and
+``--token`` go before the command or after it. Exit codes: :mod:`controlplane.cli.exits`.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +14,29 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import httpx
+
+from controlplane import __version__
+from controlplane.cli import admin as cli_admin
 from controlplane.cli import alerts as cli_alerts
 from controlplane.cli import autoscaler as cli_autoscaler
 from controlplane.cli import drill as cli_drill
 from controlplane.cli import simulate as cli_simulate
-from controlplane.client import DEFAULT_URL, TOKEN_ENV, ApiError, ControlPlaneClient
-from controlplane.config import ConfigError, load_config
+from controlplane.cli.exits import EPILOG, FAILURES, UsageError, exit_code
+from controlplane.cli.options import (
+    add_connection_options,
+    add_connection_options_below,
+    add_json_option,
+    client,
+    print_json,
+    resolve_token,
+    show,
+    sub_commands,
+)
+from controlplane.client import TOKEN_ENV, ActiveFault, FaultKind, FleetView, as_json
+from controlplane.config import load_config
 
-
-def _client(args: argparse.Namespace) -> ControlPlaneClient:
-    return ControlPlaneClient(args.url, args.token)
+LOCAL_COMMANDS = frozenset({"up", "simulate", "hash-password", "admin"})  # they never talk to the API
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -30,49 +47,58 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        fleet = client.fleet()
-    rollout = f", rolling out {fleet.rollout['model']}" if fleet.rollout else ""
-    print(f"model {fleet.model} (generation {fleet.generation}); {fleet.ready_replicas}/"
-          f"{fleet.desired_replicas} replicas ready{rollout}")
-    print(f"{'REPLICA':<12} {'ZONE':<6} {'STATE':<9} {'PID':>7}  URL")
-    for r in sorted(fleet.replicas, key=lambda r: r.replica_id):
-        print(f"{r.replica_id:<12} {r.zone:<6} {r.state:<9} {r.pid or '-':>7}  {r.url}")
+    with client(args) as api:
+        show(args, api.fleet(), _print_fleet)
     return 0
 
 
+def _print_fleet(fleet: FleetView) -> None:
+    rollout = f", rolling out {fleet.rollout.model}" if fleet.rollout else ""
+    print(f"model {fleet.model} (generation {fleet.generation}); {fleet.ready_replicas}/"
+          f"{fleet.desired_replicas} replicas ready{rollout}")
+    print(f"{'REPLICA':<12} {'ZONE':<6} {'NODE':<15} {'STATE':<9} {'PID':>7}  URL")
+    for r in sorted(fleet.replicas, key=lambda r: r.replica_id):
+        where = r.node or "local"
+        print(f"{r.replica_id:<12} {r.zone:<6} {where:<15} {r.state:<9} {r.pid or '-':>7}  {r.url}")
+    for node in fleet.nodes:
+        if not node.alive:
+            print(f"node {node.address} (zone {node.zone or '-'}) is LOST")
+    if fleet.zones_down:
+        print(f"zones without a live node: {', '.join(fleet.zones_down)}")
+
+
 def _scale(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        client.scale(args.replicas)
+    with client(args) as api:
+        api.scale(args.replicas)
     print(f"desired replicas: {args.replicas}")
     return 0
 
 
 def _restart(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        client.restart(args.replica)
+    with client(args) as api:
+        api.restart(args.replica)
     print(f"restarting {args.replica}")
     return 0
 
 
 def _rollout(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        result = client.rollout(args.model)
-    print(f"rolling out {result['model']} (generation {result['generation']}); follow it with "
+    with client(args) as api:
+        result = api.rollout(args.model)
+    print(f"rolling out {result.model} (generation {result.generation}); follow it with "
           "`controlplane status` or `controlplane events --kind rollout`")
     return 0
 
 
 def _events(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        for event in client.events(kind=args.kind, limit=args.limit):
-            print(json.dumps(event, sort_keys=True))
+    with client(args) as api:
+        for event in api.events(kind=args.kind, limit=args.limit):
+            print(json.dumps(as_json(event), sort_keys=True))
     return 0
 
 
 def _token(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        print(client.issue_token(args.name, args.role, args.ttl))
+    with client(args) as api:
+        print(api.issue_token(args.name, args.role, args.ttl))
     return 0
 
 
@@ -84,7 +110,7 @@ def _hash_password(args: argparse.Namespace) -> int:
 
     password = getpass.getpass("password: ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
     if not password:
-        raise ApiError("hash-password: the password must not be empty")
+        raise UsageError("hash-password: the password must not be empty")
     hashed = hash_password(password)
     print(f"{args.user}:{args.role}:{hashed}" if args.user else hashed)
     return 0
@@ -93,70 +119,76 @@ def _hash_password(args: argparse.Namespace) -> int:
 def _chaos(args: argparse.Namespace) -> int:
     if args.action == "run":
         return _chaos_run(args)
-    with _client(args) as client:
+    params = dict(_param(p) for p in args.param or []) if args.action == "inject" else {}
+    with client(args) as api:
         if args.action == "catalogue":
-            for kind in client.chaos_catalogue():
-                state = "available" if kind["available"] else kind["unavailable_reason"]
-                print(f"{kind['kind']:<16} {kind['family']:<8} {state}")
+            show(args, api.chaos_catalogue(), _print_catalogue)
         elif args.action == "list":
-            for fault in client.chaos_faults():
-                print(f"{fault['id']:>5} {fault['kind']:<16} {fault['target']:<12} "
-                      f"{fault['remaining_s']:>7.1f}s left")
+            show(args, api.chaos_faults(), _print_faults)
         elif args.action == "inject":
-            params = dict(_param(p) for p in args.param or [])
-            result = client.chaos_inject(args.kind, duration_s=args.duration, selector=args.selector,
-                                         params=params, replicas=args.replica or [], zones=args.zone or [],
-                                         allow_all=args.allow_all, dry_run=args.dry_run)
-            print(json.dumps(result, indent=2))
+            print_json(api.chaos_inject(args.kind, duration_s=args.duration, selector=args.selector,
+                                        params=params, replicas=args.replica or [], zones=args.zone or [],
+                                        allow_all=args.allow_all, dry_run=args.dry_run))
         elif args.action == "revert":
-            print(json.dumps(client.chaos_revert(args.id)))
+            print_json(api.chaos_revert(args.id))
         elif args.action == "halt":
-            print(json.dumps(client.chaos_halt()))
+            print_json(api.chaos_halt())
         else:
-            print(json.dumps(client.chaos_release()))
+            print_json(api.chaos_release())
     return 0
+
+
+def _print_catalogue(kinds: list[FaultKind]) -> None:
+    print(f"{'KIND':<16} {'FAMILY':<8} AVAILABILITY")
+    for kind in kinds:
+        state = "available" if kind.available else kind.unavailable_reason
+        print(f"{kind.kind:<16} {kind.family:<8} {state}")
+
+
+def _print_faults(faults: list[ActiveFault]) -> None:
+    if not faults:
+        print("no active faults")
+        return
+    print(f"{'ID':>5} {'KIND':<16} {'TARGET':<12} {'LEFT':>8}")
+    for fault in faults:
+        print(f"{fault.id or '-':>5} {fault.kind:<16} {fault.target:<12} {fault.remaining_s:>7.1f}s")
 
 
 def _chaos_run(args: argparse.Namespace) -> int:
     """Run a Chaos Toolkit-format experiment here with the native runner; its ``chaos.ctk`` activities and the
-    stop conditions talk to the control plane at --url. Exit 0 when it completed, 1 otherwise."""
+    stop conditions talk to the control plane at --url. Exit 0 when it completed, 1 otherwise (a malformed
+    experiment too, before anything runs)."""
     import asyncio
 
     from tqdm import tqdm  # type: ignore[import-untyped]
 
-    from chaos.experiment import ExperimentRunner, InvalidExperiment, load_experiment, validate_experiment
+    from chaos.experiment import ExperimentRunner, load_experiment, validate_experiment
     from chaos.safety import StopCondition, error_rate_above, p99_ttft_above, ready_replicas_below
 
     os.environ.setdefault("CONTROLPLANE_URL", args.url)  # chaos.ctk's fallback when the experiment has none
     if args.token:
         os.environ[TOKEN_ENV] = args.token  # never into the experiment's configuration (it is journaled)
-    with _client(args) as client:
+    experiment = load_experiment(args.experiment)
+    validate_experiment(experiment)  # before the progress bar: a refusal is one line
+    with client(args) as api:
         conditions: list[StopCondition] = []
         if args.max_error_rate is not None:
-            conditions.append(error_rate_above(lambda: client.summary().get("error_rate"),
-                                               args.max_error_rate))
+            conditions.append(error_rate_above(lambda: api.summary().error_rate, args.max_error_rate))
         if args.max_p99_ttft is not None:
-            conditions.append(p99_ttft_above(lambda: (client.summary().get("ttft") or {}).get("p99"),
-                                             args.max_p99_ttft))
+            conditions.append(p99_ttft_above(lambda: api.summary().ttft.p99, args.max_p99_ttft))
         if args.min_ready is not None:
-            conditions.append(ready_replicas_below(lambda: client.fleet().ready_replicas, args.min_ready))
-        try:
-            experiment = load_experiment(args.experiment)
-            validate_experiment(experiment)  # before the progress bar: a refusal is one line
-            with tqdm(desc=str(experiment.get("title", "experiment"))[:40], unit="step",
-                      disable=args.json) as bar:
-                def progress(done: int, total: int, name: str) -> None:
-                    bar.total = total
-                    bar.set_postfix_str(name[:30])
-                    bar.update(done - bar.n)
+            conditions.append(ready_replicas_below(lambda: api.fleet().ready_replicas, args.min_ready))
+        with tqdm(desc=str(experiment.get("title", "experiment"))[:40], unit="step",
+                  disable=args.json) as bar:
+            def progress(done: int, total: int, name: str) -> None:
+                bar.total = total
+                bar.set_postfix_str(name[:30])
+                bar.update(done - bar.n)
 
-                runner = ExperimentRunner(progress=progress)
-                journal = asyncio.run(runner.run(experiment, dry_run=args.dry_run, stop_conditions=conditions,
-                                                 check_interval_s=args.check_interval,
-                                                 rollback_strategy=args.rollback_strategy))
-        except InvalidExperiment as exc:
-            print(f"controlplane: {exc}", file=sys.stderr)
-            return 2
+            runner = ExperimentRunner(progress=progress)
+            journal = asyncio.run(runner.run(experiment, dry_run=args.dry_run, stop_conditions=conditions,
+                                             check_interval_s=args.check_interval,
+                                             rollback_strategy=args.rollback_strategy))
     if args.journal:
         with open(args.journal, "w") as out:
             json.dump(journal, out, indent=2, default=str)
@@ -186,7 +218,7 @@ def _print_journal(journal: dict[str, Any]) -> None:
 def _param(text: str) -> tuple[str, float | str]:
     name, sep, value = text.partition("=")
     if not sep or not name:
-        raise ApiError(f"--param: expected NAME=VALUE, got {text!r}")
+        raise UsageError(f"--param: expected NAME=VALUE, got {text!r}")
     try:
         return name, float(value)
     except ValueError:
@@ -207,18 +239,20 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
     "autoscaler": (cli_autoscaler.SUMMARY, cli_autoscaler.run),
     "simulate": (cli_simulate.SUMMARY, cli_simulate.run),
     "drill": (cli_drill.SUMMARY, cli_drill.run),
+    "admin": (cli_admin.SUMMARY, cli_admin.run),
 }
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="controlplane", description=__doc__)
-    p.add_argument("--url", default=os.environ.get("CONTROLPLANE_URL", DEFAULT_URL),
-                   help="REST API address (default: $CONTROLPLANE_URL or %(default)s)")
-    p.add_argument("--token", default=None, help=f"API token (default: ${TOKEN_ENV})")
+    p = argparse.ArgumentParser(prog="controlplane", description=__doc__.split("\n\n")[0], epilog=EPILOG)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_connection_options(p, defaults=True)
     sub = p.add_subparsers(dest="command", required=True)
     for name, (summary, _) in COMMANDS.items():
-        cmd = sub.add_parser(name, help=summary)
-        if name == "up":
+        cmd = sub.add_parser(name, help=summary, description=summary, epilog=EPILOG)
+        if name == "status":
+            add_json_option(cmd)
+        elif name == "up":
             cmd.add_argument("--config", default=None, help="TOML file overriding the defaults")
         elif name == "scale":
             cmd.add_argument("replicas", type=int)
@@ -231,8 +265,9 @@ def parser() -> argparse.ArgumentParser:
             cmd.add_argument("--limit", type=int, default=200)
         elif name == "chaos":
             actions = cmd.add_subparsers(dest="action", required=True)
-            actions.add_parser("catalogue", help="fault kinds, with the reason when one is unavailable")
-            actions.add_parser("list", help="active faults")
+            add_json_option(actions.add_parser("catalogue", help="fault kinds, with the reason when one is "
+                                                                 "unavailable"))
+            add_json_option(actions.add_parser("list", help="active faults"))
             inject = actions.add_parser("inject", help="inject a fault (reverts itself after --duration)")
             inject.add_argument("kind")
             inject.add_argument("--duration", type=float, default=30.0, help="seconds (default %(default)s)")
@@ -272,18 +307,31 @@ def parser() -> argparse.ArgumentParser:
             cli_drill.add_arguments(cmd)
         elif name == "simulate":
             cli_simulate.add_arguments(cmd)
+        elif name == "admin":
+            cli_admin.add_arguments(cmd)
+    add_connection_options_below(p, skip=LOCAL_COMMANDS)
+    for _, sub_parser in sub_commands(p):
+        sub_parser.epilog = sub_parser.epilog or EPILOG
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, transport: httpx.BaseTransport | None = None) -> int:
+    """Run one command; its exit code (``controlplane.cli.exits``). ``transport`` replaces the network
+    (tests drive the CLI against an in-process API)."""
     args = parser().parse_args(argv)
+    args.transport = transport
+    try:
+        resolve_token(args)  # a --token argument is warned about on stderr
+    except UsageError as exc:
+        print(f"controlplane: {exc}", file=sys.stderr)
+        return exit_code(exc)
     logging.basicConfig(level=logging.INFO if args.command == "up" else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore"):  # one line per health probe otherwise
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return COMMANDS[args.command][1](args)
-    except (ApiError, ConfigError) as exc:
+    except FAILURES as exc:  # one line, no traceback
         print(f"controlplane: {exc}", file=sys.stderr)
-        return 2
+        return exit_code(exc)
 

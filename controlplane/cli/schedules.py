@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 from typing import Any
 
-from controlplane.client import ApiError, ControlPlaneClient, schedule_aim_and_load
+from controlplane.cli.exits import UsageError
+from controlplane.cli.options import add_json_option, client, print_json, show
+from controlplane.client import DrillSchedule, ScheduleRun
 
 SUMMARY = "cron schedules of drills: add, list, show, edit, pause, resume, run now, delete, run history"
 
@@ -29,7 +30,7 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
     add.add_argument("--cron", required=True, help="minute hour day month weekday, e.g. '0 3 * * 1'")
     add.add_argument("--paused", action="store_true", help="create it paused")
     _spec_options(add)
-    actions.add_parser("list", help="every schedule with its next run time")
+    add_json_option(actions.add_parser("list", help="every schedule with its next run time"))
     for name, summary in (("show", "one schedule as JSON"), ("pause", "stop firing (operator)"),
                           ("resume", "fire again from the next cron time (operator)"),
                           ("run", "fire now; the cron continues afterwards (operator)"),
@@ -48,6 +49,7 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
     runs = actions.add_parser("runs", help="a schedule's firings, newest first")
     runs.add_argument("id")
     runs.add_argument("--limit", type=int, default=20)
+    add_json_option(runs)
 
 
 def _spec_options(cmd: argparse.ArgumentParser) -> None:
@@ -72,8 +74,8 @@ def add_aim_and_load_options(cmd: argparse.ArgumentParser, *, aim_note: str = ""
     cmd.add_argument("--zone", action="append", default=None, metavar="NAME",
                      help="the zone a zone fault takes, or whose busiest replica a single-replica fault hits")
     cmd.add_argument("--trace", default=None, metavar="PATH|azure",
-                     help="replay an Azure LLM trace instead of Poisson arrivals ('azure': the server's "
-                          "$CONTROLPLANE_AZURE_TRACE or ../shared/data/azure_llm_conv_2023.csv)")
+                     help="replay an Azure LLM trace instead of Poisson arrivals ('azure': the one shipped "
+                          "with the control plane, or the server's $CONTROLPLANE_AZURE_TRACE)")
     cmd.add_argument("--compress", type=float, default=None, help="trace replay speed-up (default 1)")
     cmd.add_argument("--token-scale", type=float, default=None, help="multiplies trace token counts")
     cmd.add_argument("--trace-start", type=float, default=None, help="seconds into the trace")
@@ -89,7 +91,7 @@ def overrides(args: argparse.Namespace) -> dict[str, float] | None:
                 raise ValueError(text)
             found[name.strip()] = float(value)
         except ValueError:
-            raise ApiError(f"--set: expected NAME=NUMBER, got {text!r}") from None
+            raise UsageError(f"--set: expected NAME=NUMBER, got {text!r}") from None
     if args.rate is not None:
         found["rate"] = args.rate
     if args.duration is not None:
@@ -105,10 +107,10 @@ def trace_load(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.trace is None:
         given = [name for name, value in trace_options.items() if value is not None]
         if given:
-            raise ApiError(f"--{given[0].removesuffix('_s').replace('_', '-')}: only with --trace")
+            raise UsageError(f"--{given[0].removesuffix('_s').replace('_', '-')}: only with --trace")
         return None
     if args.rate is not None:
-        raise ApiError("--rate: a trace replay takes its arrivals from the trace; leave --rate out")
+        raise UsageError("--rate: a trace replay takes its arrivals from the trace; leave --rate out")
     return {"kind": "trace", "trace": args.trace, **{k: v for k, v in trace_options.items() if v is not None}}
 
 
@@ -117,80 +119,79 @@ def _cleared(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if args.any_replica:
         if args.replica or args.zone:
-            raise ApiError("--any-replica: leave --replica and --zone out")
+            raise UsageError("--any-replica: leave --replica and --zone out")
         out.update(replicas=[], zones=[])
     if args.poisson:
         if args.trace is not None:
-            raise ApiError("--poisson: leave --trace out")
+            raise UsageError("--poisson: leave --trace out")
         out["load"] = {"kind": "rate"}
     return out
 
 
 def run(args: argparse.Namespace) -> int:
     action = args.schedule_action
-    with ControlPlaneClient(args.url, args.token) as client:
+    changes = _changes(args) if action == "edit" else {}
+    with client(args) as api:
         if action == "add":
-            created = client.add_drill_schedule(
+            created = api.add_drill_schedule(
                 name=args.name, scenario_id=args.scenario, cron=args.cron, timezone=args.timezone,
                 overrides=overrides(args), overlap=args.overlap, max_wait_s=args.max_wait,
                 misfire_grace_s=args.misfire_grace, paused=args.paused, replicas=args.replica,
                 zones=args.zone, load=trace_load(args))
-            print(f"{created['id']}: {created['name']} next run {_when(created)}")
+            print(f"{created.id}: {created.name} next run {_when(created)}")
         elif action == "list":
-            _print_schedules(client.drill_schedules())
+            show(args, api.drill_schedules(), _print_schedules)
         elif action == "show":
-            _print_json(client.drill_schedule(args.id))
+            print_json(api.drill_schedule(args.id))
         elif action == "edit":
-            changes = {k: v for k, v in (("name", args.name), ("scenario_id", args.scenario),
-                                         ("cron", args.cron), ("timezone", args.timezone),
-                                         ("overrides", overrides(args)), ("replicas", args.replica),
-                                         ("zones", args.zone), ("load", trace_load(args)),
-                                         ("overlap", args.overlap),
-                                         ("max_wait_s", args.max_wait),
-                                         ("misfire_grace_s", args.misfire_grace)) if v is not None}
-            changes.update(_cleared(args))
-            if not changes:
-                raise ApiError("edit: nothing to change (give --cron, --timezone, --rate, --replica, ...)")
-            edited = client.edit_drill_schedule(args.id, **changes)
-            print(f"{edited['id']}: {edited['name']} next run {_when(edited)}")
+            edited = api.edit_drill_schedule(args.id, **changes)
+            print(f"{edited.id}: {edited.name} next run {_when(edited)}")
         elif action in ("pause", "resume", "run"):
-            call = {"pause": client.pause_drill_schedule, "resume": client.resume_drill_schedule,
-                    "run": client.run_drill_schedule}[action]
+            call = {"pause": api.pause_drill_schedule, "resume": api.resume_drill_schedule,
+                    "run": api.run_drill_schedule}[action]
             result = call(args.id)
-            print(f"{result['id']}: {'paused' if result['paused'] else 'next run ' + _when(result)}")
+            print(f"{result.id}: {'paused' if result.paused else 'next run ' + _when(result)}")
         elif action == "delete":
-            client.delete_drill_schedule(args.id)
+            api.delete_drill_schedule(args.id)
             print(f"{args.id}: deleted")
         else:
-            _print_runs(client.drill_schedule_runs(args.id, limit=args.limit))
+            show(args, api.drill_schedule_runs(args.id, limit=args.limit), _print_runs)
     return 0
 
 
-def _when(schedule: dict[str, Any]) -> str:
-    return "paused" if schedule["paused"] else str(schedule["next_run_time"])
+def _changes(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``edit`` changes; UsageError when nothing."""
+    changes = {k: v for k, v in (("name", args.name), ("scenario_id", args.scenario), ("cron", args.cron),
+                                 ("timezone", args.timezone), ("overrides", overrides(args)),
+                                 ("replicas", args.replica), ("zones", args.zone), ("load", trace_load(args)),
+                                 ("overlap", args.overlap), ("max_wait_s", args.max_wait),
+                                 ("misfire_grace_s", args.misfire_grace)) if v is not None}
+    changes.update(_cleared(args))
+    if not changes:
+        raise UsageError("edit: nothing to change (give --cron, --timezone, --rate, --replica, ...)")
+    return changes
 
 
-def _print_schedules(schedules: list[dict[str, Any]]) -> None:
+def _when(schedule: DrillSchedule) -> str:
+    return "paused" if schedule.paused else str(schedule.next_run_time)
+
+
+def _print_schedules(schedules: list[DrillSchedule]) -> None:
     if not schedules:
         print("no drill schedules")
         return
     print(f"{'ID':<17} {'NAME':<20} {'SCENARIO':<15} {'CRON':<16} {'TIMEZONE':<16} {'OVERLAP':<7} "
           f"{'NEXT RUN':<26} AIM AND LOAD")
     for s in schedules:
-        aim = schedule_aim_and_load(s.get("overrides") or {})
-        print(f"{s['id']:<17} {s['name'][:20]:<20} {s['scenario_id']:<15} {s['cron']:<16} "
-              f"{s['timezone']:<16} {s['overlap']:<7} {_when(s):<26} {aim}")
+        print(f"{s.id:<17} {s.name[:20]:<20} {s.scenario_id:<15} {s.cron:<16} {s.timezone:<16} "
+              f"{s.overlap:<7} {_when(s):<26} {s.aim_and_load}")
 
 
-def _print_runs(runs: list[dict[str, Any]]) -> None:
+def _print_runs(runs: list[ScheduleRun]) -> None:
     if not runs:
         print("no runs yet")
         return
     print(f"{'FIRED AT (UTC)':<20} {'OUTCOME':<8} {'DRILL':<18} REASON")
     for r in runs:
-        fired = dt.datetime.fromtimestamp(r["fired_at"], dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-        print(f"{fired:<20} {r['outcome']:<8} {r['drill_id'] or '-':<18} {r['reason']}")
-
-
-def _print_json(value: dict[str, Any]) -> None:
-    print(json.dumps(value, indent=2, sort_keys=True))
+        fired = dt.datetime.fromtimestamp(r.fired_at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        print(f"{fired:<20} {r.outcome:<8} {r.drill_id or '-':<18} {r.reason}")

@@ -1,6 +1,6 @@
 """``controlplane simulate``: a what-if run of autoscaling policies on a trace, locally (no API needed).
 
-controlplane simulate --trace data/azure_llm_conv_2023.csv --policy ours --compare hpa --compress 4
+controlplane simulate --trace azure --policy ours --compare hpa --compress 4
 controlplane simulate --trace synthetic-bursty --policy static:4 --html timeline.html
 """
 
@@ -9,11 +9,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from controlplane.cli.exits import UsageError
+from controlplane.vocabulary import SYNTHETIC_BURSTY
+
 SUMMARY = "what-if: run autoscaling policies on a trace in the fleet simulator (local, no API)"
 
 
 def add_arguments(cmd: argparse.ArgumentParser) -> None:
-    cmd.add_argument("--trace", required=True, help="an Azure LLM trace CSV, or synthetic-bursty")
+    cmd.add_argument("--trace", required=True,
+                     help=f"an Azure LLM trace CSV, azure (the shipped one), or {SYNTHETIC_BURSTY}")
     cmd.add_argument("--policy", default="ours", help="ours, hpa or static:N (default %(default)s)")
     cmd.add_argument("--compare", action="append", default=[], help="another policy to run (repeatable)")
     cmd.add_argument("--compress", type=float, default=1.0, help="time compression (4: 4x the request rate)")
@@ -39,11 +43,11 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """A bad policy or trace (a ValueError or an unreadable file) is a usage error: nothing ran."""
     try:
         return _run(args)
     except (ValueError, OSError) as exc:
-        print(f"controlplane simulate: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(f"simulate: {exc}") from exc
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -51,13 +55,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from controlplane.autoscale.profile import load_profile
     from controlplane.sim.simulator import PolicySpec, SimSettings, Slo, compare, figure, format_table
-    from controlplane.sim.trace import (
-        SYNTHETIC_BURSTY,
-        BurstyConfig,
-        TraceShape,
-        azure_trace,
-        synthetic_bursty,
-    )
+    from controlplane.sim.trace import BurstyConfig, TraceShape, azure_trace, synthetic_bursty
 
     specs = [PolicySpec.parse(p) for p in [args.policy, *args.compare]]
     profile = load_profile(args.profile)

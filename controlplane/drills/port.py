@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chaos.drills import FleetSample, Timings
+from chaos.drills import FaultNotInjected, FleetSample, Timings
 from chaos.targets import Target
 from controlplane.fleet.reconcile import Fleet
 from controlplane.gateway.config import GatewayConfig
@@ -47,9 +47,13 @@ class FleetDrillPort:
     """The fleet, gateway and store as :class:`chaos.drills.DrillPort`."""
 
     def __init__(self, fleet: Fleet, store: Store, *, gateway: GatewayConfig, state_path: Path,
-                 inflight: Callable[[], Mapping[str, int]] = dict) -> None:
+                 inflight: Callable[[], Mapping[str, int]] = dict,
+                 refresh_inflight: Callable[[], Awaitable[None]] | None = None,
+                 kill_gateway: Callable[[], str] | None = None) -> None:
         self.fleet, self.store, self.gateway, self.state_path = fleet, store, gateway, state_path
-        self._inflight = inflight  # the gateway's streams in flight per replica
+        self._inflight = inflight  # the gateways' streams in flight per replica
+        self._refresh_inflight = refresh_inflight  # asks the gateways now (None: the view is always fresh)
+        self._kill_gateway = kill_gateway  # the gateway supervisor's kill_one
 
     @property
     def gateway_url(self) -> str:
@@ -61,6 +65,18 @@ class FleetDrillPort:
 
     def inflight(self) -> Mapping[str, int]:
         return self._inflight()
+
+    async def refresh_inflight(self) -> None:
+        if self._refresh_inflight is not None:
+            await self._refresh_inflight()
+
+    def kill_gateway(self) -> str:
+        if self._kill_gateway is None:
+            raise FaultNotInjected("no gateway process to kill: the gateway runs in this process")
+        try:
+            return self._kill_gateway()
+        except OSError as exc:
+            raise FaultNotInjected(f"gateway not killed: {exc}") from exc
 
     def targets(self) -> Sequence[Target]:
         return fleet_targets(self.fleet)

@@ -29,7 +29,12 @@ FIGURES: tuple[tuple[str, str, str], ...] = (
     ("tokens_lost", "tokens lost", ""),
     ("tokens_duplicated", "tokens duplicated", ""),
     ("writes_lost", "acknowledged writes lost", ""),
+    ("rto_api_s", "RTO API (restart to the first answer)", "s"),
+    ("faults_past_expiry", "faults in effect past their expiry", ""),
+    ("orphans", "orphaned processes", ""),
 )
+# Shown only when measured: they belong to some scenarios (the control plane's own crash) only.
+OPTIONAL = frozenset({"rto_api_s", "faults_past_expiry", "orphans"})
 MARKERS = ("t_detect", "t_switch", "t_first_ok", "t_slo", "t_capacity")
 
 
@@ -58,6 +63,9 @@ def to_markdown(report: Mapping[str, Any]) -> str:
              f"- scenario: `{report.get('scenario')}`", f"- status: **{report.get('status')}**"]
     if report.get("error"):
         lines.append(f"- error: {report['error']}")
+    lines += _steady_lines(report)
+    if (report.get("load") or {}).get("not_started"):
+        lines.append(f"- load not started: {report['load']['not_started']}")
     if report.get("fault_targets"):
         lines.append(f"- fault targets: {', '.join(report['fault_targets'])}")
     cfg = report.get("config") or {}
@@ -68,14 +76,52 @@ def to_markdown(report: Mapping[str, Any]) -> str:
               "| figure | measured | predicted |", "|---|---|---|"]
     predicted = {"rto_service_s": pred.get("rto_service_s"), "rto_capacity_s": pred.get("rto_capacity_s")}
     for key, label, unit in FIGURES:
+        if key in OPTIONAL and fig.get(key) is None:
+            continue
         lines.append(f"| {label} | {_fmt(fig.get(key), unit)} | {_fmt(predicted.get(key), unit)} |")
+    if report.get("gateway_killed"):
+        lines.append(f"\n- gateway killed: {report['gateway_killed']}")
+    loss = report.get("client_loss") or {}
+    if loss:
+        lines.append(f"- clients lost {loss.get('failed')} requests: {loss.get('failed_before_first_token')} "
+                     f"before their first token (a client retry recovers them), "
+                     f"{loss.get('failed_mid_stream')} mid-stream after "
+                     f"{loss.get('tokens_delivered_to_failed')} tokens (a retry repeats those tokens; "
+                     "a resume from them recovers the rest)")
+    writes = report.get("writes") or {}
+    if writes:
+        lines.append(f"\n- acknowledged writes before t0: {writes.get('acknowledged')}; missing after the "
+                     f"restart: {', '.join(writes.get('lost') or []) or 'none'}")
+    if report.get("orphans"):
+        lines.append(f"- orphaned processes: {', '.join(report['orphans'])}")
     checks = report.get("checks") or []
     if checks:
         lines += ["", "## Verdict", "", "| check | target | measured | result |", "|---|---|---|---|"]
         for c in checks:
-            lines.append(f"| {c['name']} | <= {_fmt(c['target'])} | {_fmt(c['measured'])} | "
-                         f"{'pass' if c['ok'] else 'FAIL'} |")
+            outcome = _outcome(c)
+            measured = "not measured" if outcome == "not measured" else _fmt(c["measured"])
+            lines.append(f"| {c['name']} | <= {_fmt(c['target'])} | {measured} | "
+                         f"{'pass' if outcome == 'pass' else outcome.upper()} |")
     return "\n".join(lines) + "\n"
+
+
+def _outcome(check: Mapping[str, Any]) -> str:
+    """pass, fail or not measured (reports stored before the outcome was kept have only ``ok``)."""
+    if check.get("outcome"):
+        return str(check["outcome"])
+    if check.get("measured") is None:
+        return "not measured"
+    return "pass" if check.get("ok") else "fail"
+
+
+def _steady_lines(report: Mapping[str, Any]) -> list[str]:
+    """How long the drill waited for its steady state, and for what."""
+    steady = report.get("steady_state") or {}
+    if not steady.get("waited_for"):
+        return []
+    reached = "reached" if steady.get("ok") else "not reached"
+    return [f"- steady state {reached} after {_fmt(steady.get('waited_s'), 's')} (at most "
+            f"{_fmt(steady.get('timeout_s'), 's')}); waited for: {'; '.join(steady['waited_for'])}"]
 
 
 def compare(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DEFAULT_ZONES = ("az-a", "az-b", "az-c")
+BACKENDS = ("local", "ray")
+NODE_LOSS_POLICIES = ("stay", "spill")
 
 
 @dataclass(slots=True)
@@ -26,6 +28,19 @@ class FleetConfig:
     on_restart: str = "adopt"  # what a restarted control plane does with replicas it finds: adopt | stop
     rollout_observe_s: float = 10.0  # a new replica serves this long before the next step
     rollout_max_error_increase: float = 0.05  # new replica's 5xx share above the old ones': roll back
+    # Where replicas run: "local" (subprocesses of this host) or "ray" (detached actors on a Ray cluster).
+    backend: str = "local"
+    # The Ray cluster: "auto" (the one running on this host), "ray://host:port" (a Ray Client, as for the
+    # lab: ray://10.199.0.2:10001) or "local" (start a private single-node Ray).
+    ray_address: str = "auto"
+    ray_namespace: str = ""  # empty: "llmsre-" and a hash of the state folder (one per control plane)
+    ray_connect_timeout_s: float = 30.0
+    ray_num_cpus: float = 1.0  # Ray resources each replica's actor asks for
+    ray_num_gpus: float = 0.0  # CUDA devices per replica (Ray's num_gpus)
+    ray_num_npus: float = 0.0  # Ascend NPUs per replica (Ray's "NPU" resource)
+    # When every node of a zone is lost: "stay" (its replicas wait in the zone for a node to come back)
+    # or "spill" (they are re-placed in the zones that have nodes, and move back when it returns).
+    on_node_loss: str = "stay"
 
 
 def fleet_problems(cfg: FleetConfig) -> list[tuple[str, str]]:
@@ -37,7 +52,21 @@ def fleet_problems(cfg: FleetConfig) -> list[tuple[str, str]]:
         ("zones", len(set(cfg.zones)) == len(cfg.zones), "must not repeat a zone"),
         ("base_port", 0 < cfg.base_port < 65536 - 1000, "must leave room for replica ports"),
         ("on_restart", cfg.on_restart in ("adopt", "stop"), "must be adopt or stop"),
+        ("backend", cfg.backend in BACKENDS, f"must be one of {', '.join(BACKENDS)}"),
+        ("ray_address", cfg.ray_address in ("auto", "local") or _is_ray_url(cfg.ray_address),
+         "must be auto, local or ray://host:port"),
+        ("ray_connect_timeout_s", cfg.ray_connect_timeout_s > 0, "must be > 0"),
+        ("ray_num_cpus", cfg.ray_num_cpus >= 0, "must be >= 0"),
+        ("ray_num_gpus", cfg.ray_num_gpus >= 0, "must be >= 0"),
+        ("ray_num_npus", cfg.ray_num_npus >= 0, "must be >= 0"),
+        ("on_node_loss", cfg.on_node_loss in NODE_LOSS_POLICIES,
+         f"must be one of {', '.join(NODE_LOSS_POLICIES)}"),
     ):
         if not ok:
             problems.append((f"fleet.{key}", reason))
     return problems
+
+
+def _is_ray_url(address: str) -> bool:
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    return address.startswith("ray://") and bool(host) and port.isdigit() and 0 < int(port) < 65536

@@ -1,112 +1,83 @@
 """The fleet: the desired set of replicas (count per zone, model) reconciled against what runs.
 
-Each reconcile pass observes (process alive? ready?), decides what to change (restart a crashed replica
-after its backoff, spawn or drain to reach the desired count per zone, take the next step of a rolling
-update) and applies it through a :class:`ReplicaBackend`. Every transition is an event in the store and
-the replica registry in the store is kept current, so a control plane restarted after ``kill -9`` can
-adopt (or stop) every replica the previous one left.
+Each reconcile pass observes (process alive? ready? port taken?), plans what to change with the pure
+:func:`controlplane.fleet.plan.plan_pass` (restart a crashed replica after its backoff, spawn or drain to
+reach the desired count per zone, take the next step of a rolling update) and applies that plan once
+through a :class:`ReplicaBackend`. Every transition is an event in the store and the replica registry in
+the store is kept current (``fleet/registry.py``), so a control plane restarted after ``kill -9`` can adopt
+(or stop) every replica the previous one left; the nodes a cluster backend places replicas on are tracked
+in ``fleet/nodes.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import logging
-import secrets
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Any
 
 import httpx
 
-from controlplane.fleet.backends.base import ReplicaBackend, ReplicaHandle, ReplicaSpec
+from controlplane.errors import Conflict, ControlPlaneError, NotFound, Refused
+from controlplane.fleet.backends.base import NodeState, ReplicaBackend, ReplicaSpec
 from controlplane.fleet.config import FleetConfig
+from controlplane.fleet.nodes import Nodes
+from controlplane.fleet.plan import (
+    Action,
+    CompleteRollout,
+    Desired,
+    Drain,
+    Kill,
+    MarkCrashed,
+    MarkReady,
+    MarkUnready,
+    Observation,
+    ObservedReplica,
+    Plan,
+    RecordProbe,
+    Remove,
+    ReportCrashLoop,
+    Restart,
+    RollBack,
+    Rollout,
+    Spawn,
+    StepRollout,
+    plan_pass,
+)
+from controlplane.fleet.registry import (
+    DESIRED_KEY,
+    UNPLACED,
+    FleetStore,
+    ManagedReplica,
+    desired_record,
+    persisted,
+    replica_admin_token,
+    replica_row,
+)
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
-from controlplane.store.database import ReplicaRow
 
 logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
-DESIRED_KEY = "fleet.desired"  # what the operator asked for survives a crash of the control plane
-UNREADY_AFTER_FAILURES = 3  # consecutive failed readiness probes before a ready replica counts as unready
 
 
-class FleetStore(Protocol):
-    """The part of the store the fleet writes (see controlplane.store.database)."""
-
-    def add_event(self, kind: str, subject: str, detail: dict[str, Any]) -> Any: ...
-
-    def upsert_replica(self, row: Any) -> None: ...
-
-    def replicas(self) -> list[Any]: ...
-
-    def delete_replica(self, replica_id: str) -> object: ...
-
-    def kv_put(self, key: str, value: Any) -> None: ...
-
-    def kv_get(self, key: str, default: Any = None) -> Any: ...
+class FleetError(ControlPlaneError):
+    """A fleet request that cannot be carried out; the subclasses say why."""
 
 
-class FleetError(Exception):
-    """A fleet request that cannot be carried out (unknown replica, rollout already running...)."""
+class FleetRefused(FleetError, Refused):
+    """A bad request, such as a negative replica count."""
 
 
-@dataclass
-class ManagedReplica:
-    spec: ReplicaSpec
-    handle: ReplicaHandle | None
-    state: ReplicaState
-    started_at: float
-    restarts: int = 0
-    crash_times: list[float] = field(default_factory=list)
-    restart_at: float | None = None  # when a crashed replica is due to be restarted
-    ready_failures: int = 0
-    drain_started: float | None = None
-
-    @property
-    def endpoint(self) -> ReplicaEndpoint:
-        pid = self.handle.pid if self.handle else None
-        return ReplicaEndpoint(self.spec.replica_id, self.spec.zone, self.spec.host, self.spec.port,
-                               self.state, self.spec.model, pid, self.spec.generation)
+class FleetConflict(FleetError, Conflict):
+    """The request contradicts the fleet's state (a rollout already running, the model already served)."""
 
 
-@dataclass(slots=True)
-class Rollout:
-    model: str
-    generation: int
-    previous_model: str
-    previous_generation: int
-    started_at: float
-    surge: str | None = None  # the new replica being waited on
-    surge_started: float | None = None
-    surge_ready_at: float | None = None  # when it became ready: it is watched for errors from then on
-
-
-def replica_admin_token(secret: bytes, replica_id: str) -> str:
-    """Per-replica admin token derived from the control plane's secret, so an adopted replica is reachable."""
-    return hmac.new(secret, replica_id.encode(), hashlib.sha256).hexdigest()
-
-
-def load_or_create_secret(path: Path) -> bytes:
-    if path.exists():
-        return path.read_bytes()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    secret = secrets.token_bytes(32)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(secret)
-    tmp.chmod(0o600)
-    tmp.replace(path)
-    return secret
-
-
-def zone_targets(total: int, zones: list[str]) -> dict[str, int]:
-    """Spread ``total`` replicas over zones, the first zones taking the remainder."""
-    base, extra = divmod(total, len(zones))
-    return {zone: base + (1 if i < extra else 0) for i, zone in enumerate(zones)}
+class UnknownReplica(FleetError, NotFound):
+    """No replica has this id."""
 
 
 class Fleet:
@@ -133,6 +104,7 @@ class Fleet:
         self._task: asyncio.Task[None] | None = None
         self._last_health_probe = float("-inf")
         self._listeners: list[Callable[[list[ReplicaEndpoint]], None]] = []
+        self._nodes = Nodes(config, self._event)
 
     # ---- views ---------------------------------------------------------------------------------
     def endpoints(self) -> list[ReplicaEndpoint]:
@@ -144,6 +116,16 @@ class Fleet:
     def admin_token(self, replica_id: str) -> str:
         return replica_admin_token(self.secret, replica_id)
 
+    def nodes(self) -> list[NodeState]:
+        """The nodes replicas run on (none for local processes): the live ones, and each lost one whose
+        address no live node has taken over, so a lost host shows until it is back."""
+        return self._nodes.listed()
+
+    @property
+    def zones_down(self) -> frozenset[str]:
+        """Zones of the fleet without a live node (never any for local processes)."""
+        return self._nodes.zones_down
+
     def on_change(self, listener: Callable[[list[ReplicaEndpoint]], None]) -> None:
         """Called with the endpoints after every pass that changed a state (Prometheus targets)."""
         self._listeners.append(listener)
@@ -151,7 +133,7 @@ class Fleet:
     # ---- requests ------------------------------------------------------------------------------
     def scale(self, replicas: int) -> None:
         if replicas < 0:
-            raise FleetError(f"replicas: must be >= 0, got {replicas}")
+            raise FleetRefused(f"replicas: must be >= 0, got {replicas}", param="replicas")
         self._event("fleet.scaled", "fleet", {"from": self.desired_total, "to": replicas})
         self.desired_total = replicas
         self._persist_desired()
@@ -159,7 +141,7 @@ class Fleet:
     def restart(self, replica_id: str) -> None:
         replica = self.replicas.get(replica_id)
         if replica is None:
-            raise FleetError(f"no replica {replica_id!r}")
+            raise UnknownReplica(f"no replica {replica_id!r}", subject=replica_id)
         self._event("replica.restart_requested", replica_id, {})
         if replica.handle is not None:
             self.backend.kill(replica.handle)
@@ -167,9 +149,9 @@ class Fleet:
 
     def start_rollout(self, model: str) -> Rollout:
         if self.rollout is not None:
-            raise FleetError(f"a rollout to {self.rollout.model} is already in progress")
+            raise FleetConflict(f"a rollout to {self.rollout.model} is already in progress")
         if model == self.model:
-            raise FleetError(f"the fleet already runs {model}")
+            raise FleetConflict(f"the fleet already runs {model}", param="model")
         self.rollout = Rollout(model, self.generation + 1, self.model, self.generation, self.clock())
         self._event("rollout.started", "fleet", {"model": model, "generation": self.generation + 1})
         self._persist_desired()
@@ -200,6 +182,9 @@ class Fleet:
                 self._forget(replica)
             self._set_state(replica, ReplicaState.STOPPED)
             self.store.delete_replica(replica.spec.replica_id)
+        close = getattr(self.backend, "close", None)  # a cluster connection: release what it holds
+        if close is not None:
+            await asyncio.to_thread(close)
         await self._client.aclose()
 
     async def _loop(self) -> None:
@@ -210,171 +195,160 @@ class Fleet:
                 logger.exception("fleet reconcile pass failed")
             await asyncio.sleep(self.config.reconcile_interval_s)
 
-    # ---- one reconcile pass --------------------------------------------------------------------
+    # ---- one reconcile pass: observe, plan, apply once -------------------------------------------
+    @property
+    def desired(self) -> Desired:
+        return Desired(self.desired_total, self.model, self.generation, self.rollout)
+
     async def reconcile(self) -> None:
-        before = {rid: r.state for rid, r in self.replicas.items()}
-        self._observe_exits()
-        await self._observe_readiness()
-        self._restart_due()
-        self._step_rollout()
-        self._converge_counts()
-        self._finish_drains()
-        after = {rid: r.state for rid, r in self.replicas.items()}
-        if before != after:
-            endpoints = self.endpoints()
+        before = self.endpoints()
+        self._observe_nodes()
+        self._locate()
+        readiness = await self._probe_readiness()
+        # From here on nothing awaits: an API call cannot change the fleet between observation and apply.
+        plan = plan_pass(self._observe(readiness), self.desired, self.config)
+        self._apply(plan)
+        endpoints = self.endpoints()
+        if before != endpoints:
             for listener in self._listeners:
                 listener(endpoints)
 
-    def _observe_exits(self) -> None:
-        now = self.clock()
-        for replica in self.replicas.values():
-            if replica.state in (ReplicaState.CRASHED, ReplicaState.STOPPED, ReplicaState.DRAINING):
-                continue
-            if replica.handle is not None and self.backend.is_running(replica.handle):
-                continue
-            status = self.backend.exit_status(replica.handle) if replica.handle else None
-            window = self.config.crash_loop_window_s
-            replica.crash_times = [t for t in replica.crash_times if now - t < window]
-            replica.crash_times.append(now)
-            delay = min(self.config.restart_backoff_s * 2 ** (len(replica.crash_times) - 1),
-                        self.config.restart_backoff_max_s)
-            replica.restart_at = now + delay
-            self._set_state(replica, ReplicaState.CRASHED, {"exit_status": status, "restart_in_s": delay})
-            if len(replica.crash_times) >= self.config.crash_loop_restarts:
-                self._event("replica.crash_loop", replica.spec.replica_id,
-                            {"crashes": len(replica.crash_times), "window_s": window})
+    def _observe_nodes(self) -> None:
+        """The backend's nodes, for a backend that places replicas (see :class:`Nodes`)."""
+        if self.backend.places_replicas:
+            self._nodes.observe(self.backend.nodes())
 
-    async def _observe_readiness(self) -> None:
-        """Starting replicas every pass (to route to them as soon as they are ready); the others every
-        ``health_interval_s``, since each /ready runs a forward pass on the replica."""
+    def _locate(self) -> None:
+        """Where each placed replica listens, from the backend; a new place is saved (adoption after a
+        crash reads it) and published (the gateways and Prometheus follow ``endpoints()``)."""
+        if not self.backend.places_replicas:
+            return
+        for rid, replica in self.replicas.items():
+            location = self.backend.location(replica.handle) if replica.handle is not None else None
+            if location is None or location == replica.location:
+                continue
+            replica.location = location
+            if location.node_id:
+                self._nodes.placed(rid, location.node_id)
+            replica.spec = replace(replica.spec, host=location.host, port=location.port)
+            self._event("replica.placed", rid, {"node": location.node, "node_id": location.node_id,
+                                                "host": location.host, "port": location.port})
+            self._save(replica)
+
+    def _located(self, replica: ManagedReplica) -> bool:
+        """Whether the replica's address is known (always, for local processes)."""
+        return not self.backend.places_replicas or replica.location is not None
+
+    async def _probe_readiness(self) -> dict[str, bool]:
+        """/ready of starting replicas every pass (to route to them as soon as they are ready); of the
+        others every ``health_interval_s``, since each /ready runs a forward pass on the replica."""
         now = self.clock()
         health_due = now - self._last_health_probe >= self.config.health_interval_s
         if health_due:
             self._last_health_probe = now
-        probed = [r for r in self.replicas.values() if r.state is ReplicaState.STARTING or (
-            health_due and r.state in (ReplicaState.READY, ReplicaState.UNREADY))]
+        probed = [r for r in self.replicas.values() if (r.state is ReplicaState.STARTING or (
+            health_due and r.state in (ReplicaState.READY, ReplicaState.UNREADY)))
+            and self._running(r) and self._located(r)]
         results = await asyncio.gather(*(self._probe(r.endpoint) for r in probed), return_exceptions=True)
-        now = self.clock()  # after the probes, which take time
-        for replica, ok in zip(probed, results):
-            if ok is True:
-                replica.ready_failures = 0
-                if replica.state is not ReplicaState.READY:
-                    waited = now - replica.started_at
-                    self._set_state(replica, ReplicaState.READY, {"seconds_to_ready": round(waited, 3)})
-                continue
-            replica.ready_failures += 1
-            if replica.state is ReplicaState.READY and replica.ready_failures >= UNREADY_AFTER_FAILURES:
-                self._set_state(replica, ReplicaState.UNREADY, {"failures": replica.ready_failures})
+        # a replica restarted by an API call while the probes ran is not the one that was probed
+        return {r.spec.replica_id: ok is True for r, ok in zip(probed, results)
+                if self.replicas.get(r.spec.replica_id) is r}
 
-    def _restart_due(self) -> None:
-        now = self.clock()
-        for replica in list(self.replicas.values()):
-            if replica.state is ReplicaState.CRASHED and replica.restart_at is not None \
-                    and now >= replica.restart_at:
-                if replica.handle is not None:
-                    self._forget(replica)
-                self._event("replica.restarting", replica.spec.replica_id, {"restarts": replica.restarts + 1})
-                self._spawn(self._bindable(replica.spec), restarts=replica.restarts + 1,
-                            crash_times=replica.crash_times)
+    def _observe(self, readiness: dict[str, bool]) -> Observation:
+        return Observation(
+            now=self.clock(), reserved_ports=self.reserved_ports,
+            replicas=tuple(self._observe_one(r, readiness.get(rid)) for rid, r in self.replicas.items()),
+            error_rates={rid: self.error_rate(rid) for rid in self.replicas} if self._surge_serves(readiness)
+            else {}, zones_down=self._nodes.zones_down)
 
-    def _converge_counts(self) -> None:
-        if self.rollout is not None:
-            return  # the rollout owns the counts until it ends
-        targets = zone_targets(self.desired_total, self.config.zones)
-        for zone, want in targets.items():
-            live = [r for r in self.replicas.values() if r.spec.zone == zone and r.state not in
-                    (ReplicaState.DRAINING, ReplicaState.STOPPED)]
-            for _ in range(want - len(live)):
-                self._spawn(self._new_spec(zone, self.model, self.generation))
-            for replica in self._drain_candidates(live)[:max(len(live) - want, 0)]:
-                self._start_drain(replica, "scale down")
-        for replica in list(self.replicas.values()):
-            if replica.spec.zone not in targets and replica.state not in (ReplicaState.DRAINING,
-                                                                          ReplicaState.STOPPED):
-                self._start_drain(replica, "zone removed")
+    def _surge_serves(self, readiness: dict[str, bool]) -> bool:
+        """Whether a rollout's new replica serves (or starts to this pass): only then are the error rates
+        compared, and each one is a telemetry query."""
+        surge = self.replicas.get(self.rollout.surge or "") if self.rollout is not None else None
+        return surge is not None and (surge.state is ReplicaState.READY or
+                                      readiness.get(surge.spec.replica_id, False))
 
-    def _drain_candidates(self, live: list[ManagedReplica]) -> list[ManagedReplica]:
-        """Not-ready replicas first, then the newest."""
-        return sorted(live, key=lambda r: (r.state is ReplicaState.READY, -r.started_at))
+    def _observe_one(self, r: ManagedReplica, is_ready: bool | None) -> ObservedReplica:
+        running = self._running(r)
+        exit_status = self.backend.exit_status(r.handle) if r.handle is not None and not running else None
+        return ObservedReplica(
+            r.spec.replica_id, r.spec.zone, r.spec.port, r.spec.model, r.spec.generation, r.state,
+            r.started_at, running, exit_status, is_ready,
+            port_free=running or r.state in (ReplicaState.DRAINING, ReplicaState.STOPPED)
+            or self.backend.places_replicas or _port_free(r.spec.port), restarts=r.restarts,
+            crash_times=tuple(r.crash_times),
+            restart_at=r.restart_at, ready_failures=r.ready_failures, drain_started=r.drain_started)
 
-    def _finish_drains(self) -> None:
-        now = self.clock()
-        for replica in list(self.replicas.values()):
-            if replica.state is not ReplicaState.DRAINING or replica.handle is None:
-                continue
-            overdue = replica.drain_started is not None and \
-                now - replica.drain_started > self.config.drain_timeout_s + 5
-            if overdue and self.backend.is_running(replica.handle):
-                self.backend.kill(replica.handle)
-            if not self.backend.is_running(replica.handle):
-                self._forget(replica)
-                self._set_state(replica, ReplicaState.STOPPED)
-                del self.replicas[replica.spec.replica_id]
-                self.store.delete_replica(replica.spec.replica_id)
+    def _running(self, replica: ManagedReplica) -> bool:
+        return replica.handle is not None and self.backend.is_running(replica.handle)
 
-    # ---- rolling update ------------------------------------------------------------------------
-    def _step_rollout(self) -> None:
-        ro = self.rollout
-        if ro is None:
-            return
-        if ro.surge is not None:
-            self._watch_surge(ro)
-            return
-        old = [r for r in self.replicas.values() if r.spec.generation != ro.generation
-               and r.state not in (ReplicaState.DRAINING, ReplicaState.STOPPED)]
-        if not old:
-            self.model, self.generation, self.rollout = ro.model, ro.generation, None
-            self._event("rollout.completed", "fleet", {"model": ro.model, "generation": ro.generation})
+    def _apply(self, plan: Plan) -> None:
+        """The plan, once: the desired state it leaves (saved when that changed), then each action in
+        order. A failed action is logged and kept as a ``fleet.action_failed`` event; the others still
+        happen, and the next pass plans again from what it finds."""
+        was = persisted(self.desired)
+        self.model, self.generation, self.rollout = plan.desired.model, plan.desired.generation, \
+            plan.desired.rollout
+        if persisted(plan.desired) != was:
             self._persist_desired()
-            return
-        spec = self._new_spec(old[0].spec.zone, ro.model, ro.generation)
-        self._spawn(spec)
-        ro.surge, ro.surge_started = spec.replica_id, self.clock()
-        self._event("rollout.step", spec.replica_id, {"replacing": old[0].spec.replica_id})
+        for action in plan.actions:
+            subject = getattr(action, "replica_id", "fleet")
+            logger.debug("[%s] %s", subject, action)
+            try:
+                self._apply_one(action)
+            except Exception as exc:  # one failed action (a spawn, a signal) must not stop the others
+                logger.exception("[%s] %s failed", subject, type(action).__name__)
+                self._event("fleet.action_failed", subject, {"action": type(action).__name__,
+                                                             "error": f"{type(exc).__name__}: {exc}"})
 
-    def _watch_surge(self, ro: Rollout) -> None:
-        assert ro.surge is not None and ro.surge_started is not None
-        surge = self.replicas.get(ro.surge)
-        now = self.clock()
-        if surge is not None and surge.state is ReplicaState.READY:
-            if ro.surge_ready_at is None:
-                ro.surge_ready_at = now
-            worse = self._errs_more_than_old(ro, surge)
-            if worse is not None:
-                self._roll_back(ro, worse)
-            elif now - ro.surge_ready_at >= self.config.rollout_observe_s:
-                self._replace_old(ro, surge)
-            return
-        failed = surge is None or surge.state is ReplicaState.CRASHED
-        if failed or now - ro.surge_started > self.config.ready_timeout_s:
-            self._roll_back(ro, "new replica crashed" if failed else "new replica not ready in time")
+    def _apply_one(self, action: Action) -> None:
+        match action:
+            case MarkCrashed(rid, status, crashes, restart_at, delay):
+                replica = self.replicas[rid]
+                replica.crash_times, replica.restart_at = list(crashes), restart_at
+                self._set_state(replica, ReplicaState.CRASHED, {"exit_status": status, "restart_in_s": delay})
+            case ReportCrashLoop(rid, crashes, window):
+                self._event("replica.crash_loop", rid, {"crashes": crashes, "window_s": window})
+            case RecordProbe(rid, failures):
+                self.replicas[rid].ready_failures = failures
+            case MarkReady(rid, waited):
+                self._set_state(self.replicas[rid], ReplicaState.READY, {"seconds_to_ready": waited})
+            case MarkUnready(rid, failures):
+                self._set_state(self.replicas[rid], ReplicaState.UNREADY, {"failures": failures})
+            case Restart(rid, restarts, move_port):
+                self._restart_crashed(self.replicas[rid], restarts, move_port=move_port)
+            case Spawn(rid, zone, model, generation):
+                self._spawn(self._new_spec(zone, model, generation, replica_id=rid))
+            case Drain(rid, reason):
+                self._start_drain(self.replicas[rid], reason)
+            case Kill(rid):
+                self._kill(self.replicas[rid])
+            case Remove(rid):
+                self._remove(self.replicas[rid])
+            case StepRollout(surge, replacing):
+                self._event("rollout.step", surge, {"replacing": replacing})
+            case CompleteRollout(model, generation):
+                self._event("rollout.completed", "fleet", {"model": model, "generation": generation})
+            case RollBack(model, reason):
+                self._event("rollout.rolled_back", "fleet", {"model": model, "reason": reason})
 
-    def _errs_more_than_old(self, ro: Rollout, surge: ManagedReplica) -> str | None:
-        new_rate = self.error_rate(surge.spec.replica_id)
-        old_rates = [r for r in (self.error_rate(o.spec.replica_id) for o in self.replicas.values()
-                                 if o.spec.generation != ro.generation and o.state is ReplicaState.READY)
-                     if r is not None]
-        if new_rate is None:
-            return None
-        baseline = max(old_rates, default=0.0)
-        if new_rate > baseline + self.config.rollout_max_error_increase:
-            return f"new replica errors on {new_rate:.1%} of requests, the old ones on {baseline:.1%}"
-        return None
+    def _restart_crashed(self, replica: ManagedReplica, restarts: int, *, move_port: bool) -> None:
+        if replica.handle is not None:
+            self._forget(replica)
+        self._event("replica.restarting", replica.spec.replica_id, {"restarts": restarts})
+        spec = self._move_port(replica.spec) if move_port else replica.spec
+        self._spawn(spec, restarts=restarts, crash_times=replica.crash_times)
 
-    def _replace_old(self, ro: Rollout, surge: ManagedReplica) -> None:
-        zone_old = [r for r in self.replicas.values() if r.spec.zone == surge.spec.zone
-                    and r.spec.generation != ro.generation and r.state is not ReplicaState.DRAINING]
-        if zone_old:
-            self._start_drain(zone_old[0], f"replaced by {surge.spec.replica_id}")
-        ro.surge, ro.surge_ready_at = None, None
+    def _kill(self, replica: ManagedReplica) -> None:
+        if replica.handle is not None and self.backend.is_running(replica.handle):
+            self.backend.kill(replica.handle)
 
-    def _roll_back(self, ro: Rollout, reason: str) -> None:
-        for replica in list(self.replicas.values()):
-            if replica.spec.generation == ro.generation and replica.state is not ReplicaState.DRAINING:
-                self._start_drain(replica, "rollback")
-        self.rollout = None
-        self._event("rollout.rolled_back", "fleet", {"model": ro.model, "reason": reason})
-        self._persist_desired()
+    def _remove(self, replica: ManagedReplica) -> None:
+        self._nodes.forget(replica.spec.replica_id)
+        self._forget(replica)
+        self._set_state(replica, ReplicaState.STOPPED)
+        del self.replicas[replica.spec.replica_id]
+        self.store.delete_replica(replica.spec.replica_id)
 
     # ---- adoption after a restart of the control plane -----------------------------------------
     def restore_desired(self) -> None:
@@ -390,16 +364,14 @@ class Fleet:
         self._event("fleet.restored", "fleet", saved)
 
     def _persist_desired(self) -> None:
-        ro = self.rollout
-        self.store.kv_put(DESIRED_KEY, {
-            "replicas": self.desired_total, "model": self.model, "generation": self.generation,
-            "rollout": None if ro is None else {"model": ro.model, "generation": ro.generation}})
+        self.store.kv_put(DESIRED_KEY, desired_record(replicas=self.desired_total, model=self.model,
+                                                      generation=self.generation, rollout=self.rollout))
 
     def adopt_or_clean(self) -> None:
         self.restore_desired()
         for row in self.store.replicas():
-            spec = self._new_spec(row.zone, row.model, row.generation, replica_id=row.replica_id,
-                                  port=row.port)
+            spec = replace(self._new_spec(row.zone, row.model, row.generation, replica_id=row.replica_id,
+                                          port=row.port), host="" if row.host == UNPLACED else row.host)
             handle = self.backend.adopt(spec, row.pid)
             if handle is None:
                 self.store.delete_replica(row.replica_id)
@@ -412,23 +384,21 @@ class Fleet:
                 continue
             replica = ManagedReplica(spec, handle, ReplicaState.STARTING, self.clock(), row.restarts)
             self.replicas[spec.replica_id] = replica
-            self._event("replica.adopted", spec.replica_id, {"pid": row.pid, "port": row.port})
+            self._event("replica.adopted", spec.replica_id, {"pid": row.pid, "host": row.host,
+                                                             "port": row.port})
             self._save(replica)
+        sweep = getattr(self.backend, "sweep", None)  # replicas of ours no row names (a crash mid-spawn)
+        if sweep is not None:
+            for replica_id in sweep(keep=set(self.replicas)):
+                self._event("replica.orphan_stopped", replica_id, {"reason": "not in the store"})
 
     # ---- mechanics -----------------------------------------------------------------------------
-    def _new_spec(self, zone: str, model: str, generation: int, *, replica_id: str | None = None,
+    def _new_spec(self, zone: str, model: str, generation: int, *, replica_id: str,
                   port: int | None = None) -> ReplicaSpec:
-        rid = replica_id or self._next_id(zone)
-        return ReplicaSpec(rid, zone, HOST, port or self._free_port(), model, generation,
-                           self.admin_token(rid), self.config.replica_threads, self.config.max_num_seqs,
-                           self.config.drain_timeout_s)
-
-    def _next_id(self, zone: str) -> str:
-        taken = {rid for rid in self.replicas}
-        n = 1
-        while f"{zone}-{n}" in taken:
-            n += 1
-        return f"{zone}-{n}"
+        host = "" if self.backend.places_replicas else HOST  # placed: the backend says where, later
+        return ReplicaSpec(replica_id, zone, host, port or self._free_port(), model, generation,
+                           self.admin_token(replica_id), self.config.replica_threads,
+                           self.config.max_num_seqs, self.config.drain_timeout_s)
 
     def _free_port(self) -> int:
         used = {r.spec.port for r in self.replicas.values()} | self.reserved_ports
@@ -437,11 +407,9 @@ class Fleet:
             port += 1
         return port
 
-    def _bindable(self, spec: ReplicaSpec) -> ReplicaSpec:
-        """``spec``, or a copy on a free port when something else now listens on its port: a replica that
-        crashed because its port was taken would otherwise crash the same way at every restart."""
-        if spec.port not in self.reserved_ports and _port_free(spec.port):
-            return spec
+    def _move_port(self, spec: ReplicaSpec) -> ReplicaSpec:
+        """A copy of ``spec`` on a free port: a replica that crashed because its port was taken would
+        otherwise crash the same way at every restart."""
         moved = replace(spec, port=self._free_port())
         self._event("replica.port_moved", spec.replica_id, {"from": spec.port, "to": moved.port})
         return moved
@@ -479,11 +447,7 @@ class Fleet:
             self._save(replica)
 
     def _save(self, replica: ManagedReplica) -> None:
-        s = replica.spec
-        self.store.upsert_replica(ReplicaRow(
-            replica_id=s.replica_id, zone=s.zone, host=s.host, port=s.port,
-            pid=replica.handle.pid if replica.handle else None, state=replica.state, model=s.model,
-            generation=s.generation, started_at=time.time(), restarts=replica.restarts))
+        self.store.upsert_replica(replica_row(replica))
 
     def _event(self, kind: str, subject: str, detail: dict[str, Any]) -> None:
         self.store.add_event(kind, subject, detail)

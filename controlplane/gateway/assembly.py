@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
 CARRIED_FIELDS = ("model", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
 
 CHARS_PER_TOKEN = 4  # prompt-size estimate for token rate limits (the gateway has no tokenizer)
+AFFINITY_UNITS = 16 * 256  # prefix affinity hashes the first 256 blocks of a prompt at most
 CHAT_MAX_TOKENS_ESTIMATE = 256  # a chat request without max_tokens, for the token rate limit
 
 
@@ -36,20 +38,21 @@ def _stop_strings(stop: Any) -> tuple[str, ...]:
     return tuple(s for s in stop if isinstance(s, str)) if isinstance(stop, list) else ()
 
 
-def _prompt_units(kind: str, body: dict[str, Any]) -> tuple[list[int], bool]:
+def _prompt_units(kind: str, body: dict[str, Any]) -> tuple[Sequence[int], bool]:
     """What prefix affinity hashes, and whether it is token ids: a token-id prompt as it is; else the
     prompt's UTF-8 bytes (the gateway has no tokenizer; equal leading text still means equal leading
-    blocks on the replica, up to block boundaries)."""
+    blocks on the replica, up to block boundaries). Text stays ``bytes`` (one byte per unit, not one
+    Python int), and only the leading ``AFFINITY_UNITS`` count: affinity is about shared prefixes."""
     if kind == "chat":
         messages = body.get("messages")
         text = json.dumps(messages, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-        return list(text.encode()), False
+        return text.encode(), False
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, list) and all(_is_int(t) for t in prompt):
-        return list(prompt), True
-    return list(str(prompt).encode()), False
+        return prompt, True
+    return str(prompt).encode(), False
 
 
 def _is_deterministic(body: dict[str, Any]) -> bool:
@@ -99,6 +102,7 @@ class RequestParams:
             max_tokens = COMPLETION_DEFAULT_MAX_TOKENS
         units, are_tokens = _prompt_units(kind, body)
         prompt_estimate = len(units) if are_tokens else math.ceil(len(units) / CHARS_PER_TOKEN)
+        units = units[:AFFINITY_UNITS]
         max_tokens = max_tokens if _is_int(max_tokens) else None  # a bad value: the replica answers 400
         return cls(kind=kind, body=body, stream=bool(stream),
                    include_usage=options.get("include_usage") is True,

@@ -24,6 +24,10 @@ class GatewayConfig:
     rate_limit_rps: float = 0.0  # per API key; 0: off
     rate_limit_tokens_per_s: float = 0.0  # prompt + max_tokens per API key per second; 0: off
     retry_after_s: int = 1
+    max_body_bytes: int = 4 << 20  # a request body above this is refused (413) before it is read
+    processes: int = 1  # gateway processes sharing host:port (SO_REUSEPORT); each outlives the control plane
+    admin_port: int = 0  # the first gateway's admin address (metrics, state, toxics); 0: any free port
+    drain_timeout_s: float = 10.0  # at stop, streams in flight get this long to finish
     trace_sample_rate: float = 0.01  # traces kept below the running P95 (all above it are kept)
     trace_max_rows: int = 100_000
 
@@ -41,6 +45,11 @@ def gateway_problems(cfg: GatewayConfig) -> list[tuple[str, str]]:
         ("probe_interval_s", cfg.probe_interval_s > 0, "must be > 0"),
         ("eject_after_failures", cfg.eject_after_failures >= 1, "must be >= 1"),
         ("trace_sample_rate", 0 <= cfg.trace_sample_rate <= 1, "must be in [0, 1]"),
+        ("processes", 1 <= cfg.processes <= 64, "must be in [1, 64]"),
+        ("max_body_bytes", 1024 <= cfg.max_body_bytes <= 1 << 30, "must be in [1 KiB, 1 GiB]"),
+        ("admin_port", cfg.admin_port == 0 or 0 < cfg.admin_port < 65536 - cfg.processes,
+         f"must be 0 (any free port) or a TCP port, got {cfg.admin_port}"),
+        ("drain_timeout_s", cfg.drain_timeout_s >= 0, "must be >= 0"),
     ):
         if not ok:
             problems.append((f"gateway.{key}", reason))

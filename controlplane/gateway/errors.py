@@ -74,3 +74,8 @@ def bad_request(param: str, message: str) -> GatewayError:
     return GatewayError(400, f"{param}: {message}", type_="invalid_request_error", param=param)
 
 
+
+
+def too_large(limit: int) -> GatewayError:
+    return GatewayError(413, f"request body larger than {limit} bytes (gateway.max_body_bytes)",
+                        type_="invalid_request_error", code="request_too_large", param="body")

@@ -22,38 +22,43 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import hmac
-import json
 import logging
 import math
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncGenerator, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import httpx
-import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from controlplane.gateway.admission import OutlierDetector, RateLimiter, RetryBudget, shed_limit
 from controlplane.gateway.assembly import RequestParams, StreamAssembly
 from controlplane.gateway.config import GatewayConfig
-from controlplane.gateway.errors import GatewayError, UpstreamError, bad_request
+from controlplane.gateway.errors import GatewayError, UpstreamError
 from controlplane.gateway.health_checks import ActiveChecks
 from controlplane.gateway.liveness import Liveness
 from controlplane.gateway.metrics import GatewayMetrics
+from controlplane.gateway.request import (
+    PRIORITIES,
+    Job,
+    bearer,
+    job_trace,
+    key_id,
+    read_body,
+    request_priority,
+    stage_seconds,
+)
 from controlplane.gateway.routing import Candidate, Router, routable
 from controlplane.gateway.toxics import LinkToxics
-from controlplane.gateway.upstream import DONE_EVENT, EventStreamResponse, Upstream, sse_event
+from controlplane.gateway.upstream import DONE_EVENT, EventStreamResponse, Upstream, open_stream, sse_event
 from controlplane.gateway.upstream_http import (
     HttpxStreams,
     StreamClient,
     StreamResponse,
-    TransportError,
     UpstreamPool,
 )
 from controlplane.replicas import ReplicaEndpoint, ReplicaLoad
@@ -62,81 +67,14 @@ from inference.protocol import error_body
 
 logger = logging.getLogger(__name__)
 
-PRIORITY_HEADER = "x-priority"
 REPLICA_HEADER = "x-replica-id"
 TRIED_HEADER = "x-gateway-tried"  # replicas tried first that failed before the first byte (when any)
-PRIORITIES = {"interactive": 0, "standard": 1, "batch": 2}  # header class -> the replica's priority field
-DEFAULT_PRIORITY = "standard"
-PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
-STAGES = ("queue", "prefill", "decode", "detokenize", "serialize")  # the replica's timings, in order
 
 MAX_RESUMES = 3  # mid-stream continuations per request
 MODELS_TIMEOUT_S = 5.0
-KEY_ID_CHARS = 12  # sha256 hex prefix that stands for an API key in traces
 
 Clock = Callable[[], float]
 EventSink = Callable[[str, str, str], None]  # (kind, replica_id, detail)
-
-
-# ---- one request -----------------------------------------------------------------------------
-@dataclass(slots=True)
-class _Job:
-    request_id: str
-    kind: str
-    started: float  # gateway clock
-    started_wall: float
-    key_id: str | None = None
-    priority: str = DEFAULT_PRIORITY
-    params: RequestParams | None = None
-    assembly: StreamAssembly | None = None
-    upstream: Upstream | None = None  # the stream being relayed now
-    replica: ReplicaEndpoint | None = None  # the replica that produced the latest token
-    failed: set[str] = field(default_factory=set)  # replicas that failed this request
-    retries: int = 0
-    first_token_at: float | None = None
-    done: bool = False  # its trace was emitted
-
-    @property
-    def endpoint(self) -> str:
-        return PATHS[self.kind]
-
-
-def _key_id(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()[:KEY_ID_CHARS]
-
-
-def _bearer(request: Request) -> str | None:
-    value = request.headers.get("authorization", "")
-    return value[7:].strip() if value.lower().startswith("bearer ") else None
-
-
-def _priority(request: Request) -> str:
-    value = request.headers.get(PRIORITY_HEADER, DEFAULT_PRIORITY).strip().lower()
-    if value not in PRIORITIES:
-        raise bad_request(PRIORITY_HEADER, f"must be one of {', '.join(PRIORITIES)}, got {value!r}")
-    return value
-
-
-async def _read_body(request: Request) -> Any:
-    try:
-        return json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise bad_request("body", f"not valid JSON: {exc}") from exc
-
-
-def _error_message(body: Any) -> str:
-    error = body.get("error") if isinstance(body, dict) else None
-    return str(error.get("message", "")) if isinstance(error, dict) else ""
-
-
-def _stage_seconds(timings: Mapping[str, Any] | None) -> dict[str, float | None]:
-    """The replica's stage timings from a final chunk (None where it sent none)."""
-    timings = timings or {}
-    return {stage: _seconds(timings.get(stage)) for stage in STAGES}
-
-
-def _seconds(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 # ---- the gateway -----------------------------------------------------------------------------
@@ -191,6 +129,20 @@ class Gateway:
         await self._streams.aclose()
         await self._client.aclose()
 
+    def set_admission(self, *, rate_limit_rps: float | None = None,
+                      rate_limit_tokens_per_s: float | None = None,
+                      max_inflight_per_replica: int | None = None) -> None:
+        """Change admission at run time (the admin API); rate buckets start full again."""
+        cfg = self.config
+        if rate_limit_rps is not None:
+            cfg.rate_limit_rps = rate_limit_rps
+        if rate_limit_tokens_per_s is not None:
+            cfg.rate_limit_tokens_per_s = rate_limit_tokens_per_s
+        if max_inflight_per_replica is not None:
+            cfg.max_inflight_per_replica = max_inflight_per_replica
+        self.limiter = RateLimiter(requests_per_s=cfg.rate_limit_rps,
+                                   tokens_per_s=cfg.rate_limit_tokens_per_s, clock=self.clock)
+
     def ejected(self) -> set[str]:
         """The replicas ejected now."""
         return set(self.outliers.ejected)
@@ -202,11 +154,11 @@ class Gateway:
     # ---- requests ----
     async def handle(self, request: Request, kind: str) -> Response:
         """One /v1/completions or /v1/chat/completions request, streaming or not."""
-        job = _Job(uuid.uuid4().hex, kind, self.clock(), time.time())
+        job = Job(uuid.uuid4().hex, kind, self.clock(), time.time())
         try:
             job.key_id = self._authenticate(request)
-            job.priority = _priority(request)
-            job.params = RequestParams.parse(kind, await _read_body(request))
+            job.priority = request_priority(request)
+            job.params = RequestParams.parse(kind, await read_body(request, self.config.max_body_bytes))
             job.assembly = StreamAssembly(job.params)
             self._admit(job)
             self.budget.record_request()
@@ -222,15 +174,15 @@ class Gateway:
 
     def _authenticate(self, request: Request) -> str | None:
         """The key's id (a hash prefix), or None without a key; 401 when keys are required."""
-        given = _bearer(request)
+        given = bearer(request)
         keys = self.config.api_keys
         if keys and (given is None or not any(hmac.compare_digest(given.encode(), k.encode()) for k in keys)):
             self.metrics.rejected.labels("unauthorized").inc()
             raise GatewayError(401, "missing or invalid API key", type_="invalid_request_error",
                                code="invalid_api_key")
-        return _key_id(given) if given else None
+        return key_id(given) if given else None
 
-    def _admit(self, job: _Job) -> None:
+    def _admit(self, job: Job) -> None:
         """Before any byte goes upstream: a routable replica, room for the priority class, rate limits."""
         assert job.params is not None
         pool = routable(self._candidates())
@@ -257,7 +209,7 @@ class Gateway:
                           e.replica_id in ejected) for e in self._endpoints()]
 
     # ---- upstream attempts ----
-    async def _open(self, job: _Job, path: str, body: dict[str, Any], *, budgeted: bool) -> Upstream:
+    async def _open(self, job: Job, path: str, body: dict[str, Any], *, budgeted: bool) -> Upstream:
         """A primed stream on some replica: up to ``max_retries`` other replicas after a failure."""
         assert job.params is not None
         last: UpstreamError | None = None
@@ -322,34 +274,12 @@ class Gateway:
             await asyncio.sleep(delay)
 
     async def _send(self, endpoint: ReplicaEndpoint, path: str, body: dict[str, Any]) -> StreamResponse:
-        """POST and wait for the status line; transport failures and refusals become UpstreamError."""
-        rid = endpoint.replica_id
         # A replica answers with its status line as soon as it accepts a stream, before any token: no
         # answer within the stall timeout means it is not serving (partitioned, stopped), whatever its queue.
-        wait = min(self.config.first_byte_timeout_s, self.config.stall_timeout_s)
-        try:
-            async with asyncio.timeout(wait):
-                response = await self._streams.post(endpoint.host, endpoint.port, path, orjson.dumps(body))
-        except TimeoutError as exc:
-            raise UpstreamError(rid, "timeout", f"no response within {wait:g}s") from exc
-        except TransportError as exc:
-            raise UpstreamError(rid, "connect", str(exc)) from exc
-        if response.status_code == 200:
-            return response
-        raise await self._refusal(rid, response)
-
-    async def _refusal(self, replica_id: str, response: StreamResponse) -> UpstreamError:
-        status = response.status_code
-        try:
-            async with asyncio.timeout(self.config.first_byte_timeout_s):
-                raw = await response.aread()
-            body: Any = json.loads(raw)
-        except (TimeoutError, TransportError, ValueError):
-            body = None
-        finally:
-            await response.aclose()
-        return UpstreamError(replica_id, f"status_{status}", f"HTTP {status} {_error_message(body)}".strip(),
-                             status=status, body=body, retry_after=response.headers.get("retry-after"))
+        cfg = self.config
+        return await open_stream(self._streams, endpoint, path, body,
+                                 wait_s=min(cfg.first_byte_timeout_s, cfg.stall_timeout_s),
+                                 refusal_timeout_s=cfg.first_byte_timeout_s)
 
     def _acquire(self, replica_id: str) -> None:
         self._inflight[replica_id] += 1
@@ -380,7 +310,7 @@ class Gateway:
             logger.exception("[%s] on_event(%s) failed", replica_id, kind)
 
     # ---- relaying and resuming ----
-    async def _chunks(self, job: _Job) -> AsyncGenerator[list[dict[str, Any]], None]:
+    async def _chunks(self, job: Job) -> AsyncGenerator[list[dict[str, Any]], None]:
         """The client's chunks in batches (one per read), resumed elsewhere when a stream breaks."""
         assert job.assembly is not None and job.upstream is not None
         while True:
@@ -397,7 +327,7 @@ class Gateway:
                 if job.upstream is None:
                     break
 
-    async def _relay(self, job: _Job, upstream: Upstream) -> AsyncGenerator[list[dict[str, Any]], None]:
+    async def _relay(self, job: Job, upstream: Upstream) -> AsyncGenerator[list[dict[str, Any]], None]:
         """One upstream stream's chunks for the client until ``[DONE]``, a batch per read (one write)."""
         assembly = job.assembly
         assert assembly is not None
@@ -425,7 +355,7 @@ class Gateway:
         finally:
             await upstream.aclose()
 
-    async def _resume(self, job: _Job, exc: UpstreamError) -> Upstream | None:
+    async def _resume(self, job: Job, exc: UpstreamError) -> Upstream | None:
         """Go on elsewhere from what was delivered; None when nothing is left to generate."""
         assembly = job.assembly
         assert assembly is not None
@@ -444,7 +374,7 @@ class Gateway:
         self._emit("resumed", exc.replica_id, detail)
         return await self._open(job, path, body, budgeted=False)
 
-    def _streaming_response(self, job: _Job) -> Response:
+    def _streaming_response(self, job: Job) -> Response:
         assert job.upstream is not None
         stream = self._event_stream(job)
 
@@ -458,7 +388,7 @@ class Gateway:
                    REPLICA_HEADER: job.upstream.replica_id, **_tried(job)}
         return EventStreamResponse(stream, on_close=close, headers=headers)
 
-    async def _event_stream(self, job: _Job) -> AsyncGenerator[bytes, None]:
+    async def _event_stream(self, job: Job) -> AsyncGenerator[bytes, None]:
         assert job.assembly is not None
         error: str | None = None
         try:
@@ -477,7 +407,7 @@ class Gateway:
         finally:
             self._finish(job, 200, error)
 
-    async def _collected_response(self, job: _Job) -> Response:
+    async def _collected_response(self, job: Job) -> Response:
         assert job.assembly is not None
         try:
             async with contextlib.aclosing(self._chunks(job)) as chunks:
@@ -494,7 +424,7 @@ class Gateway:
         return JSONResponse(job.assembly.full_response(), headers={REPLICA_HEADER: rid, **_tried(job)})
 
     # ---- traces ----
-    def _finish(self, job: _Job, status: int, error: str | None) -> None:
+    def _finish(self, job: Job, status: int, error: str | None) -> None:
         """Metrics and the trace of one request; once per request."""
         if job.done:
             return
@@ -503,7 +433,7 @@ class Gateway:
         assembly = job.assembly
         if assembly is not None and status == 200 and not assembly.is_finished and error is None:
             error = "client disconnected"
-        stages = _stage_seconds(assembly.timings if assembly else None)
+        stages = stage_seconds(assembly.timings if assembly else None)
         gateway_s = max(e2e - sum(v for v in stages.values() if v is not None), 0.0)
         ttft = None if job.first_token_at is None else job.first_token_at - job.started
         replica = job.replica if status == 200 else None
@@ -513,26 +443,8 @@ class Gateway:
             self.metrics.overhead.observe(gateway_s)
             if ttft is not None and job.params is not None and job.params.stream:
                 self.metrics.ttft.observe(ttft)
-        self._emit_trace(self._trace(job, status=status, error=error, e2e=e2e, gateway_s=gateway_s,
+        self._emit_trace(job_trace(job, status=status, error=error, e2e=e2e, gateway_s=gateway_s,
                                      ttft=ttft, stages=stages, replica=replica))
-
-    def _trace(self, job: _Job, *, status: int, error: str | None, e2e: float, gateway_s: float,
-               ttft: float | None, stages: dict[str, float | None],
-               replica: ReplicaEndpoint | None) -> TraceRecord:
-        assembly = job.assembly
-        prompt_tokens = 0
-        if assembly is not None:
-            prompt_tokens = int(assembly.usage().get("prompt_tokens", 0)) if assembly.meta else 0
-        return TraceRecord(
-            request_id=job.request_id, started_at=job.started_wall, endpoint=job.endpoint,
-            model=job.params.model if job.params else "", status=status,
-            replica_id=replica.replica_id if replica else None, zone=replica.zone if replica else None,
-            priority=job.priority, prompt_tokens=prompt_tokens,
-            output_tokens=len(assembly.token_ids) if assembly else 0, ttft_s=ttft, e2e_s=e2e,
-            gateway_s=gateway_s, queue_s=stages["queue"], prefill_s=stages["prefill"],
-            decode_s=stages["decode"], detokenize_s=stages["detokenize"], serialize_s=stages["serialize"],
-            retries=job.retries, resumes=assembly.num_resumes if assembly else 0, error=error,
-            api_key_id=job.key_id)
 
     def _emit_trace(self, trace: TraceRecord) -> None:
         try:
@@ -583,6 +495,6 @@ class Gateway:
         self._emit("readmitted", replica_id, why)
 
 
-def _tried(job: _Job) -> dict[str, str]:
+def _tried(job: Job) -> dict[str, str]:
     """The replicas that failed this request before its first byte, for the client to see."""
     return {TRIED_HEADER: ",".join(sorted(job.failed))} if job.failed else {}

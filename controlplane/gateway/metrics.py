@@ -13,6 +13,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from inference.runtime_metrics import register_runtime_metrics
+
 logger = logging.getLogger(__name__)
 
 # ---- metrics ---------------------------------------------------------------------------------
@@ -26,6 +28,7 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        register_runtime_metrics(r)  # process_asyncio_tasks, for the soak benchmark
         self.requests = Counter("gateway_requests", "Requests answered, by endpoint, status and the "
                                 "replica that produced the final token", ["endpoint", "status", "replica"],
                                 registry=r)

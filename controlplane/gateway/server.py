@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import Receive, Scope, Send
 
 from controlplane.gateway.handler import Gateway
+from inference.spec import document_openai
 
 
 class GatewayApp(FastAPI):
@@ -70,4 +71,16 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
     async def metrics() -> Response:
         return Response(gateway.metrics.page(), media_type=CONTENT_TYPE_LATEST)
 
+    document_openai(app, ERRORS, models_errors={401: ERRORS[401]})
     return app
+
+
+# What the inference endpoints may answer besides 200: the gateway's own refusals, and a replica's
+# (passed through as the replica answered when no other replica could serve the request)
+ERRORS = {400: "a bad body, parameter or x-priority header (`param` names it)",
+          401: "missing or invalid API key",
+          404: "no replica serves the model the request names",
+          413: "the body is over gateway.max_body_bytes",
+          429: "overloaded, or over this API key's rate limit; Retry-After says when to try again",
+          500: "the replica's device failed during the request",
+          503: "no replica could serve the request; Retry-After says when to try again"}

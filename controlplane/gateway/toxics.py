@@ -6,12 +6,17 @@ link with constant delay shifts every chunk of a stream alike, so only the time 
 also counts towards ejection). ``reset``: streams to the replica are cut ``after_s`` after they started
 or after the toxic was added, whichever is later; the gateway resumes them elsewhere.
 
+A toxic may carry a lifetime (``duration_s``): it then ends by itself in the gateway, so a link fault
+expires on time even while the control plane that injected it is down. The control plane names each
+toxic (the same id on every gateway), which makes adding and removing idempotent.
+
 With no toxic in place the gateway pays one truth test per request and per chunk.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +34,13 @@ class Toxic:
     latency_s: float = 0.0
     jitter_s: float = 0.0
     after_s: float = 0.0
+    expires_at: float | None = None  # the gateway's clock; None: until removed
+
+    def to_json(self, now: float) -> dict[str, str | float | None]:
+        left = None if self.expires_at is None else round(max(self.expires_at - now, 0.0), 3)
+        return {"toxic_id": self.toxic_id, "replica_id": self.replica_id, "kind": self.kind,
+                "latency_s": self.latency_s, "jitter_s": self.jitter_s, "after_s": self.after_s,
+                "expires_in_s": left}
 
 
 class LinkToxics:
@@ -39,25 +51,43 @@ class LinkToxics:
         self._toxics: dict[str, Toxic] = {}
 
     def __bool__(self) -> bool:
+        if not self._toxics:  # the common case, once per request and per chunk: no clock read
+            return False
+        self._expire()
         return bool(self._toxics)
 
-    def add(self, replica_id: str, toxic: Mapping[str, str | int | float | bool | None]) -> str:
+    def add(self, replica_id: str, toxic: Mapping[str, str | int | float | bool | None], *,
+            toxic_id: str | None = None, duration_s: float | None = None) -> str:
+        """Add a toxic (``ValueError`` for a bad one); the same ``toxic_id`` again replaces it."""
         kind = toxic.get("kind")
         if kind not in KINDS:
             raise ValueError(f"kind: must be one of {', '.join(KINDS)}, got {kind!r}")
         values = {name: float(v) for name in ("latency_s", "jitter_s", "after_s")
                   if isinstance(v := toxic.get(name, 0.0), (int, float)) and not isinstance(v, bool)}
-        if any(v < 0 for v in values.values()):
-            raise ValueError("latency_s, jitter_s and after_s must be >= 0")
-        toxic_id = f"toxic-{next(self._ids)}"
-        self._toxics[toxic_id] = Toxic(toxic_id, replica_id, str(kind), self._clock(), **values)
+        if any(not math.isfinite(v) or v < 0 for v in values.values()):
+            raise ValueError("latency_s, jitter_s and after_s must be finite and >= 0")
+        if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
+            raise ValueError(f"duration_s: must be > 0, got {duration_s}")
+        toxic_id = toxic_id or f"toxic-{next(self._ids)}"
+        now = self._clock()
+        expires_at = None if duration_s is None else now + duration_s
+        self._toxics[toxic_id] = Toxic(toxic_id, replica_id, str(kind), now, **values, expires_at=expires_at)
         return toxic_id
 
     def remove(self, toxic_id: str) -> bool:
         return self._toxics.pop(toxic_id, None) is not None
 
     def active(self, replica_id: str | None = None) -> list[Toxic]:
+        self._expire()
         return [t for t in self._toxics.values() if replica_id is None or t.replica_id == replica_id]
+
+    def _expire(self) -> bool:
+        """Drop toxics whose lifetime is over; True when any was dropped."""
+        now = self._clock()
+        over = [i for i, t in self._toxics.items() if t.expires_at is not None and now >= t.expires_at]
+        for toxic_id in over:
+            del self._toxics[toxic_id]
+        return bool(over)
 
     def request_delay(self, replica_id: str) -> float:
         """Seconds a request to ``replica_id`` waits before it is sent."""
@@ -72,3 +102,17 @@ class LinkToxics:
         now = self._clock()
         return any(t.kind == "reset" and now >= max(t.added_at, stream_started) + t.after_s
                    for t in self.active(replica_id))
+
+
+class LocalLinks:
+    """The chaos layer's ``LinkControl`` for a gateway in this process (tests, the benchmark)."""
+
+    def __init__(self, toxics: LinkToxics) -> None:
+        self.toxics = toxics
+
+    async def add(self, replica_id: str, toxic: Mapping[str, str | int | float | bool | None], *,
+                  duration_s: float | None = None) -> str:
+        return self.toxics.add(replica_id, toxic, duration_s=duration_s)
+
+    async def remove(self, toxic_id: str) -> bool:
+        return self.toxics.remove(toxic_id)

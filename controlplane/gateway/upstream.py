@@ -16,7 +16,7 @@ import orjson
 from fastapi.responses import Response
 
 from controlplane.gateway.errors import UpstreamError
-from controlplane.gateway.upstream_http import StreamResponse, TransportError
+from controlplane.gateway.upstream_http import StreamClient, StreamResponse, TransportError
 from controlplane.replicas import ReplicaEndpoint
 
 logger = logging.getLogger(__name__)
@@ -202,3 +202,40 @@ DONE_EVENT = b"data: [DONE]\n\n"  # OpenAI's last event of a stream
 
 def sse_event(payload: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+async def open_stream(streams: StreamClient, endpoint: ReplicaEndpoint, path: str, body: dict[str, Any], *,
+                      wait_s: float, refusal_timeout_s: float) -> StreamResponse:
+    """POST and wait for the status line (at most ``wait_s``); transport failures and refusals become
+    :class:`UpstreamError`, a refusal carrying the replica's OpenAI-shaped body."""
+    rid = endpoint.replica_id
+    try:
+        async with asyncio.timeout(wait_s):
+            response = await streams.post(endpoint.host, endpoint.port, path, orjson.dumps(body))
+    except TimeoutError as exc:
+        raise UpstreamError(rid, "timeout", f"no response within {wait_s:g}s") from exc
+    except TransportError as exc:
+        raise UpstreamError(rid, "connect", str(exc)) from exc
+    if response.status_code == 200:
+        return response
+    raise await _refusal(rid, response, refusal_timeout_s)
+
+
+async def _refusal(replica_id: str, response: StreamResponse, timeout_s: float) -> UpstreamError:
+    status = response.status_code
+    try:
+        async with asyncio.timeout(timeout_s):
+            raw = await response.aread()
+        body: Any = orjson.loads(raw)
+    except (TimeoutError, TransportError, ValueError):
+        body = None
+    finally:
+        await response.aclose()
+    return UpstreamError(replica_id, f"status_{status}", f"HTTP {status} {error_message(body)}".strip(),
+                         status=status, body=body, retry_after=response.headers.get("retry-after"))
+
+
+def error_message(body: Any) -> str:
+    """The message of an OpenAI-shaped error body ("" when it is not one)."""
+    error = body.get("error") if isinstance(body, dict) else None
+    return str(error.get("message", "")) if isinstance(error, dict) else ""

@@ -29,8 +29,10 @@ Overlap: one drill at a time. A schedule that fires while a drill runs either re
 (``wait``). Checking and starting happen under one lock, so two schedules never start two drills.
 
 The values (the cron expression in its time zone, next fire times, overrides and the scenario check) are
-in :mod:`controlplane.schedules.triggers`; their names are re-exported here. Job tables written before
-the trigger and this module moved still load: the job store maps the old names (``MOVED_MODULES``).
+in :mod:`controlplane.schedules.triggers`, the spec, the stored schedule and the run record in
+:mod:`controlplane.schedules.spec`; their names are re-exported here. Job tables written before the
+trigger and this module moved still load: the job store (:mod:`controlplane.schedules.jobstore`) maps the
+old names.
 """
 
 from __future__ import annotations
@@ -39,19 +41,15 @@ import asyncio
 import contextlib
 import dataclasses
 import inspect
-import io
 import logging
-import pickle
 import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Protocol
 from zoneinfo import ZoneInfo
 
-import sqlalchemy
 from apscheduler.events import (  # type: ignore[import-untyped]
     EVENT_JOB_MAX_INSTANCES,
     EVENT_JOB_MISSED,
@@ -59,13 +57,22 @@ from apscheduler.events import (  # type: ignore[import-untyped]
     JobSubmissionEvent,
 )
 from apscheduler.executors.pool import ThreadPoolExecutor  # type: ignore[import-untyped]
-from apscheduler.job import Job  # type: ignore[import-untyped]
 from apscheduler.jobstores.base import JobLookupError  # type: ignore[import-untyped]
-from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore  # type: ignore[import-untyped]
-from apscheduler.schedulers.background import BackgroundScheduler  # type: ignore[import-untyped]
-from apscheduler.schedulers.base import STATE_STOPPED  # type: ignore[import-untyped]
 
 from controlplane.drills.config import DrillsConfig
+from controlplane.errors import Conflict, NotFound
+from controlplane.schedules.jobstore import FIRE_REF, JobStore, StoppableBackgroundScheduler, job_store_engine
+from controlplane.schedules.spec import (
+    DEFAULT_MAX_WAIT_S,
+    DEFAULT_MISFIRE_GRACE_S,
+    MAX_NAME_CHARS,
+    OVERLAPS,
+    Overlap,
+    RunOutcome,
+    Schedule,
+    ScheduleRun,
+    ScheduleSpec,
+)
 from controlplane.schedules.triggers import (
     AIM_OVERRIDES,
     CRON_FIELDS,
@@ -85,30 +92,23 @@ log = logging.getLogger(__name__)
 
 RUNS_COLLECTION = "drill_schedule_runs"
 JOB_TABLE = "apscheduler_drill_schedules"  # not APScheduler's default table: other users of the file
-FIRE_REF = "controlplane.schedules.scheduler:fire"
-MAX_NAME_CHARS = 64
-DEFAULT_MAX_WAIT_S = 1800.0
-DEFAULT_MISFIRE_GRACE_S = 300.0
 DEFAULT_POLL_S = 1.0
 DEFAULT_START_TIMEOUT_S = 30.0
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 DEFAULT_WORKERS = 4  # firings that may wait for a running drill at the same time
 KEEP_RUNS = 10_000  # newest run records kept across all schedules (a firing a minute: about a week)
 
-Overlap = Literal["skip", "wait"]
-OVERLAPS: tuple[str, ...] = get_args(Overlap)
-RunOutcome = Literal["started", "skipped", "error"]
 
 
 # ---- errors ----------------------------------------------------------------------------------
-class UnknownSchedule(ScheduleError, KeyError):
+class UnknownSchedule(ScheduleError, NotFound, KeyError):
     """No schedule has this id (HTTP 404)."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "unknown schedule"
 
 
-class ScheduleConflict(ScheduleError):
+class ScheduleConflict(ScheduleError, Conflict):
     """The request contradicts the schedule's state, such as a duplicate name (HTTP 409)."""
 
 
@@ -119,93 +119,6 @@ class DrillStarter(Protocol):
     def start(self, scenario_id: str, overrides: Mapping[str, Any]) -> str | Awaitable[str]: ...
 
     def is_running(self) -> bool: ...
-
-
-# ---- the spec --------------------------------------------------------------------------------
-@dataclass(slots=True, frozen=True)
-class ScheduleSpec:
-    """Everything a user sets on a schedule; validated on construction."""
-
-    name: str
-    scenario_id: str
-    cron: str
-    timezone: str = "UTC"
-    overrides: Mapping[str, Any] = field(default_factory=dict)  # numbers, replicas, zones, load
-    overlap: Overlap = "skip"
-    max_wait_s: float = DEFAULT_MAX_WAIT_S  # overlap "wait": give up (and record a skip) after this long
-    misfire_grace_s: float = DEFAULT_MISFIRE_GRACE_S  # a late firing still runs within this many seconds
-    coalesce: bool = True  # several missed firings run once
-
-    def __post_init__(self) -> None:
-        if not self.name or len(self.name) > MAX_NAME_CHARS:
-            raise InvalidSchedule(f"name: must be 1 to {MAX_NAME_CHARS} characters")
-        if not self.scenario_id:
-            raise InvalidSchedule("scenario_id: must not be empty")
-        if self.overlap not in OVERLAPS:
-            raise InvalidSchedule(f"overlap: must be one of {', '.join(OVERLAPS)}, got {self.overlap!r}")
-        if self.max_wait_s < 0:
-            raise InvalidSchedule(f"max_wait_s: must be >= 0, got {self.max_wait_s}")
-        if self.misfire_grace_s < 1 or self.misfire_grace_s != int(self.misfire_grace_s):
-            raise InvalidSchedule(f"misfire_grace_s: must be a whole number >= 1, got {self.misfire_grace_s}")
-        object.__setattr__(self, "cron", " ".join(self.cron.split()))
-        object.__setattr__(self, "overrides", check_overrides(self.overrides))
-        parse_cron(self.cron, self.timezone)
-
-    def as_kwargs(self) -> dict[str, Any]:
-        """Plain JSON values for the job's kwargs (pickled by the job store; no classes of ours)."""
-        return {"name": self.name, "scenario_id": self.scenario_id, "cron": self.cron,
-                "timezone": self.timezone, "overrides": dict(self.overrides), "overlap": self.overlap,
-                "max_wait_s": self.max_wait_s}
-
-    @classmethod
-    def from_job(cls, kwargs: Mapping[str, Any], *, misfire_grace_s: float, coalesce: bool) -> ScheduleSpec:
-        return cls(name=kwargs["name"], scenario_id=kwargs["scenario_id"], cron=kwargs["cron"],
-                   timezone=kwargs["timezone"], overrides=kwargs.get("overrides") or {},
-                   overlap=kwargs["overlap"], max_wait_s=float(kwargs["max_wait_s"]),
-                   misfire_grace_s=misfire_grace_s, coalesce=coalesce)
-
-
-@dataclass(slots=True, frozen=True)
-class Schedule:
-    """A schedule as stored: its spec, id, who created it, and when it fires next (None: paused)."""
-
-    id: str
-    spec: ScheduleSpec
-    next_run_time: datetime | None
-    created_at: float
-    created_by: str
-
-    @property
-    def paused(self) -> bool:
-        return self.next_run_time is None
-
-    def as_json(self) -> dict[str, Any]:
-        spec = self.spec
-        return {"id": self.id, "name": spec.name, "scenario_id": spec.scenario_id, "cron": spec.cron,
-                "timezone": spec.timezone, "overrides": dict(spec.overrides), "overlap": spec.overlap,
-                "max_wait_s": spec.max_wait_s, "misfire_grace_s": spec.misfire_grace_s,
-                "coalesce": spec.coalesce, "paused": self.paused,
-                "next_run_time": None if self.next_run_time is None else self.next_run_time.isoformat(),
-                "created_at": self.created_at, "created_by": self.created_by}
-
-
-@dataclass(slots=True, frozen=True)
-class ScheduleRun:
-    """One firing of a schedule, as recorded in ``drill_schedule_runs``."""
-
-    schedule_id: str
-    outcome: RunOutcome
-    fired_at: float  # wall clock
-    scenario_id: str = ""
-    drill_id: str | None = None
-    reason: str = ""
-    waited_s: float = 0.0
-    record_id: int | None = None
-
-    def body(self) -> dict[str, Any]:
-        body = dataclasses.asdict(self)
-        body.pop("record_id")
-        return body
 
 
 # ---- the live registry that fire() uses -----------------------------------------------------
@@ -265,8 +178,8 @@ class DrillScheduler:
         self._in_flight = 0
         self._in_flight_cv = threading.Condition()
         self._ids: set[str] = set()
-        self._aps = _BackgroundScheduler(
-            jobstores={"default": _JobStore(engine=_engine(store), tablename=JOB_TABLE)},
+        self._aps = StoppableBackgroundScheduler(
+            jobstores={"default": JobStore(engine=job_store_engine(store), tablename=JOB_TABLE)},
             executors={"default": ThreadPoolExecutor(max_workers=workers)},
             job_defaults={"max_instances": 1}, timezone=UTC)
         self._aps.add_listener(self._on_missed, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
@@ -496,61 +409,8 @@ class DrillScheduler:
             raise UnknownSchedule(f"no schedule with id {schedule_id!r}") from exc
 
 
-# Where job tables written by earlier releases name what has moved since: the job function by its textual
-# reference, the trigger class by its module (pickled). A job is written back with today's names the next
-# time it changes (each firing moves its next run time on).
-MOVED_REFS = {"controlplane.schedules:fire": FIRE_REF}
-MOVED_MODULES = {"controlplane.schedules": "controlplane.schedules.triggers",
-                 "controlplane.schedule_triggers": "controlplane.schedules.triggers"}
-
-
-class _MovedModulesUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        return super().find_class(MOVED_MODULES.get(module, module), name)
-
-
-class _JobStore(SQLAlchemyJobStore):  # type: ignore[misc]
-    """APScheduler's SQLAlchemy job store that also reads jobs written before their code moved."""
-
-    def _reconstitute_job(self, job_state: bytes) -> Any:
-        state = _MovedModulesUnpickler(io.BytesIO(job_state)).load()
-        state["func"] = MOVED_REFS.get(state["func"], state["func"])
-        state["jobstore"] = self
-        job = Job.__new__(Job)
-        job.__setstate__(state)
-        job._scheduler = self._scheduler
-        job._jobstore_alias = self._alias
-        return job
-
-
-class _BackgroundScheduler(BackgroundScheduler):  # type: ignore[misc]
-    """APScheduler's background scheduler without its last pass over due jobs after ``shutdown``: that
-    pass submits them to the executor that was just shut down (they fail to start) and still moves their
-    next run time on, so a firing due at shutdown would be lost instead of running late at the next start."""
-
-    def _process_jobs(self) -> float | None:
-        if self.state == STATE_STOPPED:
-            return None
-        wait_s: float | None = super()._process_jobs()
-        return wait_s
-
-
 async def _awaited(result: Awaitable[Any]) -> Any:
     return await result
-
-
-def _engine(store: Store) -> sqlalchemy.Engine:
-    """The job store's connections to the store's file, as durable as the store's own: WAL is a property
-    of the file (set by the store), ``synchronous=FULL`` and the busy timeout are per connection."""
-    engine = sqlalchemy.create_engine(f"sqlite:///{store.path}", connect_args={"timeout": 5.0})
-
-    @sqlalchemy.event.listens_for(engine, "connect")
-    def _pragmas(conn: Any, _: Any) -> None:
-        cursor = conn.cursor()
-        cursor.execute("PRAGMA synchronous = FULL")
-        cursor.close()
-
-    return engine
 
 
 def _edited_overrides(current: Mapping[str, Any], new: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from apscheduler.triggers.cron import CronTrigger  # type: ignore[import-untyped]
 
 from chaos.scenarios import SCENARIOS, scenario
+from controlplane.errors import ControlPlaneError, Refused
 
 CRON_FIELDS = 5
 AIM_OVERRIDES = ("replicas", "zones")  # lists of names; a fault hits these (checked when the drill starts)
@@ -42,11 +43,11 @@ _FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*): ")  # "load.trace: no trace fi
 
 
 # ---- errors ----------------------------------------------------------------------------------
-class ScheduleError(Exception):
-    """A schedule operation was refused."""
+class ScheduleError(ControlPlaneError):
+    """A schedule operation was refused or failed."""
 
 
-class InvalidSchedule(ScheduleError, ValueError):
+class InvalidSchedule(ScheduleError, Refused, ValueError):
     """Bad input: a cron expression, a time zone, a scenario, an override (HTTP 400)."""
 
 
@@ -178,9 +179,3 @@ def override_message(message: str) -> str:
     if named is None:
         return f"overrides: {message}"
     return message if named.group(1).split(".")[0] == LOAD_OVERRIDE else f"overrides.{message}"
-
-
-def error_field(message: str) -> str | None:
-    """The field a refusal's message starts with (the OpenAI error's ``param``), if any."""
-    named = _FIELD.match(message)
-    return named.group(1) if named else None

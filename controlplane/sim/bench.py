@@ -26,8 +26,9 @@ from controlplane.sim.simulator import (
     format_table,
 )
 from controlplane.sim.trace import BurstyConfig, SimRequest, TraceShape, azure_trace, synthetic_bursty
+from inference.bench.datasets import AZURE_TRACE
 
-DEFAULT_TRACE = Path("/work/shared/data/azure_llm_conv_2023.csv")
+DEFAULT_TRACE = AZURE_TRACE  # the trace shipped with the load client (or $CONTROLPLANE_AZURE_TRACE)
 REPLICA_SECONDS_SHARE = 0.85
 ATTAINMENT_GAIN = 0.05
 
@@ -61,7 +62,8 @@ class Verdict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", default=str(DEFAULT_TRACE), help="Azure LLM trace CSV (default %(default)s)")
+    p.add_argument("--trace", default=DEFAULT_TRACE,
+                   help="Azure LLM trace CSV, or azure: the shipped one (default %(default)s)")
     p.add_argument("--compress", type=float, default=4.0, help="time compression (default %(default)s)")
     p.add_argument("--token-scale", type=float, default=0.25, help="token length scale (default %(default)s)")
     p.add_argument(

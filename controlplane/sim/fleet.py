@@ -4,13 +4,14 @@ Where it sits: ``controlplane.sim.simulator`` feeds it a trace and a policy; eve
 policy an :class:`Observation` (the same signals the live autoscaler reads from telemetry) and applies the
 returned replica count. Per request it records when the first token and the last token were produced.
 
-Each replica follows vLLM v1's scheduler: a FIFO of waiting requests, at most ``max_num_seqs`` running, a
-token budget of ``max_num_batched_tokens`` per step spent on one token per decoding sequence first and on
-prefill chunks with what is left; a request's first token comes at the end of the step that finishes its
-prefill. A step lasts ``profile.step_time(...)``. KV space is reserved for prompt + output on admission
-(no preemption). A replica is not ready (gets no requests) until ``start_s`` after it was started; a
-replica being removed drains (finishes what it runs, hands its waiting requests back to the router); a
-crashed replica hands every request back and the fleet starts a replacement.
+Each replica (its bookkeeping in :mod:`controlplane.sim.replica`) follows vLLM v1's scheduler: a FIFO of
+waiting requests, at most ``max_num_seqs`` running, a token budget of ``max_num_batched_tokens`` per step
+spent on one token per decoding sequence first and on prefill chunks with what is left; a request's first
+token comes at the end of the step that finishes its prefill. A step lasts ``profile.step_time(...)``. KV
+space is reserved for prompt + output on admission (no preemption). A replica is not ready (gets no
+requests) until ``start_s`` after it was started; a replica being removed drains (finishes what it runs,
+hands its waiting requests back to the router); a crashed replica hands every request back and the fleet
+starts a replacement.
 
 Speed: between two events a replica that only decodes runs ``k`` identical steps as one segment (until
 its next sequence finishes, or until an arrival it could admit), so the cost is per request, not per
@@ -27,53 +28,10 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 
 from controlplane.autoscale.profile import ReplicaProfile
+from controlplane.sim.replica import Replica, ReplicaPhase, RequestOutcome, SimSequence
 from controlplane.sim.trace import SimRequest
-
-
-class ReplicaPhase(Enum):
-    STARTING = "starting"
-    READY = "ready"
-    DRAINING = "draining"
-    STOPPED = "stopped"
-
-
-@dataclass(slots=True)
-class RequestOutcome:
-    """What the client of one request saw; times in seconds of simulated time."""
-
-    arrival: float
-    prompt_len: int
-    output_len: int
-    first_token: float | None = None
-    finish: float | None = None
-    retries: int = 0
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first_token is None else self.first_token - self.arrival
-
-    @property
-    def tpot(self) -> float | None:
-        if self.finish is None or self.first_token is None:
-            return None
-        return 0.0 if self.output_len <= 1 else (self.finish - self.first_token) / (self.output_len - 1)
-
-
-@dataclass(slots=True)
-class _Seq:
-    outcome: RequestOutcome
-    prompt_len: int  # to prefill on this replica (prompt + tokens already streamed, after a resume)
-    output_left: int  # tokens still to generate
-    prefilled: int = 0
-    start_step: int = 0  # replica step counter when it joined the decoders
-    finish_step: int = 0
-
-    @property
-    def kv_tokens(self) -> int:
-        return self.prompt_len + self.output_left
 
 
 @dataclass(slots=True, frozen=True)
@@ -115,55 +73,6 @@ class FleetSample:
     ready: int
     waiting: int
     running: int
-
-
-class Replica:
-    def __init__(self, replica_id: int, profile: ReplicaProfile, started_at: float) -> None:
-        self.replica_id = replica_id
-        self.profile = profile
-        self.started_at = started_at
-        self.stopped_at: float | None = None
-        self.phase = ReplicaPhase.STARTING
-        self.waiting: deque[_Seq] = deque()
-        self.prefilling: list[_Seq] = []
-        self.decoders: list[tuple[int, int, _Seq]] = []  # heap by finish step
-        self.step = 0
-        self.kv_reserved = 0
-        self.decode_prompt_sum = 0  # sum of (prompt_len + 1) over decoders, for their context size
-        self.decode_start_sum = 0  # sum of start_step over decoders
-        # the segment in progress: ``seg_steps`` steps of ``seg_dt`` from ``seg_start``
-        self.seg_start = 0.0
-        self.seg_dt = 0.0
-        self.seg_steps = 0
-        self.seg_prefill: list[tuple[_Seq, int]] = []
-        self.version = 0
-        self.busy = False
-
-    @property
-    def num_running(self) -> int:
-        return len(self.prefilling) + len(self.decoders)
-
-    @property
-    def load(self) -> int:
-        return len(self.waiting) + self.num_running
-
-    @property
-    def is_routable(self) -> bool:
-        return self.phase is ReplicaPhase.READY
-
-    def context_tokens(self) -> int:
-        n = len(self.decoders)
-        return self.decode_prompt_sum + n * self.step - self.decode_start_sum
-
-    def kv_usage(self) -> float:
-        used = self.context_tokens() + sum(s.prefilled for s in self.prefilling)
-        return min(used / self.profile.kv_capacity_tokens, 1.0)
-
-    def can_admit(self, seq: _Seq) -> bool:
-        return (
-            self.num_running < self.profile.max_num_seqs
-            and self.kv_reserved + seq.kv_tokens <= self.profile.kv_capacity_tokens
-        )
 
 
 @dataclass(slots=True)
@@ -212,7 +121,7 @@ class FleetSim:
         self.hard_end = self.duration + drain_limit_s
         self.clock = _Clock()
         self.replicas: list[Replica] = []
-        self.router: deque[_Seq] = deque()  # nowhere ready to go yet
+        self.router: deque[SimSequence] = deque()  # nowhere ready to go yet
         self.outcomes: list[RequestOutcome] = []
         self.events: list[ScaleEvent] = []
         self.samples: list[FleetSample] = []
@@ -286,9 +195,9 @@ class FleetSim:
         self.outcomes.append(outcome)
         self._unfinished += 1
         self._arrivals.append(self.now)
-        self._route(_Seq(outcome, prompt, output))
+        self._route(SimSequence(outcome, prompt, output))
 
-    def _route(self, seq: _Seq) -> None:
+    def _route(self, seq: SimSequence) -> None:
         """Least outstanding requests among ready replicas (the gateway's least-request pick)."""
         candidates = [r for r in self.replicas if r.is_routable]
         if not candidates:
@@ -326,7 +235,7 @@ class FleetSim:
             replica.prefilling.append(seq)
         n = len(replica.decoders)
         budget = replica.profile.max_num_batched_tokens - n
-        chunks: list[tuple[_Seq, int]] = []
+        chunks: list[tuple[SimSequence, int]] = []
         for seq in replica.prefilling:
             if budget <= 0:
                 break
@@ -375,7 +284,7 @@ class FleetSim:
         replica.seg_prefill = []
         self._start_segment(replica)
 
-    def _first_token(self, replica: Replica, seq: _Seq) -> None:
+    def _first_token(self, replica: Replica, seq: SimSequence) -> None:
         outcome = seq.outcome
         if outcome.first_token is None:
             outcome.first_token = self.now
@@ -391,7 +300,7 @@ class FleetSim:
         replica.decode_start_sum += seq.start_step
         heapq.heappush(replica.decoders, (seq.finish_step, id(seq), seq))
 
-    def _leave_decoders(self, replica: Replica, seq: _Seq) -> None:
+    def _leave_decoders(self, replica: Replica, seq: SimSequence) -> None:
         replica.decode_prompt_sum -= seq.prompt_len + 1
         replica.decode_start_sum -= seq.start_step
         replica.kv_reserved -= seq.prompt_len + 1 + (seq.finish_step - seq.start_step)
@@ -457,7 +366,7 @@ class FleetSim:
             seq.outcome.retries += 1
             # the gateway resumes from what was streamed: prompt + streamed tokens, the rest to generate
             self._route(
-                _Seq(
+                SimSequence(
                     seq.outcome,
                     min(seq.prompt_len + streamed, self.profile.max_model_len - 1),
                     max(seq.output_left - done, 1),

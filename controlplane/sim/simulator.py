@@ -39,13 +39,24 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from controlplane.autoscale.config import AutoscalerConfig
-from controlplane.autoscale.decide import LoopState, offered_engine_load, ours_policy, per_replica
+from controlplane.autoscale.decide import LoopState, applied, offered_engine_load, ours_policy, per_replica
 from controlplane.autoscale.decide import Observation as LiveObservation
 from controlplane.autoscale.decide import decide as live_decide
-from controlplane.autoscale.policies import History, PanicState, PolicyConfig, Proposal, Snapshot, decide
+from controlplane.autoscale.policies import (
+    History,
+    PanicState,
+    PolicyConfig,
+    Proposal,
+    Recommendation,
+    Snapshot,
+    decide,
+)
+from controlplane.autoscale.policies import applied as applied_policy
 from controlplane.autoscale.profile import ReplicaProfile, load_profile
-from controlplane.sim.fleet import FleetSim, Observation, RequestOutcome, ScaleEvent
+from controlplane.sim.fleet import FleetSim, Observation, ScaleEvent
+from controlplane.sim.replica import RequestOutcome
 from controlplane.sim.trace import SimRequest
+from controlplane.vocabulary import HPA, OURS, STATIC, static_policy
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -77,15 +88,15 @@ class PolicySpec:
     @classmethod
     def parse(cls, text: str) -> PolicySpec:
         name, _, count = text.strip().partition(":")
-        if name in ("ours", "hpa") and not count:
+        if name in (OURS, HPA) and not count:
             return cls(name)
-        if name == "static" and count.isdigit() and int(count) >= 1:
-            return cls("static", int(count))
+        if name == STATIC and count.isdigit() and int(count) >= 1:
+            return cls(STATIC, int(count))
         raise ValueError(f"policy: expected ours, hpa or static:N (N >= 1), got {text!r}")
 
     @property
     def label(self) -> str:
-        return f"static:{self.replicas}" if self.kind == "static" else self.kind
+        return static_policy(self.replicas) if self.kind == STATIC else self.kind
 
 
 @dataclass(slots=True, frozen=True)
@@ -173,8 +184,8 @@ def offered_load(obs: Observation, profile: ReplicaProfile, *, short: bool = Fal
 @dataclass(slots=True)
 class LivePolicy:
     """``ours``: ``controlplane.autoscale.decide.decide`` on every tick, as the live loop calls it, with no
-    anomaly
-    source and no schedule window."""
+    anomaly source and no schedule window. The simulated fleet takes every count it is given, so each plan
+    is applied."""
 
     config: AutoscalerConfig
     initial: int
@@ -182,9 +193,9 @@ class LivePolicy:
     state: LoopState = field(init=False)
 
     def __post_init__(self) -> None:
-        self.state = LoopState(History(self.config.scale_down_stabilization_s))
         # the fleet has been running at its initial size: that is the first recommendation in the window
-        self.state.history.add(0.0, self.initial)
+        first = Recommendation(0.0, self.initial)
+        self.state = LoopState(History(self.config.scale_down_stabilization_s, (first,)))
 
     def __call__(self, obs: Observation) -> tuple[int, str]:
         live = LiveObservation(
@@ -200,7 +211,8 @@ class LivePolicy:
             mean_prompt_tokens=obs.mean_prompt_tokens,
             mean_output_tokens=obs.mean_output_tokens,
         )
-        plan = live_decide(live, self.state, self.config, [])
+        plan, state = live_decide(live, self.state, self.config, [])
+        self.state = applied(state, live, plan)
         return plan.replicas, _reason(plan.decision.proposals, plan.clamps)
 
 
@@ -215,8 +227,7 @@ class HpaPolicy:
     state: PanicState = field(default_factory=PanicState)
 
     def __post_init__(self) -> None:
-        self.history = History(self.config.scale_down_stabilization_s)
-        self.history.add(0.0, self.initial)
+        self.history = History(self.config.scale_down_stabilization_s, (Recommendation(0.0, self.initial),))
 
     def __call__(self, obs: Observation) -> tuple[int, str]:
         snap = Snapshot(
@@ -226,8 +237,9 @@ class HpaPolicy:
             starting=obs.starting,
             metrics=metrics_of(obs, self.profile),
         )  # no demand: no panic mode
-        decision = decide(snap, self.config, self.history.items, self.state)
-        self.history.add(obs.now, decision.recommendation)
+        decision, state = decide(snap, self.config, self.history.items, self.state)
+        self.history = self.history.added(obs.now, decision.recommendation)
+        self.state = applied_policy(state, current=decision.current, replicas=decision.replicas, now=obs.now)
         return decision.replicas, _reason(decision.proposals, decision.clamps)
 
 
@@ -258,10 +270,10 @@ def make_policy(
     spec: PolicySpec, profile: ReplicaProfile, settings: SimSettings
 ) -> tuple[Callable[[Observation], tuple[int, str]] | None, float, int]:
     """(policy, tick, initial replicas) of ``spec``."""
-    if spec.kind == "static":
+    if spec.kind == STATIC:
         return None, settings.hpa_tick_s, spec.replicas
     live = autoscaler_config(profile, settings)
-    if spec.kind == "hpa":
+    if spec.kind == HPA:
         return (
             HpaPolicy(hpa_config(live, settings), settings.initial_replicas, profile),
             settings.hpa_tick_s,

@@ -19,8 +19,6 @@ from pathlib import Path
 
 from inference.bench.datasets import DatasetConfig, read_trace, trace_requests
 
-SYNTHETIC_BURSTY = "synthetic-bursty"
-
 
 @dataclass(slots=True, frozen=True)
 class SimRequest:
@@ -55,7 +53,8 @@ class TraceShape:
 
 
 def azure_trace(path: str | Path, shape: TraceShape = TraceShape()) -> list[SimRequest]:
-    """Requests of an Azure LLM inference trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens)."""
+    """Requests of an Azure LLM inference trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens); ``azure``
+    is the trace shipped with the load client (or ``$CONTROLPLANE_AZURE_TRACE``)."""
     cfg = DatasetConfig(
         name=f"trace:{path}",
         time_scale=shape.compress,
@@ -65,7 +64,7 @@ def azure_trace(path: str | Path, shape: TraceShape = TraceShape()) -> list[SimR
         max_input_len=shape.max_prompt_len,
         max_output_len=shape.max_output_len,
     )
-    rows = read_trace(Path(path))
+    rows = read_trace(cfg.trace_path)
     return [
         SimRequest(r.index, r.arrival or 0.0, r.prompt_len, r.output_len) for r in trace_requests(rows, cfg)
     ]

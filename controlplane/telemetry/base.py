@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from controlplane.errors import Unavailable
 from controlplane.replicas import ReplicaEndpoint, ReplicaLoad
 
 DEFAULT_WINDOW_S = 30.0  # rate/quantile window when a caller names none (>= 4 scrapes at the 2 s default)
@@ -51,8 +52,9 @@ Group = tuple[str, ...]
 EndpointsProvider = Callable[[], list[ReplicaEndpoint]]
 
 
-class TelemetryError(Exception):
-    """A query could not be answered (source down, bad query, timeout); the message says which and why."""
+class TelemetryError(Unavailable):
+    """A query could not be answered (source down, bad query, timeout); the message says which and why. The
+    same query may be answered later (HTTP 503)."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -275,7 +275,8 @@ class ScraperSource(Telemetry):
     # -- scraping
     def scrape_once(self) -> None:
         """Fetch every live replica's page once and record it; replicas that left are marked stale."""
-        live = [e for e in self.endpoints() if e.state is not ReplicaState.STOPPED]
+        # a replica a cluster has not placed yet has no address (no host) to scrape
+        live = [e for e in self.endpoints() if e.state is not ReplicaState.STOPPED and e.host]
         pages = self._fetch_all(live)
         with self._lock:
             now = self.clock()

@@ -11,7 +11,7 @@ from typing import Any
 import dash
 from dash import ALL, Input, Output, ctx, html
 
-from controlplane.client import ApiError
+from controlplane.client import ActiveAlert, AlertRule, AlertTransition, ApiError
 from dashboards import session
 from dashboards.figures import number, when
 from dashboards.shell import REFRESH, alert_line
@@ -69,38 +69,38 @@ def refresh(*_: Any) -> tuple[Any, Any, Any]:
     return _active(active), _rules(rules, operate), _history(history)
 
 
-def _active(alerts: list[dict[str, Any]]) -> list[Any]:
+def _active(alerts: list[ActiveAlert]) -> list[Any]:
     if not alerts:
         return [html.Tr(html.Td("no pending or firing alert", id="al-none-active"))]
     rows: list[Any] = [html.Tr([html.Th(h) for h in ("state", "alert", "since (UTC)", "fired at")])]
     for a in alerts:
         rows.append(html.Tr(
-            [html.Td(a.get("state", ""), className=f"alert-{a.get('state')}"), html.Td(alert_line(a)),
-             html.Td(when(a.get("since"))), html.Td(when(a.get("fired_at")))],
-            className="active-alert", **_data(rule=a.get("rule"), state=a.get("state"))))
+            [html.Td(a.state, className=f"alert-{a.state}"), html.Td(alert_line(a)),
+             html.Td(when(a.since)), html.Td(when(a.fired_at))],
+            className="active-alert", **_data(rule=a.rule, state=a.state)))
     return rows
 
 
-def _rules(rules: list[dict[str, Any]], operate: bool) -> list[Any]:
+def _rules(rules: list[AlertRule], operate: bool) -> list[Any]:
     rows: list[Any] = [html.Tr([html.Th(h) for h in ("rule", "condition", "for", "severity", "action",
                                                      "pending / firing", "last evaluation", "enabled", "")])]
     for r in rules:
-        enabled = bool(r.get("enabled"))
-        condition = f"{r.get('query') or r.get('expr')} {r.get('comparison')} {r.get('threshold')}"
-        last = when(r.get("last_eval")) + (f" · error: {r['last_error']}" if r.get("last_error") else "")
+        enabled = r.enabled
+        condition = f"{r.query or r.expr} {r.comparison} {r.threshold}"
+        last = when(r.last_eval) + (f" · error: {r.last_error}" if r.last_error else "")
         rows.append(html.Tr(
             [
-                html.Td([html.Strong(r["name"]), html.Div(r.get("summary") or "", className="muted")]),
+                html.Td([html.Strong(r.name), html.Div(r.summary, className="muted")]),
                 html.Td(condition),
-                html.Td(f"{number(r.get('for_s'), 0)} s"),
-                html.Td(str(r.get("severity", ""))),
-                html.Td(str(r.get("action", ""))),
-                html.Td(f"{r.get('pending', 0)} / {r.get('firing', 0)}"),
+                html.Td(f"{number(r.for_s, 0)} s"),
+                html.Td(r.severity),
+                html.Td(r.action),
+                html.Td(f"{r.pending} / {r.firing}"),
                 html.Td(last),
                 html.Td("yes" if enabled else "no"),
                 html.Td(html.Button(
                     "Disable" if enabled else "Enable",
-                    id={"type": "al-switch", "index": r["name"]},
+                    id={"type": "al-switch", "index": r.name},
                     n_clicks=0,
                     className="btn btn-small",
                     disabled=not operate,
@@ -108,32 +108,32 @@ def _rules(rules: list[dict[str, Any]], operate: bool) -> list[Any]:
                 )),
             ],
             className="rule-row" + ("" if enabled else " kind-unavailable"),
-            **_data(rule=r["name"], enabled=str(enabled).lower()),
+            **_data(rule=r.name, enabled=str(enabled).lower()),
         ))
     return rows
 
 
-def _history(records: list[dict[str, Any]]) -> list[Any]:
+def _history(records: list[AlertTransition]) -> list[Any]:
     if not records:
         return [html.Tr(html.Td("no alert has changed state yet", id="al-no-history"))]
     rows: list[Any] = [html.Tr([html.Th(h) for h in ("time (UTC)", "alert", "state", "value", "action",
                                                      "outcome")])]
     for h in records:
-        result = h.get("result") or {}
-        outcome = (f"{result.get('outcome')}: {result.get('target')} {result.get('detail') or ''}".strip()
-                   if result else ("–" if h.get("state") != "resolved" else h.get("reason") or "resolved"))
-        labels = " ".join(f"{k}={v}" for k, v in sorted((h.get("labels") or {}).items()) if k != "alertname")
+        result = h.result
+        outcome = (f"{result.outcome}: {result.target} {result.detail}".strip()
+                   if result else ("–" if h.state != "resolved" else h.reason or "resolved"))
+        labels = " ".join(f"{k}={v}" for k, v in sorted(h.labels.items()) if k != "alertname")
         rows.append(html.Tr(
             [
-                html.Td(when(h.get("at") or h.get("ts"))),
-                html.Td(f"{h.get('rule')} {labels}".strip()),
-                html.Td(str(h.get("state", ""))),
-                html.Td(number(h.get("value"), 3)),
-                html.Td(str(h.get("action", ""))),
-                html.Td(outcome, className=f"outcome-{result.get('outcome')}" if result else ""),
+                html.Td(when(h.at)),
+                html.Td(f"{h.rule} {labels}".strip()),
+                html.Td(h.state),
+                html.Td(number(h.value, 3)),
+                html.Td(h.action),
+                html.Td(outcome, className=f"outcome-{result.outcome}" if result else ""),
             ],
             className="history-row",
-            **_data(rule=h.get("rule"), state=h.get("state")),
+            **_data(rule=h.rule, state=h.state),
         ))
     return rows
 
@@ -148,11 +148,11 @@ def switch(clicks: list[int | None]) -> Any:
         return dash.no_update  # the table was redrawn; nobody clicked
     name = str(ctx.triggered_id["index"])
     try:
-        rules = {r["name"]: r for r in session.client().alert_rules()}
-        enable = not rules.get(name, {}).get("enabled", True)
+        rules = {r.name: r for r in session.client().alert_rules()}
+        enable = name in rules and not rules[name].enabled
         result = session.client().set_alert_rule(name, enabled=enable)
     except ApiError as exc:
         return f"{name}: refused: {exc}"
-    resolved = result.get("resolved") or []
+    resolved = result.resolved
     return (f"{name} {'enabled' if enable else 'disabled'}"
             + (f"; {len(resolved)} active alert(s) resolved" if resolved else ""))

@@ -7,9 +7,9 @@ from typing import Any
 import dash
 from dash import Input, Output, dcc, html
 
-from controlplane.client import ApiError
+from controlplane.client import ApiError, AuditEntry
 from dashboards import session
-from dashboards.figures import when
+from dashboards.figures import data_attrs, when
 from dashboards.shell import REFRESH
 
 LIMIT = 200
@@ -76,21 +76,21 @@ def refresh(_: int, action: str | None, actor: str | None) -> list[Any]:
         )
     ]
     for r in records:
-        params = ", ".join(f"{k}={v}" for k, v in (r.get("params") or {}).items())
+        params = ", ".join(f"{k}={v}" for k, v in r.params.items())
         rows.append(
             html.Tr(
                 [
-                    html.Td(when(r.get("ts"))),
-                    html.Td(r["actor"]),
-                    html.Td(r["role"]),
-                    html.Td(r["action"]),
-                    html.Td(r["target"]),
-                    html.Td(r["outcome"], className=f"outcome-{r['outcome']}"),
-                    html.Td(r.get("detail") or ""),
+                    html.Td(when(r.ts)),
+                    html.Td(r.actor),
+                    html.Td(r.role),
+                    html.Td(r.action),
+                    html.Td(r.target),
+                    html.Td(r.outcome, className=f"outcome-{r.outcome}"),
+                    html.Td(r.detail),
                     html.Td(params),
                 ],
                 className="audit-row",
-                **{"data-action": r["action"], "data-outcome": r["outcome"]},
+                **data_attrs(action=r.action, outcome=r.outcome),
             )
         )
     if len(rows) == 1:
@@ -98,8 +98,8 @@ def refresh(_: int, action: str | None, actor: str | None) -> list[Any]:
     return rows
 
 
-def _matches(record: dict[str, Any], action: str | None, actor: str | None) -> bool:
+def _matches(record: AuditEntry, action: str | None, actor: str | None) -> bool:
     """``actor`` "alice" matches alice's console sessions ("alice/console-1a2b3c") too."""
-    if action and not record["action"].startswith(action):
+    if action and not record.action.startswith(action):
         return False
-    return not actor or record["actor"] == actor or record["actor"].startswith(f"{actor}/")
+    return not actor or record.actor == actor or record.actor.startswith(f"{actor}/")

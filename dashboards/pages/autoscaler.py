@@ -18,7 +18,23 @@ from typing import Any
 import dash
 from dash import Input, Output, State, ctx, dcc, html
 
-from controlplane.client import ApiError
+from controlplane.client import (
+    AUTOSCALER_TARGETS,
+    AZURE_TRACE,
+    DEFAULT_POLICIES,
+    HPA,
+    OURS,
+    STATIC,
+    SYNTHETIC_BURSTY,
+    ApiError,
+    AutoscalerPolicy,
+    AutoscalerStatus,
+    Decision,
+    PolicyOutcome,
+    ScheduleWindow,
+    SimulationJob,
+    static_policy,
+)
 from dashboards import figures, session
 from dashboards.figures import (
     autoscaler_timeline,
@@ -35,18 +51,19 @@ from dashboards.shell import REFRESH
 DECISIONS = 200  # decision records drawn and listed
 LOG_ROWS = 50
 SIM_POLL_MS = 700  # how often a running simulation job is polled
-# (form field, config key, label, step) of the policy editor's numbers
+# The policy editor's numbers: (form field, label, step); a target's field is its metric, whose setting is
+# AUTOSCALER_TARGETS[metric], every other field is the setting itself.
 NUMBERS = (
-    ("min_replicas", "min_replicas", "Min replicas", 1),
-    ("max_replicas", "max_replicas", "Max replicas", 1),
-    ("waiting_per_replica", "target_waiting_per_replica", "Target waiting / replica", 0.1),
-    ("kv_cache_usage", "target_kv_cache_usage", "Target KV usage (0-1)", 0.01),
-    ("ttft_p95_s", "ttft_slo_s", "Target P95 TTFT (s)", 0.1),
-    ("tokens_per_s_per_replica", "target_tokens_per_s_per_replica", "Target tokens/s / replica", 1),
-    ("tolerance", "tolerance", "Tolerance", 0.01),
-    ("scale_down_stabilization_s", "scale_down_stabilization_s", "Scale-down window (s)", 1),
+    ("min_replicas", "Min replicas", 1),
+    ("max_replicas", "Max replicas", 1),
+    ("waiting_per_replica", "Target waiting / replica", 0.1),
+    ("kv_cache_usage", "Target KV usage (0-1)", 0.01),
+    ("ttft_p95_s", "Target P95 TTFT (s)", 0.1),
+    ("tokens_per_s_per_replica", "Target tokens/s / replica", 1),
+    ("tolerance", "Tolerance", 0.01),
+    ("scale_down_stabilization_s", "Scale-down window (s)", 1),
 )
-TARGETS = ("waiting_per_replica", "kv_cache_usage", "ttft_p95_s", "tokens_per_s_per_replica")
+TARGETS = tuple(name for name, *_ in NUMBERS if name in AUTOSCALER_TARGETS)
 # The fields of a window the editor shows (the API's answer adds next_start, next_end, active, schedule).
 WINDOW_FIELDS = ("name", "cron", "duration_s", "end_cron", "timezone", "weekdays", "min_replicas",
                  "max_replicas")
@@ -56,17 +73,16 @@ WINDOW_EXAMPLE = [{"name": "business-hours", "cron": "0 8 * * 1-5", "duration_s"
 
 def layout(**_: Any) -> html.Div:
     operate = session.can_operate()
-    status: dict[str, Any] = {}
+    config: AutoscalerPolicy | None = None
     error = ""
     try:
-        status = session.client().autoscaler_status()
+        config = session.client().autoscaler_status().config
     except ApiError as exc:
         error = f"autoscaler: {exc}"
-    config = status.get("config") or {}
     following = _running_simulation()
-    windows: list[dict[str, Any]] = []
+    windows: tuple[ScheduleWindow, ...] = ()
     try:
-        windows = session.client().autoscaler_windows().get("windows") or []
+        windows = session.client().autoscaler_windows().windows
     except ApiError as exc:
         error = error or f"autoscaler windows: {exc}"
     return html.Div(
@@ -113,12 +129,17 @@ dash.register_page(  # type: ignore[no-untyped-call]
 
 
 
-def _editor(config: dict[str, Any], operate: bool) -> html.Div:
+def _setting(config: AutoscalerPolicy | None, field: str) -> Any:
+    """The policy's current value of an editor field (None while the autoscaler cannot be read)."""
+    return None if config is None else getattr(config, AUTOSCALER_TARGETS.get(field, field))
+
+
+def _editor(config: AutoscalerPolicy | None, operate: bool) -> html.Div:
     fields = [
-        html.Div([html.Label(label), dcc.Input(id=f"as-{name}", type="number", value=config.get(key),
+        html.Div([html.Label(label), dcc.Input(id=f"as-{name}", type="number", value=_setting(config, name),
                                                step=step, min=0, disabled=not operate,
                                                style={"width": "8rem"})])
-        for name, key, label, step in NUMBERS
+        for name, label, step in NUMBERS
     ]
     return html.Div(
         [
@@ -126,7 +147,7 @@ def _editor(config: dict[str, Any], operate: bool) -> html.Div:
                 id="as-observe-only",
                 options=[{"label": " observe only (record decisions, do not apply them)", "value": "yes",
                           "disabled": not operate}],
-                value=["yes"] if config.get("observe_only") else [],
+                value=["yes"] if config is not None and config.observe_only else [],
             ),
             html.Div(fields[:4], className="form-row"),
             html.Div(fields[4:], className="form-row"),
@@ -146,9 +167,9 @@ def _editor(config: dict[str, Any], operate: bool) -> html.Div:
     )
 
 
-def _schedule(windows: list[dict[str, Any]], operate: bool) -> html.Div:
+def _schedule(windows: tuple[ScheduleWindow, ...], operate: bool) -> html.Div:
     """The windows' table (refreshed) and a JSON editor of the whole list, saved in one PUT."""
-    text = json.dumps([_editable(w) for w in windows], indent=2)
+    text = json.dumps([w.settings() for w in windows], indent=2)
     return html.Div(
         [
             html.Div(id="as-windows-source", className="muted"),
@@ -167,13 +188,6 @@ def _schedule(windows: list[dict[str, Any]], operate: bool) -> html.Div:
     )
 
 
-def _editable(window: dict[str, Any]) -> dict[str, Any]:
-    """A window as the editor shows it: its settings, without the fields left at their defaults."""
-    unset: dict[str, Any] = {"duration_s": 0, "end_cron": "", "weekdays": [], "min_replicas": None,
-                             "max_replicas": None}
-    return {k: window.get(k) for k in WINDOW_FIELDS if k not in unset or window.get(k) != unset[k]}
-
-
 @dash.callback(
     Output("as-windows", "children"),
     Output("as-windows-source", "children"),
@@ -185,29 +199,29 @@ def refresh_windows(*_: Any) -> tuple[Any, Any]:
         view = session.client().autoscaler_windows()
     except ApiError as exc:
         return [], html.Span(f"autoscaler windows: {exc}", className="notice")
-    source = "set through the console or API" if view.get("source") == "api" else "from the config file"
-    note = f"{len(view.get('windows') or [])} window(s), {source}; active now: {view.get('active') or 'none'}"
-    return _window_rows(view.get("windows") or []), note
+    source = "set through the console or API" if view.source == "api" else "from the config file"
+    note = f"{len(view.windows)} window(s), {source}; active now: {view.active or 'none'}"
+    return _window_rows(view.windows), note
 
 
-def _window_rows(windows: list[dict[str, Any]]) -> list[Any]:
+def _window_rows(windows: tuple[ScheduleWindow, ...]) -> list[Any]:
     rows: list[Any] = [html.Tr([html.Th(h) for h in ("window", "schedule", "min..max", "active now",
                                                      "next start (UTC)", "next end (UTC)")])]
     for w in windows:
-        low = "–" if w.get("min_replicas") is None else w["min_replicas"]
-        high = "–" if w.get("max_replicas") is None else w["max_replicas"]
+        low = "–" if w.min_replicas is None else w.min_replicas
+        high = "–" if w.max_replicas is None else w.max_replicas
         rows.append(html.Tr(
             [
-                html.Td(str(w.get("name"))),
-                html.Td(str(w.get("schedule", ""))),
+                html.Td(w.name),
+                html.Td(w.schedule),
                 html.Td(f"{low}..{high}"),
-                html.Td("active" if w.get("active") else "no"),
-                html.Td(when(w.get("next_start"))),
-                html.Td(when(w.get("next_end"))),
+                html.Td("active" if w.active else "no"),
+                html.Td(when(w.next_start)),
+                html.Td(when(w.next_end)),
             ],
             className="window-row",
-            **figures.data_attrs(name=w.get("name"), active=str(bool(w.get("active"))).lower(),
-                                 next_start=w.get("next_start"), next_end=w.get("next_end")),
+            **figures.data_attrs(name=w.name, active=str(w.active).lower(), next_start=w.next_start,
+                                 next_end=w.next_end),
         ))
     if len(rows) == 1:
         rows.append(html.Tr(html.Td("no schedule window: the autoscaler's own bounds apply all the time",
@@ -236,8 +250,8 @@ def save_windows(_: int, text: str | None) -> Any:
         view = session.client().autoscaler_set_windows(windows)
     except ApiError as exc:
         return html.Span(f"refused: {exc}", className="notice", id="as-windows-refused")
-    names = ", ".join(str(w.get("name")) for w in view.get("windows") or []) or "none"
-    return html.Span(f"saved {len(view.get('windows') or [])} window(s): {names}", id="as-windows-saved")
+    names = ", ".join(w.name for w in view.windows) or "none"
+    return html.Span(f"saved {len(view.windows)} window(s): {names}", id="as-windows-saved")
 
 
 def _running_simulation() -> int | None:
@@ -246,7 +260,7 @@ def _running_simulation() -> int | None:
         jobs = session.client().simulations(limit=1)
     except ApiError:
         return None
-    return int(jobs[0]["id"]) if jobs and jobs[0].get("status") == "running" else None
+    return jobs[0].id if jobs and jobs[0].status == "running" else None
 
 
 def _simulator(operate: bool, following: int | None) -> html.Div:
@@ -257,9 +271,9 @@ def _simulator(operate: bool, following: int | None) -> html.Div:
                 children=[
                     html.Div([html.Label("Trace"), dcc.Dropdown(
                         id="as-sim-trace",
-                        options=[{"label": "synthetic bursty (seeded)", "value": "synthetic-bursty"},
-                                 {"label": "Azure LLM inference trace", "value": "azure"}],
-                        value="synthetic-bursty", clearable=False, disabled=not operate,
+                        options=[{"label": "synthetic bursty (seeded)", "value": SYNTHETIC_BURSTY},
+                                 {"label": "Azure LLM inference trace", "value": AZURE_TRACE}],
+                        value=SYNTHETIC_BURSTY, clearable=False, disabled=not operate,
                         style={"minWidth": "14rem"})]),
                     html.Div([html.Label("Compression (x)"), dcc.Input(
                         id="as-sim-compress", type="number", value=4, min=0.1, max=1000, step=0.1,
@@ -274,10 +288,10 @@ def _simulator(operate: bool, following: int | None) -> html.Div:
                 children=[
                     html.Div([html.Label("Policies to compare"), dcc.Checklist(
                         id="as-sim-policies",
-                        options=[{"label": " ours", "value": "ours", "disabled": not operate},
-                                 {"label": " HPA", "value": "hpa", "disabled": not operate},
-                                 {"label": " static", "value": "static", "disabled": not operate}],
-                        value=["ours", "hpa"], inline=True)]),
+                        options=[{"label": " ours", "value": OURS, "disabled": not operate},
+                                 {"label": " HPA", "value": HPA, "disabled": not operate},
+                                 {"label": " static", "value": STATIC, "disabled": not operate}],
+                        value=list(DEFAULT_POLICIES), inline=True)]),
                     html.Div([html.Label("Static replicas"), dcc.Input(
                         id="as-sim-static", type="number", value=3, min=1, max=64, step=1,
                         disabled=not operate, style={"width": "5rem"})]),
@@ -288,7 +302,7 @@ def _simulator(operate: bool, following: int | None) -> html.Div:
             html.Div(id="as-sim-progress"),
             html.Div(id="as-sim-note", className="muted"),
             html.Table(id="as-sim-table", className="data"),
-            dcc.Graph(id="as-sim-graph", config={"displaylogo": False}, figure=simulation_timeline({})),
+            dcc.Graph(id="as-sim-graph", config={"displaylogo": False}, figure=simulation_timeline(None)),
             dcc.Store(id="as-sim-job", data=following),
             dcc.Interval(id="as-sim-poll", interval=SIM_POLL_MS, n_intervals=0, disabled=following is None),
         ]
@@ -313,47 +327,42 @@ def refresh(*_: Any) -> tuple[Any, Any, Any]:
     return _status_cards(status), autoscaler_timeline(decisions), _decision_rows(decisions[:LOG_ROWS])
 
 
-def _status_cards(status: dict[str, Any]) -> list[Any]:
-    config = status.get("config") or {}
-    last = status.get("last_decision") or {}
-    window = status.get("window") or {}
-    mode = "disabled" if status.get("enabled") is False else str(status.get("mode", "–"))
+def _status_cards(status: AutoscalerStatus) -> list[Any]:
+    config, last = status.config, status.last_decision
+    mode = "disabled" if not status.enabled else status.mode
     cards = (
         ("as-mode", "mode", mode),
-        ("as-desired", "desired replicas", str(status.get("desired_replicas", "–"))),
-        ("as-bounds", "min..max", f"{config.get('min_replicas', '–')}..{config.get('max_replicas', '–')}"),
-        ("as-ticks", "ticks", str(status.get("ticks", "–"))),
-        ("as-last", "last decision", f"{last.get('final', '–')} at {when(last.get('at'))}"),
-        ("as-window", "schedule window", str(window.get("name") or "none")),
+        ("as-desired", "desired replicas", str(status.desired_replicas)),
+        ("as-bounds", "min..max", f"{config.min_replicas}..{config.max_replicas}"),
+        ("as-ticks", "ticks", str(status.ticks)),
+        ("as-last", "last decision", f"{last.final} at {when(last.at)}" if last else "– at –"),
+        ("as-window", "schedule window", status.window.name if status.window else "none"),
     )
     return [html.Div([html.Div(label, className="label"), html.Div(value, className="value")],
                      className="card", id=cid) for cid, label, value in cards]
 
 
-def _decision_rows(decisions: list[dict[str, Any]]) -> list[Any]:
+def _decision_rows(decisions: list[Decision]) -> list[Any]:
     rows: list[Any] = [html.Tr([html.Th(h) for h in ("time (UTC)", "mode", "current", "load (req/s)",
                                                      "proposals (reasons)", "clamps", "final", "applied")])]
     for d in decisions:
-        inputs = d.get("inputs") or {}
-        proposals = [html.Li(f"{p.get('source')} -> {p.get('replicas')}: {p.get('reason')}")
-                     for p in d.get("proposals") or []]
-        applied = "applied" if d.get("applied") else (
-            "observe only" if d.get("mode") == "observe_only" else str(d.get("outcome") or "not applied"))
+        proposals = [html.Li(f"{p.source} -> {p.replicas}: {p.reason}") for p in d.proposals]
+        applied = "applied" if d.applied else (
+            "observe only" if d.mode == "observe_only" else d.outcome or "not applied")
         rows.append(html.Tr(
             [
-                html.Td(when(d.get("at"))),
-                html.Td(str(d.get("mode", ""))),
-                html.Td(str(inputs.get("current", "–"))),
-                html.Td(number(inputs.get("request_rate"))),
+                html.Td(when(d.at)),
+                html.Td(d.mode),
+                html.Td(str(d.inputs.current)),
+                html.Td(number(d.inputs.request_rate)),
                 html.Td(html.Ul(proposals) if proposals else "no proposal"),
-                html.Td("; ".join(d.get("clamps") or []) or "–"),
-                html.Td(str(d.get("final", "–"))),
-                html.Td(applied + (f": {d['error']}" if d.get("error") else "")),
+                html.Td("; ".join(d.clamps) or "–"),
+                html.Td(str(d.final)),
+                html.Td(applied + (f": {d.error}" if d.error else "")),
             ],
             className="decision-row",
             title=decision_reason(d),
-            **figures.data_attrs(id=d.get("id"), final=d.get("final"),
-                                 applied=str(bool(d.get("applied"))).lower(), mode=d.get("mode", "")),
+            **figures.data_attrs(id=d.id, final=d.final, applied=str(d.applied).lower(), mode=d.mode),
         ))
     if len(rows) == 1:
         rows.append(html.Tr(html.Td("no decision recorded yet (is the autoscaler enabled?)",
@@ -374,16 +383,14 @@ def change(_save: int, _pause: int, _resume: int, observe_only: list[str] | None
     try:
         api = session.client()
         if ctx.triggered_id == "as-pause":
-            return f"paused: mode {api.autoscaler_pause().get('mode')}"
+            return f"paused: mode {api.autoscaler_pause()}"
         if ctx.triggered_id == "as-resume":
-            return f"resumed: mode {api.autoscaler_resume().get('mode')}"
+            return f"resumed: mode {api.autoscaler_resume()}"
         changes = _changes(observe_only, dict(zip((n for n, *_ in NUMBERS), values, strict=True)))
         status = api.autoscaler_configure(**changes)
     except ApiError as exc:
         return f"refused: {exc}"
-    config = status.get("config") or {}
-    return (f"saved: mode {status.get('mode')}, replicas {config.get('min_replicas')}.."
-            f"{config.get('max_replicas')}")
+    return f"saved: mode {status.mode}, replicas {status.config.min_replicas}..{status.config.max_replicas}"
 
 
 def _changes(observe_only: list[str] | None, values: dict[str, Any]) -> dict[str, Any]:
@@ -427,19 +434,19 @@ def simulate(_run: int, _tick: int, job: int | None, trace: str | None, compress
 def _start(trace: str | None, compress: float | None, duration: float | None, chosen: list[str] | None,
            static: int | None) -> tuple[Any, ...]:
     keep = dash.no_update
-    policies = [f"static:{int(static or 1)}" if p == "static" else p for p in chosen or []]
+    policies = [static_policy(int(static or 1)) if p == STATIC else p for p in chosen or []]
     if not policies:
         return keep, html.Span("choose at least one policy", className="notice"), [], keep, keep, keep
     options: dict[str, Any] = {"compress": float(compress or 4.0)}
     if duration:
         options["duration_s"] = float(duration)
     try:
-        job = session.client().start_simulation(trace=trace or "synthetic-bursty", policies=policies,
+        job = session.client().start_simulation(trace=trace or SYNTHETIC_BURSTY, policies=policies,
                                                 **options)
     except ApiError as exc:
         refused = html.Span(f"refused: {exc}", className="notice", id="as-sim-refused")
         return keep, refused, [], keep, keep, keep
-    return _running(job), "", [], simulation_timeline({}), int(job["id"]), False
+    return _running(job), "", [], simulation_timeline(None), job.id, False
 
 
 def _follow(job_id: int | None) -> tuple[Any, ...]:
@@ -451,51 +458,48 @@ def _follow(job_id: int | None) -> tuple[Any, ...]:
     except ApiError as exc:  # a control plane that restarts comes back; a job that is gone does not
         notice = html.Span(f"simulation {job_id}: {exc}", className="notice", id="as-sim-refused")
         return keep, notice, keep, keep, keep, exc.status == 404
-    status = str(job.get("status"))
-    if status == "running":
+    if job.status == "running":
         return _running(job), keep, keep, keep, keep, False
-    if status != "done":
-        notice = html.Span(f"simulation {job_id} {status}: {job.get('error')}", className="notice",
-                           id="as-sim-refused" if status == "error" else "as-sim-interrupted")
+    result = job.result
+    if job.status != "done" or result is None:
+        notice = html.Span(f"simulation {job_id} {job.status}: {job.error}", className="notice",
+                           id="as-sim-refused" if job.status == "error" else "as-sim-interrupted")
         return "", notice, [], keep, keep, True
-    result = job.get("result") or {}
-    slo = result.get("slo") or {}
-    note = (f"{result.get('num_requests')} requests of the {result.get('trace')} trace; SLO: TTFT <= "
-            f"{slo.get('ttft_s')} s, TPOT <= {slo.get('tpot_s')} s; replica profile: {result.get('profile')}")
-    return "", note, _comparison(result.get("policies") or []), simulation_timeline(result), keep, True
+    note = (f"{result.num_requests} requests of the {result.trace} trace; SLO: TTFT <= "
+            f"{result.slo.ttft_s} s, TPOT <= {result.slo.tpot_s} s; replica profile: {result.profile}")
+    return "", note, _comparison(result.policies), simulation_timeline(result), keep, True
 
 
-def _running(job: dict[str, Any]) -> html.Div:
+def _running(job: SimulationJob) -> html.Div:
     """The progress bar of a running job: the fraction of all policies' runs done, the policy now."""
-    p = job.get("progress") or {}
-    policies = [str(x) for x in job.get("policies") or []]
-    policy = str(p.get("policy") or "")
-    step = f" ({policies.index(policy) + 1} of {len(policies)})" if policy in policies else ""
+    policy = job.progress.policy if job.progress else ""
+    fraction = job.progress.fraction if job.progress else None
+    step = f" ({job.policies.index(policy) + 1} of {len(job.policies)})" if policy in job.policies else ""
     return html.Div(
-        [html.Strong(f"Simulation {job.get('id')} on the {job.get('trace')} trace: running {policy}{step}"),
-         progress(p.get("fraction"), f"simulating {policy}")],
+        [html.Strong(f"Simulation {job.id} on the {job.trace} trace: running {policy}{step}"),
+         progress(fraction, f"simulating {policy}")],
         id="as-sim-running",
-        **figures.data_attrs(id=job.get("id"), fraction=p.get("fraction"), policy=policy),
+        **figures.data_attrs(id=job.id, fraction=fraction, policy=policy),
     )
 
 
-def _comparison(policies: list[dict[str, Any]]) -> list[Any]:
+def _comparison(policies: tuple[PolicyOutcome, ...]) -> list[Any]:
     rows: list[Any] = [html.Tr([html.Th(h) for h in ("policy", "SLO attainment", "replica-seconds",
                                                      "scale events", "reversals", "P95 TTFT", "P95 TPOT",
                                                      "unfinished")])]
     for p in policies:
         rows.append(html.Tr(
             [
-                html.Td(str(p.get("policy"))),
-                html.Td(share(p.get("slo_attainment"))),
-                html.Td(number(p.get("replica_seconds"), 0)),
-                html.Td(str(p.get("scale_events"))),
-                html.Td(str(p.get("reversals"))),
-                html.Td(number(p.get("ttft_p95_s"), 3) + " s"),
-                html.Td(number(p.get("tpot_p95_s"), 3) + " s"),
-                html.Td(str(p.get("unfinished"))),
+                html.Td(p.policy),
+                html.Td(share(p.slo_attainment)),
+                html.Td(number(p.replica_seconds, 0)),
+                html.Td(str(p.scale_events)),
+                html.Td(str(p.reversals)),
+                html.Td(number(p.ttft_p95_s, 3) + " s"),
+                html.Td(number(p.tpot_p95_s, 3) + " s"),
+                html.Td(str(p.unfinished)),
             ],
             className="sim-row",
-            **figures.data_attrs(policy=p.get("policy"), slo=p.get("slo_attainment")),
+            **figures.data_attrs(policy=p.policy, slo=p.slo_attainment),
         ))
     return rows

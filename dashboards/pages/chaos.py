@@ -11,14 +11,14 @@ from typing import Any
 import dash
 from dash import ALL, Input, Output, State, ctx, dcc, html
 
-from controlplane.client import ApiError
+from controlplane.client import ApiError, BlastRadius, FaultKind, FaultParam
 from dashboards import figures, session
 from dashboards.shell import REFRESH
 
 
 def layout(**_: Any) -> html.Div:
     operate = session.can_operate()
-    kinds: list[dict[str, Any]] = []
+    kinds: list[FaultKind] = []
     replicas: list[str] = []
     zones: list[str] = []
     error = ""
@@ -30,7 +30,7 @@ def layout(**_: Any) -> html.Div:
         zones = list(fleet.zones)
     except ApiError as exc:
         error = str(exc)
-    available = [k["kind"] for k in kinds if k.get("available")]
+    available = [k.kind for k in kinds if k.available]
     return html.Div(
         [
             html.H2("Chaos"),
@@ -77,16 +77,16 @@ dash.register_page(  # type: ignore[no-untyped-call]
 )
 
 
-def _form(kinds: list[dict[str, Any]], replicas: list[str], zones: list[str], operate: bool) -> html.Div:
+def _form(kinds: list[FaultKind], replicas: list[str], zones: list[str], operate: bool) -> html.Div:
     options = [
         {
-            "label": k["kind"] if k.get("available") else f"{k['kind']} (unavailable)",
-            "value": k["kind"],
-            "disabled": not k.get("available"),
+            "label": k.kind if k.available else f"{k.kind} (unavailable)",
+            "value": k.kind,
+            "disabled": not k.available,
         }
         for k in kinds
     ]
-    first = next((k["kind"] for k in kinds if k.get("available")), None)
+    first = next((k.kind for k in kinds if k.available), None)
     why = "" if operate else "Your role may not inject faults: the controls are disabled."
     return html.Div(
         [
@@ -198,38 +198,31 @@ def _form(kinds: list[dict[str, Any]], replicas: list[str], zones: list[str], op
     )
 
 
-def _catalogue(kinds: list[dict[str, Any]]) -> list[Any]:
+def _catalogue(kinds: list[FaultKind]) -> list[Any]:
     rows: list[Any] = [
         html.Tr([html.Th(h) for h in ("kind", "family", "what it does", "parameters", "availability")])
     ]
     for k in kinds:
-        available = bool(k.get("available"))
         rows.append(
             html.Tr(
                 [
-                    html.Td(k["kind"]),
-                    html.Td(k.get("family", "")),
-                    html.Td(k.get("description", "")),
-                    html.Td(_params_text(k.get("params"))),
+                    html.Td(k.kind),
+                    html.Td(k.family),
+                    html.Td(k.description),
+                    html.Td(_params_text(k.params)),
                     html.Td(
-                        "available"
-                        if available
-                        else f"unavailable: {k.get('unavailable_reason') or 'unknown'}"
+                        "available" if k.available else f"unavailable: {k.unavailable_reason or 'unknown'}"
                     ),
                 ],
-                className="kind-available" if available else "kind-unavailable",
-                **{"data-kind": k["kind"]},
+                className="kind-available" if k.available else "kind-unavailable",
+                **figures.data_attrs(kind=k.kind),
             )
         )
     return rows
 
 
-def _params_text(params: Any) -> str:
-    if isinstance(params, dict):
-        return ", ".join(f"{k}={v}" for k, v in params.items())
-    if isinstance(params, list | tuple):
-        return ", ".join(str(p.get("name", p)) if isinstance(p, dict) else str(p) for p in params)
-    return str(params or "")
+def _params_text(params: tuple[FaultParam, ...]) -> str:
+    return ", ".join(p.name for p in params)
 
 
 def _parse_params(text: str | None) -> dict[str, Any]:
@@ -288,28 +281,27 @@ def inject(
         )
     except (ApiError, ValueError) as exc:
         return ("", html.Div(f"refused: {exc}", className="notice", id="chaos-refused"))
-    plan = _plan(result.get("plan") or {})
+    plan = _plan(result.plan)
     if dry_run:
         return plan, ""
-    faults = result.get("faults") or []
     done = ", ".join(
-        f"#{f['id']} on {f['target']}" + (f" failed: {f['error']}" if f.get("error") else "") for f in faults
+        f"#{f.id} on {f.target}" + (f" failed: {f.error}" if f.error else "") for f in result.faults
     )
     return plan, html.Div(f"injected {kind}: {done}", id="chaos-injected")
 
 
-def _plan(plan: dict[str, Any]) -> html.Div:
-    targets = plan.get("targets") or []
-    verdict = "allowed" if plan.get("allowed") else "refused by the safety limits"
+def _plan(plan: BlastRadius) -> html.Div:
+    verdict = "allowed" if plan.allowed else "refused by the safety limits"
     return html.Div(
         [
             html.Strong(
-                f"Blast radius: {len(targets)} target(s): {', '.join(targets) or 'none'} · {verdict}"
+                f"Blast radius: {len(plan.targets)} target(s): {', '.join(plan.targets) or 'none'} · "
+                f"{verdict}"
             ),
-            html.Ul([html.Li(r) for r in plan.get("reasons") or []]),
+            html.Ul([html.Li(r) for r in plan.reasons]),
         ],
         id="chaos-plan-body",
-        **figures.data_attrs(allowed=str(bool(plan.get("allowed"))).lower()),
+        **figures.data_attrs(allowed=str(plan.allowed).lower()),
     )
 
 
@@ -332,14 +324,14 @@ def active(*_: Any) -> list[Any]:
         rows.append(
             html.Tr(
                 [
-                    html.Td(str(f["id"])),
-                    html.Td(f["kind"]),
-                    html.Td(f["target"]),
-                    html.Td(f"{f['remaining_s']:.0f} s"),
+                    html.Td(str(f.id)),
+                    html.Td(f.kind),
+                    html.Td(f.target),
+                    html.Td(f"{f.remaining_s:.0f} s"),
                     html.Td(
                         html.Button(
                             "Revert",
-                            id={"type": "chaos-revert", "index": f["id"]},
+                            id={"type": "chaos-revert", "index": f.id},
                             n_clicks=0,
                             className="btn btn-small",
                             disabled=not operate,
@@ -347,7 +339,7 @@ def active(*_: Any) -> list[Any]:
                     ),
                 ],
                 className="active-fault",
-                **{"data-fault": str(f["id"]), "data-kind": f["kind"], "data-target": f["target"]},
+                **figures.data_attrs(fault=f.id, kind=f.kind, target=f.target),
             )
         )
     return rows
@@ -366,7 +358,7 @@ def revert(clicks: list[int | None]) -> Any:
         result = session.client().chaos_revert(fault_id)
     except ApiError as exc:
         return f"revert of #{fault_id} refused: {exc}"
-    return f"fault #{fault_id} reverted" + ("" if result.get("ok", True) else f" with an error: {result}")
+    return f"fault #{fault_id} reverted" + ("" if result.ok else f" with an error: {result.detail}")
 
 
 @dash.callback(

@@ -12,12 +12,21 @@ Viewers see everything with every control disabled; the API refuses their calls 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import dash
 from dash import ALL, Input, Output, State, ctx, dcc, html
 
-from controlplane.client import ApiError
+from controlplane.client import (
+    Aim,
+    ApiError,
+    DrillComparison,
+    DrillPlan,
+    DrillReport,
+    DrillSummary,
+    Scenario,
+)
 from dashboards import figures, session
 from dashboards.drill_schedules import TRACE_DEFAULT, schedule_form
 from dashboards.figures import drill_timeline, number, number_input, progress, scenario_options, when
@@ -50,7 +59,7 @@ MARKS = ("t_detect", "t_switch", "t_first_ok", "t_service", "t_slo", "t_capacity
 
 def layout(**_: Any) -> html.Div:
     operate = session.can_operate()
-    scenarios: list[dict[str, Any]] = []
+    scenarios: list[Scenario] = []
     fleet: list[tuple[str, str]] = []  # (replica id, zone)
     current: int | None = None
     error = ""
@@ -59,7 +68,7 @@ def layout(**_: Any) -> html.Div:
         scenarios = api.drill_scenarios()
         fleet = sorted((r.replica_id, r.zone) for r in api.fleet().replicas)
         latest = api.drills(limit=1)
-        current = int(latest[0]["id"]) if latest else None
+        current = latest[0].id if latest else None
     except ApiError as exc:
         error = f"drills: {exc}"
     return html.Div(
@@ -84,7 +93,7 @@ def layout(**_: Any) -> html.Div:
                 ],
             ),
             html.Div(dcc.Graph(id="drills-timeline", config={"displaylogo": False},
-                               figure=drill_timeline({})), className="panel"),
+                               figure=drill_timeline(None)), className="panel"),
             html.Div(className="panel", children=[
                 html.H3("History"),
                 html.Table(id="drills-history", className="data"),
@@ -112,8 +121,8 @@ dash.register_page(  # type: ignore[no-untyped-call]
 
 
 
-def _form(scenarios: list[dict[str, Any]], fleet: list[tuple[str, str]], operate: bool) -> html.Div:
-    first = scenarios[0]["id"] if scenarios else None
+def _form(scenarios: list[Scenario], fleet: list[tuple[str, str]], operate: bool) -> html.Div:
+    first = scenarios[0].id if scenarios else None
     zones = sorted({zone for _, zone in fleet})
     return html.Div(
         [
@@ -171,19 +180,18 @@ def scenario_info(scenario_id: str | None) -> tuple[Any, ...]:
     if not scenario_id:
         return blank
     try:
-        found = [s for s in session.client().drill_scenarios() if s["id"] == scenario_id]
+        found = [s for s in session.client().drill_scenarios() if s.id == scenario_id]
     except ApiError as exc:
         return (f"scenarios: {exc}", *blank[1:])
     if not found:
         return blank
     s = found[0]
-    faults = ", ".join(f"{f['kind']} ({f.get('selector')}{', zone ' + f['zone'] if f.get('zone') else ''})"
-                       for f in s.get("faults") or []) or s.get("action", "")
-    info = (f"{s.get('description', '')} Fault: {faults}; detection: {s.get('detection')}. "
+    faults = ", ".join(f"{f.kind} ({f.selector}{', zone ' + f.zone if f.zone else ''})"
+                       for f in s.faults) or s.action
+    info = (f"{s.description} Fault: {faults}; detection: {s.detection}. "
             "Unless aimed below, the fault goes to the busiest replica at t0 (or its zone).")
-    targets = s.get("targets") or {}
-    return (info, *[_placeholder(s.get(name)) for name, _, _ in LOAD],
-            *[_placeholder(targets.get(name)) for name, _ in TARGETS])
+    return (info, *[_placeholder(getattr(s, name)) for name, _, _ in LOAD],
+            *[_placeholder(s.targets.get(name)) for name, _ in TARGETS])
 
 
 def _placeholder(value: Any) -> str:
@@ -231,19 +239,18 @@ def act(_preview: int, _run: int, _abort: int, shows: list[int | None], scenario
         targets = {name: float(v) for (name, _), v in zip(TARGETS, values[len(LOAD):], strict=True)
                    if v is not None}
         profile = _load_profile(kind, trace, compress, token_scale)
-        answer = api.drill_run(
-            scenario_id, rate=None if profile else load.get("rate"), duration_s=load.get("duration_s"),
-            fault_at_s=load.get("fault_at_s"),
-            max_tokens=int(load["max_tokens"]) if "max_tokens" in load else None,
-            capacity_deadline_s=load.get("capacity_deadline_s"), targets=targets,
-            replicas=[replica] if replica else None, zones=[zone] if zone else None, load=profile,
-            dry_run=trigger == "drills-preview")
+        request: dict[str, Any] = {
+            "rate": None if profile else load.get("rate"), "duration_s": load.get("duration_s"),
+            "fault_at_s": load.get("fault_at_s"),
+            "max_tokens": int(load["max_tokens"]) if "max_tokens" in load else None,
+            "capacity_deadline_s": load.get("capacity_deadline_s"), "targets": targets,
+            "replicas": [replica] if replica else None, "zones": [zone] if zone else None, "load": profile}
+        if trigger == "drills-preview":
+            return _plan(api.drill_plan(scenario_id, **request)), "", dash.no_update
+        drill_id = api.drill_run(scenario_id, **request).id
     except ApiError as exc:
         refused = html.Div(f"refused: {exc}", className="notice", id="drills-refused")
         return dash.no_update, refused, dash.no_update
-    if trigger == "drills-preview":
-        return _plan(answer.get("plan") or {}), "", dash.no_update
-    drill_id = int(answer["id"])
     return dash.no_update, html.Div(f"drill {drill_id} started: {scenario_id}", id="drills-started"), drill_id
 
 
@@ -260,7 +267,7 @@ def _load_profile(kind: str | None, trace: str | None, compress: float | None,
     return profile
 
 
-def _describe_load(load: dict[str, Any]) -> str:
+def _describe_load(load: Mapping[str, Any]) -> str:
     if load.get("kind") != "trace":
         return f"Load: Poisson at {load.get('rate')} req/s"
     return (f"Load: trace {load.get('trace')} ({load.get('path')}), {load.get('requests')} requests from "
@@ -269,31 +276,28 @@ def _describe_load(load: dict[str, Any]) -> str:
             f"{load.get('token_scale')}")
 
 
-def _describe_aim(requested: dict[str, Any], resolved: dict[str, Any]) -> str:
-    asked = ", ".join([*(requested.get("replicas") or []), *(requested.get("zones") or [])])
-    asked = asked or "nothing named"
-    return f"Aim: {asked} -> {resolved.get('how') or ', '.join(resolved.get('replicas') or []) or '–'}"
+def _describe_aim(requested: Aim, resolved: Aim | None) -> str:
+    asked = ", ".join([*requested.replicas, *requested.zones]) or "nothing named"
+    hit = (resolved.how or ", ".join(resolved.replicas)) if resolved else ""
+    return f"Aim: {asked} -> {hit or '–'}"
 
 
-def _plan(plan: dict[str, Any]) -> html.Div:
-    sc = plan.get("scenario") or {}
-    pred = plan.get("prediction") or {}
+def _plan(plan: DrillPlan) -> html.Div:
+    sc, pred = plan.scenario, plan.prediction
     faults = [
-        html.Li(f"{f['kind']} ({f.get('selector')}, {f.get('duration_s')} s) on "
-                f"{', '.join(f.get('targets') or []) or 'nothing'}: "
-                f"{'allowed' if f.get('allowed') else 'refused by the safety limits'}"
-                + (f" ({'; '.join(f.get('reasons') or [])})" if f.get("reasons") else ""))
-        for f in plan.get("faults") or []
+        html.Li(f"{f.kind} ({f.selector}, {f.duration_s} s) on {', '.join(f.targets) or 'nothing'}: "
+                f"{'allowed' if f.allowed else 'refused by the safety limits'}"
+                + (f" ({'; '.join(f.reasons)})" if f.reasons else ""))
+        for f in plan.faults
     ]
     parts = ", ".join(f"{k} {number(v, 2)}" for k, v in (pred.get("parts") or {}).items())
     return html.Div(
         [
-            html.Strong(f"Dry run of {sc.get('id')}: {sc.get('rate')} req/s for {sc.get('duration_s')} s, "
-                        f"fault at {sc.get('fault_at_s')} s"),
-            html.Ul(faults or [html.Li(f"action: {sc.get('action')}")]),
-            html.Div(_describe_aim(plan.get("targets_requested") or {}, plan.get("targets_resolved") or {}),
-                     id="drills-plan-aim"),
-            html.Div(_describe_load(plan.get("load") or {}), id="drills-plan-load"),
+            html.Strong(f"Dry run of {sc.id}: {sc.rate} req/s for {sc.duration_s} s, "
+                        f"fault at {sc.fault_at_s} s"),
+            html.Ul(faults or [html.Li(f"action: {sc.action}")]),
+            html.Div(_describe_aim(plan.targets_requested, plan.targets_resolved), id="drills-plan-aim"),
+            html.Div(_describe_load(plan.load), id="drills-plan-load"),
             html.Div(f"Predicted RTO service {number(pred.get('rto_service_s'), 2)} s, RTO capacity "
                      f"{number(pred.get('rto_capacity_s'), 2)} s ({parts})"),
         ],
@@ -317,16 +321,16 @@ def show(_: int, current: int | None, shown: list[Any] | None) -> tuple[Any, Any
         report = session.client().drill(int(current))
     except ApiError as exc:
         return f"drill {current}: {exc}", "", dash.no_update, None
-    status = str(report.get("status"))
+    status = report.status
     if shown == [current, status] and status != "running":
         return dash.no_update, dash.no_update, dash.no_update, dash.no_update  # finished and drawn
     if status == "running":
-        p = report.get("progress") or {}
-        bar = html.Div([html.Strong(f"Drill {current} ({report.get('scenario')}): running, "
-                                    f"{p.get('phase', 'starting')}"),
-                        progress(p.get("fraction"), str(p.get("phase", "")))], id="drills-running")
+        phase = report.progress.phase if report.progress else "starting"
+        fraction = report.progress.fraction if report.progress else None
+        bar = html.Div([html.Strong(f"Drill {current} ({report.scenario}): running, {phase}"),
+                        progress(fraction, phase)], id="drills-running")
         return bar, "", drill_timeline(report), [current, status]
-    line = html.Div(f"Drill {current} ({report.get('scenario')}): {status}", id="drills-done",
+    line = html.Div(f"Drill {current} ({report.scenario}): {status}", id="drills-done",
                     **figures.data_attrs(status=status))
     try:
         markdown = session.client().drill_markdown(int(current))
@@ -335,11 +339,10 @@ def show(_: int, current: int | None, shown: list[Any] | None) -> tuple[Any, Any
     return line, _report(report, markdown), drill_timeline(report), [current, status]
 
 
-def _report(report: dict[str, Any], markdown: str) -> html.Div:
-    fig = report.get("figures") or {}
-    pred = report.get("prediction") or {}
-    checks = {c["name"]: c for c in report.get("checks") or []}
-    status = str(report.get("status"))
+def _report(report: DrillReport, markdown: str) -> html.Div:
+    fig, pred = report.figures, report.prediction
+    checks = {c.name: c for c in report.checks}
+    status = report.status
     verdict = {"passed": "PASS", "failed": "FAIL"}.get(status, status.upper())
     rows: list[Any] = [html.Tr([html.Th(h) for h in ("figure", "measured", "predicted", "target", "result")])]
     for name in (*RTO, *RPO):
@@ -351,23 +354,23 @@ def _report(report: dict[str, Any], markdown: str) -> html.Div:
                 html.Td(name),
                 html.Td("–" if fig.get(name) is None else f"{_fmt(fig.get(name))}{unit}"),
                 html.Td("–" if predicted is None else f"{_fmt(predicted)}{unit}"),
-                html.Td("–" if check is None else f"<= {_fmt(check['target'])}{unit}"),
-                html.Td("–" if check is None else ("pass" if check["ok"] else "FAIL"),
-                        className="" if check is None else "outcome-ok" if check["ok"] else "outcome-error"),
+                html.Td("–" if check is None else f"<= {_fmt(check.target)}{unit}"),
+                html.Td("–" if check is None else ("pass" if check.ok else "FAIL"),
+                        className="" if check is None else "outcome-ok" if check.ok else "outcome-error"),
             ],
             className="figure-row",
             **figures.data_attrs(figure=name, measured=fig.get(name), predicted=predicted),
         ))
     marks = ", ".join(f"{m} {_fmt(fig.get(m))} s" for m in MARKS if fig.get(m) is not None)
-    aim = _describe_aim(report.get("targets_requested") or {}, report.get("targets_resolved") or {})
+    aim = _describe_aim(report.targets_requested, report.targets_resolved)
     return html.Div(
         [
             html.H4(f"Verdict: {verdict}", id="drills-verdict", **figures.data_attrs(status=status)),
-            html.Div(report.get("error") or "", className="notice"),
+            html.Div(report.error or "", className="notice"),
             html.Div(aim, className="muted", id="drills-report-aim"),
-            html.Div(_describe_load(report["load"]) if report.get("load") else "", className="muted",
+            html.Div(_describe_load(report.load) if report.load else "", className="muted",
                      id="drills-report-load"),
-            html.Div(f"Fault targets: {', '.join(report.get('fault_targets') or []) or '–'} · "
+            html.Div(f"Fault targets: {', '.join(report.fault_targets) or '–'} · "
                      f"requests sent {fig.get('requests_total', '–')}, affected "
                      f"{fig.get('requests_affected', '–')}, resumed {fig.get('requests_resumed', '–')}",
                      className="muted"),
@@ -399,22 +402,24 @@ def history(*_: Any) -> tuple[Any, Any]:
                                                      "RTO service", "RTO capacity", "failed requests",
                                                      "tokens lost", "")])]
     for d in drills:
-        rows.append(html.Tr(
-            [
-                html.Td(str(d["id"])), html.Td(str(d.get("scenario"))), html.Td(str(d.get("status"))),
-                html.Td(when(d.get("started_at"))),
-                html.Td(_seconds(d.get("rto_service_s"))), html.Td(_seconds(d.get("rto_capacity_s"))),
-                html.Td(_count(d.get("requests_failed"))), html.Td(_count(d.get("tokens_lost"))),
-                html.Td(html.Button("Show", id={"type": "drills-show", "index": d["id"]}, n_clicks=0,
-                                    className="btn btn-small")),
-            ],
-            className="drill-row", **figures.data_attrs(drill=d["id"], status=d.get("status")),
-        ))
+        rows.append(_history_row(d))
     if not drills:
         rows.append(html.Tr(html.Td("no drill has run yet")))
-    options = [{"label": f"#{d['id']} {d.get('scenario')} ({d.get('status')})", "value": d["id"]}
-               for d in drills]
+    options = [{"label": f"#{d.id} {d.scenario} ({d.status})", "value": d.id} for d in drills]
     return rows, options
+
+
+def _history_row(d: DrillSummary) -> html.Tr:
+    return html.Tr(
+        [
+            html.Td(str(d.id)), html.Td(d.scenario), html.Td(d.status), html.Td(when(d.started_at)),
+            html.Td(_seconds(d.rto_service_s)), html.Td(_seconds(d.rto_capacity_s)),
+            html.Td(_count(d.requests_failed)), html.Td(_count(d.tokens_lost)),
+            html.Td(html.Button("Show", id={"type": "drills-show", "index": d.id}, n_clicks=0,
+                                className="btn btn-small")),
+        ],
+        className="drill-row", **figures.data_attrs(drill=d.id, status=d.status),
+    )
 
 
 def _seconds(value: Any) -> str:
@@ -438,11 +443,14 @@ def compare(_: int, ids: list[int] | None) -> Any:
         table = session.client().drill_compare([int(i) for i in ids])
     except ApiError as exc:
         return html.Div(f"compare: {exc}", className="notice")
-    head = [html.Th("figure")] + [html.Th(f"#{c['id']} {c['scenario']} ({c['status']})")
-                                  for c in table.get("columns") or []]
+    return _comparison(table)
+
+
+def _comparison(table: DrillComparison) -> html.Table:
+    head = [html.Th("figure")] + [html.Th(f"#{c.id} {c.scenario} ({c.status})") for c in table.columns]
     rows: list[Any] = [html.Tr(head)]
-    for row in table.get("rows") or []:
-        unit = f" {row['unit']}" if row.get("unit") else ""
-        rows.append(html.Tr([html.Td(row["label"])] + [
-            html.Td("–" if v is None else f"{_fmt(v)}{unit}") for v in row.get("values") or []]))
+    for row in table.rows:
+        unit = f" {row.unit}" if row.unit else ""
+        rows.append(html.Tr([html.Td(row.label)] + [
+            html.Td("–" if v is None else f"{_fmt(v)}{unit}") for v in row.values]))
     return html.Table(rows, id="drills-compare-table", className="data")

@@ -9,7 +9,7 @@ from typing import Any
 import dash
 from dash import Input, Output, dcc, html
 
-from controlplane.client import ApiError
+from controlplane.client import ApiError, LatencyBreakdown, Trace
 from dashboards import figures, session
 from dashboards.figures import (
     STAGES,
@@ -166,13 +166,12 @@ def refresh_breakdown(_: int, window_s: int, scope: str, quantile: float) -> tup
         breakdown_bars(data),
         _shares(data),
         replica_comparison(data),
-        _slowest(data.get("slowest") or []),
+        _slowest(data.slowest),
     )
 
 
-def _summary(data: dict[str, Any]) -> list[html.Div]:
-    tail, median = data.get("tail") or {}, data.get("median") or {}
-    q = percent(data["quantile"])
+def _summary(data: LatencyBreakdown) -> list[html.Div]:
+    q = percent(data.quantile)
 
     def card(label: str, value: str, key: str) -> html.Div:
         return html.Div(
@@ -182,12 +181,12 @@ def _summary(data: dict[str, Any]) -> list[html.Div]:
         )
 
     cards = [
-        card("traces in window", str(data.get("num_traces", 0)), "count"),
-        card(f"E2E P{q} (from traces)", ms(data.get("threshold_s")), "threshold"),
-        card(f"mean E2E of the P{q} tail", ms(tail.get("e2e_s")), "tail-e2e"),
-        card("mean E2E around P50", ms(median.get("e2e_s")), "median-e2e"),
+        card("traces in window", str(data.num_traces), "count"),
+        card(f"E2E P{q} (from traces)", ms(data.threshold_s), "threshold"),
+        card(f"mean E2E of the P{q} tail", ms(data.tail.e2e_s if data.tail else None), "tail-e2e"),
+        card("mean E2E around P50", ms(data.median.e2e_s if data.median else None), "median-e2e"),
     ]
-    if data.get("truncated"):
+    if data.truncated:
         cards.append(
             html.Div(
                 "too many traces: only the window's oldest were read; choose a shorter window",
@@ -197,11 +196,11 @@ def _summary(data: dict[str, Any]) -> list[html.Div]:
     return cards
 
 
-def _shares(data: dict[str, Any]) -> list[Any]:
-    tail, median = data.get("tail"), data.get("median")
+def _shares(data: LatencyBreakdown) -> list[Any]:
+    tail, median = data.tail, data.median
     if not tail:
         return [html.Tr(html.Td("no traces in this window and scope"))]
-    q = percent(data["quantile"])
+    q = percent(data.quantile)
     head = html.Tr(
         [
             html.Th("stage"),
@@ -217,14 +216,14 @@ def _shares(data: dict[str, Any]) -> list[Any]:
             html.Tr(
                 [
                     html.Td(stage),
-                    html.Td(ms(tail["stages_s"][stage])),
+                    html.Td(ms(tail.stages_s[stage])),
                     html.Td(
-                        share(tail["shares"][stage]),
+                        share(tail.shares[stage]),
                         className="tail-share",
-                        **figures.data_attrs(stage=stage, share=f"{tail['shares'][stage]:.6f}"),
+                        **figures.data_attrs(stage=stage, share=f"{tail.shares[stage]:.6f}"),
                     ),
-                    html.Td(ms(median["stages_s"][stage]) if median else "–"),
-                    html.Td(share(median["shares"][stage]) if median else "–"),
+                    html.Td(ms(median.stages_s[stage]) if median else "–"),
+                    html.Td(share(median.shares[stage]) if median else "–"),
                 ],
                 id=f"lat-share-{stage}",
             )
@@ -232,7 +231,7 @@ def _shares(data: dict[str, Any]) -> list[Any]:
     return rows
 
 
-def _slowest(traces: list[dict[str, Any]]) -> list[Any]:
+def _slowest(traces: tuple[Trace, ...]) -> list[Any]:
     head = html.Tr(
         [
             html.Th(h)
@@ -255,23 +254,22 @@ def _slowest(traces: list[dict[str, Any]]) -> list[Any]:
     )
     rows = [head]
     for t in traces:
-        serialization = (t.get("detokenize_s") or 0.0) + (t.get("serialize_s") or 0.0)
         rows.append(
             html.Tr(
                 [
-                    html.Td(when(t["started_at"])),
-                    html.Td(t["request_id"]),
-                    html.Td(t.get("replica_id") or "–"),
-                    html.Td(str(t["status"]) + (f" {t['error']}" if t.get("error") else "")),
-                    html.Td(ms(t["e2e_s"])),
-                    html.Td(ms(t.get("ttft_s"))),
-                    html.Td(ms(t["gateway_s"])),
-                    html.Td(ms(t.get("queue_s"))),
-                    html.Td(ms(t.get("prefill_s"))),
-                    html.Td(ms(t.get("decode_s"))),
-                    html.Td(ms(serialization)),
-                    html.Td(f"{t['prompt_tokens']}→{t['output_tokens']}"),
-                    html.Td(f"{t.get('retries', 0)}/{t.get('resumes', 0)}"),
+                    html.Td(when(t.started_at)),
+                    html.Td(t.request_id),
+                    html.Td(t.replica_id or "–"),
+                    html.Td(str(t.status) + (f" {t.error}" if t.error else "")),
+                    html.Td(ms(t.e2e_s)),
+                    html.Td(ms(t.ttft_s)),
+                    html.Td(ms(t.gateway_s)),
+                    html.Td(ms(t.queue_s)),
+                    html.Td(ms(t.prefill_s)),
+                    html.Td(ms(t.decode_s)),
+                    html.Td(ms(t.serialization_s)),
+                    html.Td(f"{t.prompt_tokens}→{t.output_tokens}"),
+                    html.Td(f"{t.retries}/{t.resumes}"),
                 ],
                 className="trace-row",
             )
@@ -295,7 +293,7 @@ def refresh_curves(_: int, window_s: int, scope: str) -> Any:
         for metric, label, qs in ((E2E, "E2E", (0.5, 0.95, 0.99)), (TTFT, "TTFT", (0.99,))):
             for q in qs:
                 series = api.metrics_range(metric, q=q, scope=scope, minutes=minutes, step_s=step)
-                lines[f"{label} P{percent(q)}"] = series[0]["points"] if series else []
+                lines[f"{label} P{percent(q)}"] = list(series[0].points) if series else []
     except ApiError as exc:
         return empty(title, str(exc))
     return time_series(title, lines, unit="ms", scale=1000.0)

@@ -7,7 +7,15 @@ from typing import Any
 import dash
 from dash import Input, Output, dcc, html
 
-from controlplane.client import ApiError, ControlPlaneClient, FleetView
+from controlplane.client import (
+    ActiveFault,
+    ApiError,
+    ControlPlaneClient,
+    FleetView,
+    MetricSummary,
+    Quantiles,
+    ReplicaActivity,
+)
 from dashboards import figures, session
 from dashboards.figures import STATE_COLORS, empty, ms, number, share, time_series
 from dashboards.shell import REFRESH
@@ -61,8 +69,8 @@ def refresh_status(_: int) -> tuple[Any, Any, Any]:
         faults = api.chaos_faults()
     except ApiError as exc:
         return f"control plane: {exc}", [], []
-    activity = _or_empty(api.replica_activity)
-    summary = _or_empty(lambda: api.summary("fleet"))
+    activity = _activity(api)
+    summary = _summary(api)
     line = (
         f"model {fleet.model} · generation {fleet.generation} · {fleet.ready_replicas}/"
         f"{fleet.desired_replicas} replicas ready" + (" · rollout in progress" if fleet.rollout else "")
@@ -70,28 +78,37 @@ def refresh_status(_: int) -> tuple[Any, Any, Any]:
     return line, _zones(fleet, activity, faults), _kpis(summary)
 
 
-def _or_empty(fetch: Any) -> dict[str, Any]:
+def _activity(api: ControlPlaneClient) -> dict[str, ReplicaActivity]:
     try:
-        return dict(fetch())
+        return api.replica_activity()
     except ApiError:  # telemetry may still be warming up: the panels say "–"
         return {}
 
 
-def _zones(fleet: FleetView, activity: dict[str, Any], faults: list[dict[str, Any]]) -> list[html.Div]:
+def _summary(api: ControlPlaneClient) -> MetricSummary | None:
+    try:
+        return api.summary("fleet")
+    except ApiError:
+        return None
+
+
+def _zones(fleet: FleetView, activity: dict[str, ReplicaActivity],
+           faults: list[ActiveFault]) -> list[html.Div]:
     by_target: dict[str, list[str]] = {}
     for f in faults:
-        by_target.setdefault(f["target"], []).append(f"{f['kind']} #{f['id']}")
+        by_target.setdefault(f.target, []).append(f"{f.kind} #{f.id}")
     zones = []
     for zone in fleet.zones:
         replicas = sorted((r for r in fleet.replicas if r.zone == zone), key=lambda r: r.replica_id)
         cards = [
-            _replica_card(r.replica_id, r.state, r.pid, activity.get(r.replica_id), by_target)
+            _replica_card(r.replica_id, r.state, r.pid, activity.get(r.replica_id), by_target, node=r.node)
             for r in replicas
         ] or [html.Div("no replica", className="muted")]
         ready = sum(r.state == "ready" for r in replicas)
+        down = " · NO NODE" if zone in fleet.zones_down else ""
         zones.append(
             html.Div(
-                [html.H4(f"{zone} · {ready}/{len(replicas)} ready"), *cards],
+                [html.H4(f"{zone} · {ready}/{len(replicas)} ready{down}"), *cards],
                 className="zone",
                 **figures.data_attrs(zone=zone),
             )
@@ -100,7 +117,8 @@ def _zones(fleet: FleetView, activity: dict[str, Any], faults: list[dict[str, An
 
 
 def _replica_card(
-    rid: str, state: str, pid: int | None, load: dict[str, Any] | None, faults: dict[str, list[str]]
+    rid: str, state: str, pid: int | None, load: ReplicaActivity | None, faults: dict[str, list[str]], *,
+    node: str | None = None,
 ) -> html.Div:
     doing = _doing(state, load)
     lines: list[Any] = [
@@ -109,7 +127,7 @@ def _replica_card(
                 html.Strong(rid),
                 " ",
                 html.Span(state, className="state", style={"color": STATE_COLORS.get(state)}),
-                html.Span(f"  pid {pid or '-'}", className="muted"),
+                html.Span(f"  pid {pid or '-'}" + (f" · node {node}" if node else ""), className="muted"),
             ]
         ),
         html.Div(doing, className="doing"),
@@ -126,7 +144,7 @@ def _replica_card(
     )
 
 
-def _doing(state: str, load: dict[str, Any] | None) -> str:
+def _doing(state: str, load: ReplicaActivity | None) -> str:
     if state != "ready":
         return {
             "starting": "loading the model, waiting for readiness",
@@ -136,16 +154,16 @@ def _doing(state: str, load: dict[str, Any] | None) -> str:
         }.get(state, state)
     if not load:
         return "no metrics yet"
-    running, waiting = load.get("running") or 0, load.get("waiting") or 0
+    running, waiting = load.running or 0, load.waiting or 0
     if running == 0 and waiting == 0:
         return "idle"
     return (
-        f"{running:.0f} running, {waiting:.0f} waiting · KV {share(load.get('kv_usage'))} · "
-        f"{number(load.get('qps'))} req/s · {number(load.get('tokens_per_s'), 1)} tok/s"
+        f"{running:.0f} running, {waiting:.0f} waiting · KV {share(load.kv_usage)} · "
+        f"{number(load.qps)} req/s · {number(load.tokens_per_s, 1)} tok/s"
     )
 
 
-def _kpis(summary: dict[str, Any]) -> list[html.Div]:
+def _kpis(summary: MetricSummary | None) -> list[html.Div]:
     def card(label: str, value: str, key: str) -> html.Div:
         return html.Div(
             [html.Div(label, className="label"), html.Div(value, className="value")],
@@ -153,32 +171,18 @@ def _kpis(summary: dict[str, Any]) -> list[html.Div]:
             id=f"kpi-{key}",
         )
 
-    def q(name: str) -> dict[str, Any]:
-        return summary.get(name) or {}
-
+    s = summary or MetricSummary(scope="fleet", window_s=0.0, replicas=(), qps=None, error_rate=None)
     cards = [
-        card("QPS", number(summary.get("qps")), "qps"),
-        card("error rate", share(summary.get("error_rate")), "errors"),
-        card("tokens/s", number(summary.get("generation_tokens_per_s"), 1), "tokens"),
-        card(
-            "KV usage (mean / max)",
-            f"{share(summary.get('kv_usage_mean'))} / {share(summary.get('kv_usage_max'))}",
-            "kv",
-        ),
-        card(
-            "waiting / running",
-            f"{number(summary.get('num_waiting'), 0)} / {number(summary.get('num_running'), 0)}",
-            "queue",
-        ),
+        card("QPS", number(s.qps), "qps"),
+        card("error rate", share(s.error_rate), "errors"),
+        card("tokens/s", number(s.generation_tokens_per_s, 1), "tokens"),
+        card("KV usage (mean / max)", f"{share(s.kv_usage_mean)} / {share(s.kv_usage_max)}", "kv"),
+        card("waiting / running", f"{number(s.num_waiting, 0)} / {number(s.num_running, 0)}", "queue"),
     ]
-    for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E")):
-        cards.append(
-            card(
-                f"{label} P50 / P95 / P99",
-                " / ".join(ms(q(name).get(p)) for p in ("p50", "p95", "p99")),
-                name,
-            )
-        )
+    latencies: tuple[tuple[str, str, Quantiles], ...] = (("ttft", "TTFT", s.ttft), ("tpot", "TPOT", s.tpot),
+                                                         ("e2e", "E2E", s.e2e))
+    for name, label, q in latencies:
+        cards.append(card(f"{label} P50 / P95 / P99", " / ".join(ms(v) for v in (q.p50, q.p95, q.p99)), name))
     return cards
 
 
@@ -205,6 +209,6 @@ def refresh_charts(_: int) -> tuple[Any, Any]:
 
 def _line(
     api: ControlPlaneClient, metric: str, *, kind: str = "quantile", q: float | None = None
-) -> list[list[float]]:
+) -> list[tuple[float, float]]:
     series = api.metrics_range(metric, kind=kind, q=q, minutes=CHART_MINUTES, step_s=5.0)
-    return series[0]["points"] if series else []
+    return list(series[0].points) if series else []

@@ -7,14 +7,20 @@ list of ``BenchRequest`` (prompt length, output length, arrival offset), which `
 Prompts are not stored: a trace replayed at full scale asks for tens of millions of prompt tokens, so
 ``render_prompt`` rebuilds each prompt from (seed, index) when it is sent. The same seed always yields the
 same prompts, lengths and arrival schedule.
+
+One trace ships with the package, in ``data/`` (its README gives the source and the CC BY 4.0 license):
+one hour of Azure's LLM conversation service. Wherever a trace file is asked for, the name ``azure`` means
+it (:func:`trace_file`), in this load client and in the layers above that replay or simulate traces.
 """
 
 from __future__ import annotations
 
 import csv
+import importlib.resources
 import math
+import os
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +30,9 @@ PromptFormat = Literal["token_ids", "text"]
 
 TRACE_PREFIX = "trace:"
 TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+AZURE_TRACE = "azure"  # the name of the shipped trace, wherever a trace file is asked for
+AZURE_TRACE_FILE = "azure_llm_conv_2023.csv"
+AZURE_TRACE_ENV = "CONTROLPLANE_AZURE_TRACE"  # a trace file that ``azure`` means instead of the shipped one
 # Token ids below this are left out of random prompts: small models keep their special tokens there
 # (the bundled default model uses 0..3), and a stray EOS or BOS in a prompt changes what is measured.
 FIRST_PROMPT_TOKEN_ID = 16
@@ -67,7 +76,7 @@ class DatasetConfig:
         if not self.is_trace and self.name != "random":
             raise ValueError(f"dataset: must be 'random' or 'trace:FILE', got {self.name!r}")
         if self.is_trace and not self.trace_path.name:
-            raise ValueError("dataset: 'trace:' needs a file, as in trace:data/azure_llm_conv_2023.csv")
+            raise ValueError(f"dataset: 'trace:' needs a file or {AZURE_TRACE!r}, as in trace:{AZURE_TRACE}")
         if not self.is_trace and self.num_requests is None:
             raise ValueError("num_requests: required for the random dataset")
         _check(self.num_requests is None or self.num_requests >= 1, "num_requests", self.num_requests, ">= 1")
@@ -93,7 +102,24 @@ class DatasetConfig:
 
     @property
     def trace_path(self) -> Path:
-        return Path(self.name.removeprefix(TRACE_PREFIX))
+        return trace_file(self.name.removeprefix(TRACE_PREFIX))
+
+
+def shipped_trace() -> Path:
+    """The Azure LLM conversation trace (2023) that ships with this package, as a file."""
+    trace = importlib.resources.files(__package__ or "inference.bench") / "data" / AZURE_TRACE_FILE
+    if not isinstance(trace, Path):  # installed zipped: the trace readers want a file on disk
+        raise FileNotFoundError(f"{AZURE_TRACE_FILE}: the package is not installed as files ({trace})")
+    return trace
+
+
+def trace_file(name: str, environ: Mapping[str, str] | None = None) -> Path:
+    """The file a trace name stands for: ``azure`` is ``$CONTROLPLANE_AZURE_TRACE`` when set, else the
+    shipped trace; anything else is a path."""
+    if name != AZURE_TRACE:
+        return Path(name).expanduser()
+    override = (os.environ if environ is None else environ).get(AZURE_TRACE_ENV, "").strip()
+    return Path(override).expanduser() if override else shipped_trace()
 
 
 @dataclass(slots=True, frozen=True)

@@ -34,6 +34,14 @@ STREAM_ERROR = "stream_error"  # the server sent an OpenAI error object inside t
 CANCELLED = "cancelled"  # still running when the run's duration (plus grace) ran out
 PROTOCOL_ERROR = "protocol_error"  # a chunk that is not JSON, or a response that is not an event stream
 
+# What a request of a mixed load is (``serve --mix``): each kind succeeds in its own way.
+STREAM = "stream"  # streamed to [DONE]
+PLAIN = "plain"  # not streamed: one JSON answer with its usage
+CANCEL = "cancel"  # streamed, and left by the client after its first tokens (``--cancel-after``)
+BAD = "bad"  # invalid on purpose: it must be refused with a 4xx in the OpenAI error shape
+KINDS = (STREAM, PLAIN, CANCEL, BAD)
+CLIENT_CANCELLED = "client_cancelled"  # finish_reason of a CANCEL request the client left as planned
+
 
 def http_error_kind(status: int) -> str:
     return f"http_{status}"
@@ -93,9 +101,14 @@ class RequestRecord:
     replica_id: str | None = None  # x-replica-id response header
     tried: tuple[str, ...] = ()  # x-gateway-tried: replicas a gateway tried first, which failed
     timings: ServerTimings | None = None
+    kind: str = STREAM  # see KINDS
 
     @property
     def is_success(self) -> bool:
+        """The request ended as its kind intends: a bad one refused with a 4xx error object, any other
+        answered with status 200 and read to its end (a cancel: to the token where the client left)."""
+        if self.kind == BAD:
+            return self.status is not None and 400 <= self.status < 500 and self.error_type is not None
         return self.error_kind is None and self.status == 200 and self.end_time is not None
 
     @property

@@ -20,6 +20,7 @@ import ipaddress
 import json
 import logging
 import math
+import random
 import sys
 import time
 import uuid
@@ -44,9 +45,15 @@ from inference.bench.datasets import (
     with_arrivals,
 )
 from inference.bench.report import (
+    BAD,
+    CANCEL,
     CANCELLED,
+    CLIENT_CANCELLED,
     CONNECT_ERROR,
+    KINDS,
+    PLAIN,
     PROTOCOL_ERROR,
+    STREAM,
     STREAM_CUT,
     STREAM_ERROR,
     TIMEOUT,
@@ -140,6 +147,9 @@ class LoadConfig:
     temperature: float = 0.0
     ignore_eos: bool = True  # so that every request produces exactly max_tokens tokens
     run_id: str = ""  # "" : a fresh random id; requests are sent with X-Request-Id "<run_id>-<index>"
+    # A mixed load (``--mix``): the share of each kind of request (report.KINDS); None: streams only.
+    mix: dict[str, float] | None = None
+    cancel_after: int = 1  # a CANCEL request is left by the client after this many tokens
 
     def __post_init__(self) -> None:
         ensure_loopback(self.base_url)
@@ -157,11 +167,46 @@ class LoadConfig:
         _check(self.connect_timeout > 0, "connect_timeout", self.connect_timeout, "> 0")
         if not self.run_id:
             self.run_id = uuid.uuid4().hex[:8]
+        if self.mix is not None:
+            unknown = set(self.mix) - set(KINDS)
+            _check(not unknown, "mix", self.mix, f"shares of {', '.join(KINDS)} only")
+            _check(all(v >= 0 for v in self.mix.values()) and sum(self.mix.values()) > 0, "mix", self.mix,
+                   "shares >= 0 with a positive sum")
+        _check(self.cancel_after >= 1, "cancel_after", self.cancel_after, ">= 1")
 
     @property
     def prompt_format(self) -> PromptFormat:
         # The replica accepts token-id prompts on /v1/completions; chat needs text.
         return "token_ids" if self.endpoint == COMPLETIONS else "text"
+
+
+def assign_kinds(num: int, mix: dict[str, float] | None, seed: int) -> list[str]:
+    """The kind of each of ``num`` requests, drawn by ``mix``'s shares from ``seed`` (the same every run)."""
+    if not mix:
+        return [STREAM] * num
+    rng = random.Random(f"kinds-{seed}")
+    kinds = [k for k in KINDS if mix.get(k, 0) > 0]
+    return rng.choices(kinds, weights=[mix[k] for k in kinds], k=num)
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    """``stream=0.7,plain=0.15,cancel=0.1,bad=0.05`` -> shares by kind (ValueError naming ``--mix``)."""
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, value = part.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--mix: expected KIND=SHARE, got {part!r}") from None
+        if not sep or name.strip() not in KINDS:
+            raise ValueError(f"--mix: expected KIND=SHARE with KIND one of {', '.join(KINDS)}, got {part!r}")
+    return out
+
+
+# Invalid on purpose (BAD requests), in turn: each must come back as a 4xx in the OpenAI error shape.
+BAD_CHANGES: tuple[dict[str, Any], ...] = (
+    {"max_tokens": -1}, {"temperature": -2.0}, {"model": "no-such-model"}, {"prompt": None, "messages": None},
+)
 
 
 def plan_requests(cfg: LoadConfig) -> list[BenchRequest]:
@@ -186,10 +231,14 @@ async def run_load(cfg: LoadConfig, *, progress: Progress | None = None,
     ensure_loopback(cfg.base_url)
     requests = plan_requests(cfg)
     async with _client(cfg, transport) as client:
+        if cfg.model is None:
+            log.info("run %s: asking %s/v1/models for the model", cfg.run_id, cfg.base_url)
         model = cfg.model or await discover_model(client)
         log.info("run %s: %d requests to %s%s (model %s)", cfg.run_id, len(requests), cfg.base_url,
                  cfg.endpoint, model)
         runner = _Runner(cfg, client, model, total=len(requests), progress=progress)
+        runner.kinds = dict(zip((r.index for r in requests), assign_kinds(len(requests), cfg.mix,
+                                                                             cfg.dataset.seed)))
         await runner.run(requests)
     summary = summarize(runner.records, duration=runner.elapsed, slo=cfg.slo)
     log.info("run %s: %d sent, %d ok in %.2f s", cfg.run_id, summary.num_requests, summary.num_completed,
@@ -229,6 +278,7 @@ class _Runner:
         self.cfg, self.client, self.model = cfg, client, model
         self.total, self.progress = total, progress
         self.records: list[RequestRecord] = []
+        self.kinds: dict[int, str] = {}  # request index -> kind (absent: STREAM)
         self.num_done = 0
         self.slots = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
         self.t0 = time.monotonic()
@@ -282,8 +332,8 @@ class _Runner:
     async def _send(self, request: BenchRequest) -> None:
         record = RequestRecord(index=request.index, request_id=f"{self.cfg.run_id}-{request.index}",
                                prompt_len=request.prompt_len, output_len=request.output_len,
-                               scheduled_time=request.arrival)
-        payload = self._payload(request)  # built before the clock starts: prompt rendering is ours
+                               scheduled_time=request.arrival, kind=self.kinds.get(request.index, STREAM))
+        payload = self._payload(request, record.kind)  # before the clock starts: prompt rendering is ours
         record.send_time, record.send_wall = self.now(), time.time()
         self.records.append(record)
         try:
@@ -303,20 +353,28 @@ class _Runner:
                 record.end_time = self.now()
             self._done()
 
-    def _payload(self, request: BenchRequest) -> dict[str, Any]:
+    def _payload(self, request: BenchRequest, kind: str = STREAM) -> dict[str, Any]:
         prompt = render_prompt(request, self.cfg.prompt_format, seed=self.cfg.dataset.seed,
                                vocab_size=self.cfg.dataset.vocab_size)
-        body: dict[str, Any] = {"model": self.model, "max_tokens": request.output_len, "stream": True,
-                                "stream_options": {"include_usage": True},
-                                "temperature": self.cfg.temperature, "ignore_eos": self.cfg.ignore_eos}
+        body: dict[str, Any] = {"model": self.model, "max_tokens": request.output_len,
+                                "stream": kind != PLAIN, "temperature": self.cfg.temperature,
+                                "ignore_eos": self.cfg.ignore_eos}
+        if kind != PLAIN:
+            body["stream_options"] = {"include_usage": True}
         if self.cfg.endpoint == COMPLETIONS:
             body["prompt"] = prompt
         else:
             body["messages"] = [{"role": "user", "content": prompt}]
+        if kind == BAD:
+            body.update(BAD_CHANGES[request.index % len(BAD_CHANGES)])
+            body = {k: v for k, v in body.items() if v is not None}
         return body
 
     async def _exchange(self, record: RequestRecord, payload: dict[str, Any]) -> None:
         headers = {REQUEST_ID_HEADER: record.request_id}
+        if record.kind == PLAIN:
+            await self._exchange_plain(record, payload, headers)
+            return
         async with self.client.stream("POST", self.cfg.endpoint, json=payload, headers=headers) as resp:
             record.status = resp.status_code
             record.replica_id = resp.headers.get(REPLICA_HEADER)
@@ -329,6 +387,28 @@ class _Runner:
                 _fail(record, PROTOCOL_ERROR, message=f"not an event stream: {kind}")
             else:
                 await self._read_stream(record, resp)
+
+    async def _exchange_plain(self, record: RequestRecord, payload: dict[str, Any],
+                              headers: dict[str, str]) -> None:
+        """A request that is not streamed: one JSON answer, with its usage."""
+        resp = await self.client.post(self.cfg.endpoint, json=payload, headers=headers)
+        record.status = resp.status_code
+        record.replica_id = resp.headers.get(REPLICA_HEADER)
+        record.tried = tuple(r for r in resp.headers.get(TRIED_HEADER, "").split(",") if r)
+        if resp.status_code != 200:
+            _fail_http(record, resp.status_code, resp.content)
+            return
+        try:
+            answer = resp.json()
+        except ValueError:
+            _fail(record, PROTOCOL_ERROR, message=f"answer is not JSON: {resp.text[:200]!r}")
+            return
+        if not isinstance(answer, dict) or not answer.get("choices"):
+            _fail(record, PROTOCOL_ERROR, message=f"answer has no choices: {resp.text[:200]!r}")
+            return
+        _absorb_chunk(record, {k: v for k, v in answer.items() if k != "choices"}, self.now())
+        record.finish_reason = answer["choices"][0].get("finish_reason")
+        record.end_time = self.now()
 
     async def _read_stream(self, record: RequestRecord, resp: httpx.Response) -> None:
         async for line in resp.aiter_lines():
@@ -350,6 +430,9 @@ class _Runner:
                 _fail_with_error_object(record, STREAM_ERROR, chunk["error"])
                 return
             _absorb_chunk(record, chunk, self.now())
+            if record.kind == CANCEL and len(record.token_times) >= self.cfg.cancel_after:
+                record.finish_reason, record.end_time = CLIENT_CANCELLED, self.now()
+                return  # leaving the block closes the connection: the server must free the request
         _fail(record, STREAM_CUT, message="stream ended before data: [DONE]")
 
     def _done(self) -> None:
@@ -482,6 +565,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="stop sending after S seconds; in-flight requests are cancelled at S + grace")
     load.add_argument("--grace", type=float, default=5.0)
     load.add_argument("--request-timeout", type=float, default=300.0)
+    load.add_argument("--mix", type=parse_mix, default=None, metavar="KIND=SHARE,...",
+                      help="a mixed load: shares of stream, plain (not streamed), cancel (the client leaves "
+                      "after --cancel-after tokens) and bad (invalid on purpose: must get a 4xx), e.g. "
+                      "stream=0.7,plain=0.15,cancel=0.1,bad=0.05 (default: streams only)")
+    load.add_argument("--cancel-after", type=int, default=1, help="tokens a cancel request reads")
 
     out = p.add_argument_group("report")
     out.add_argument("--slo", default=None, help="goodput SLOs in ms, as in ttft=500,tpot=100 (also e2el)")
@@ -500,7 +588,19 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
         dataset=dataset, base_url=args.base_url, endpoint=args.endpoint, model=args.model,
         api_key=args.api_key, request_rate=args.request_rate, concurrency=args.concurrency,
         max_concurrency=args.max_concurrency, duration=args.duration, grace=args.grace,
-        request_timeout=args.request_timeout, slo=None if args.slo is None else Slo.parse(args.slo))
+        request_timeout=args.request_timeout, slo=None if args.slo is None else Slo.parse(args.slo),
+        mix=args.mix, cancel_after=args.cancel_after)
+
+
+def _say_progress_on_stderr() -> None:
+    """The run's milestones (asking for the model, sending, the hard stop) as timestamped lines on
+    stderr: a drill that starts this client reads them to say why its load did not start."""
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s load client: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
 
 
 def main(args: argparse.Namespace) -> int:
@@ -519,6 +619,7 @@ def main(args: argparse.Namespace) -> int:
         bar.total = total
         bar.update(done - bar.n)
 
+    _say_progress_on_stderr()
     try:
         report = asyncio.run(run_load(cfg, progress=progress))
     except (BenchError, ValueError, OSError) as exc:

@@ -87,6 +87,8 @@ def _sharded_files(index: Path) -> CheckpointFiles:
         raise ModelLoadError(index, "field 'weight_map' is missing or is not an object of file names")
     tensor_files: dict[str, Path] = {}
     for shard_name in sorted(set(weight_map.values())):
+        if not _is_plain_file_name(shard_name):  # the index must not reach outside its folder
+            raise ModelLoadError(index, f"shard {shard_name!r} is not a file name in the model's folder")
         shard = index.parent / shard_name
         if not shard.is_file():
             raise ModelLoadError(index, f"shard {shard_name!r} is listed but not found")
@@ -97,6 +99,12 @@ def _sharded_files(index: Path) -> CheckpointFiles:
             raise ModelLoadError(index.parent / shard_name, f"tensor {name!r} is listed in {INDEX_FILE} "
                                  "but not stored in this shard")
     return CheckpointFiles(index, tensor_files)
+
+
+def _is_plain_file_name(name: str) -> bool:
+    """A name of a file directly in the folder: no directory part, not absolute, not ``.`` or ``..``."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name \
+        and "\0" not in name
 
 
 def _tensor_names(path: Path) -> list[str]:

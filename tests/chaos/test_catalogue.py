@@ -15,14 +15,18 @@ from .fakes import RecordingFault
 
 REPLICA_KINDS = {"token_latency", "prefill_delay", "error_rate", "hang", "device_failure", "kv_pressure",
                  "crash"}
+CLUSTER_KINDS = {"node-loss", "node-partition", "actor-kill"}
 
 
 def test_default_catalogue_lists_process_and_replica_kinds() -> None:
     infos = {i.kind: i for i in default_catalogue(optional_modules=()).describe()}
-    assert {"kill", "terminate", "pause", "link-delay", "link-abort"} | REPLICA_KINDS == set(infos)
-    assert all(i.available for k, i in infos.items() if not k.startswith("link-"))
-    # The link kinds need the gateway's toxics, which only a control plane passes in.
+    assert {"kill", "terminate", "pause", "link-delay", "link-abort"} | REPLICA_KINDS | CLUSTER_KINDS \
+        == set(infos)
+    assert all(i.available for k, i in infos.items() if not k.startswith("link-") and k not in CLUSTER_KINDS)
+    # The link kinds need the gateway's toxics, which only a control plane passes in; the node kinds need
+    # a cluster, which only a control plane on Ray passes in.
     assert infos["link-delay"].unavailable_reason == "no gateway in this process to apply link toxics"
+    assert all("not on a cluster" in str(infos[k].unavailable_reason) for k in CLUSTER_KINDS)
     assert infos["pause"].takes_down and not infos["token_latency"].takes_down
     assert [p.name for p in infos["error_rate"].params] == ["probability", "status_code"]
 

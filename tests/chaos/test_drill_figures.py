@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import pytest
 
+from chaos.drill_figures import client_loss
 from chaos.drills import (
     ClientRequest,
     Figures,
@@ -174,8 +175,29 @@ def test_prediction_adds_detection_reprefill_and_backlog() -> None:
 
 def test_every_shipped_scenario_is_there_with_targets() -> None:
     assert set(SCENARIOS) == {"replica-crash", "replica-hang", "zone-outage", "link-partition",
-                              "device-failure", "kv-pressure", "rolling-update"}
-    assert all(s.targets.max_failed_requests == 0 for s in SCENARIOS.values())
+                              "device-failure", "kv-pressure", "rolling-update", "control-plane-crash",
+                              "gateway-crash", "node-loss"}
+    # A killed gateway takes its clients' streams with it: that drill reports the loss, it cannot forbid it.
+    lossless = {k: s for k, s in SCENARIOS.items() if k != "gateway-crash"}
+    assert all(s.targets.max_failed_requests == 0 for s in lossless.values())
+    crash = SCENARIOS["control-plane-crash"].targets
+    assert (crash.max_writes_lost, crash.max_faults_past_expiry, crash.max_orphans) == (0, 0, 0)
+    assert crash.rto_api_s is not None and SCENARIOS["gateway-crash"].targets.rto_service_s is not None
+
+
+def test_client_loss_tells_what_a_retry_recovers() -> None:
+    """A killed gateway: one request failed before its first token (a retry recovers it), one mid-stream
+    after two tokens (a retry would repeat them), and service is back with the next request sent."""
+    t0 = 100.0
+    before = ClientRequest(0, 99.0, 99.1, (99.1, 99.2), 99.3, True, "r0", 2, 2)
+    cut = ClientRequest(1, 99.5, 99.6, (99.6, 99.7), 100.0, False, "r0", 4, None, "ServerDisconnected")
+    refused = ClientRequest(2, 100.2, None, (), 100.2, False, None, 4, None, "ConnectError")
+    back = ClientRequest(3, 101.5, 101.6, (101.6, 101.7), 101.8, True, "r1", 2, 2)
+    loss = client_loss([before, cut, refused, back], t0)
+    assert (loss.failed, loss.failed_before_first_token, loss.failed_mid_stream) == (2, 1, 1)
+    assert loss.tokens_delivered_to_failed == 2
+    assert loss.rto_service_s == pytest.approx(1.5)
+    assert client_loss([before, back], t0).rto_service_s == 0.0
 
 
 def test_overrides_are_checked_by_name_and_value() -> None:
@@ -221,3 +243,21 @@ def test_client_timeline_carries_what_the_gateway_tried() -> None:
     record.tried = ("az-a-1",)
     assert client_timeline([record])[0].tried == ("az-a-1",)
     assert RequestRecord.from_json(record.to_json()).tried == ("az-a-1",)
+
+
+def test_an_rto_no_affected_stream_came_back_from_is_not_measured_and_fails_its_check() -> None:
+    """Every stream the fault hit ended in an error: no recovery to time. The RTO is None, never 0, and
+    the verdict says "not measured"."""
+    cut = [TIMELINE[0], TIMELINE[1], req(2, "r1", 99.6, [99.8, 99.9, 100.0], ok=False, end=100.3),
+           TIMELINE[4]]
+    fig = derive_figures(cut, [FleetSample(100.1, 2, 2)], t0=T0, slo=SLO, fault_targets=["r1"])
+    assert fig.requests_affected == 2 and fig.t_service is None
+    assert fig.rto_service_s is None and fig.rto_service_p99_s is None
+    check = next(c for c in verdict(fig, Targets(rto_service_s=1.0)) if c.name == "rto_service_s")
+    assert (check.ok, check.outcome, check.measured) == (False, "not measured", None)
+
+
+def test_a_drill_with_no_token_after_t0_measures_no_rto() -> None:
+    before = [TIMELINE[0], TIMELINE[1]]  # the load ended before the fault: nothing seen after it
+    fig = derive_figures(before, [FleetSample(100.1, 2, 2)], t0=T0, slo=SLO, fault_targets=["r1"])
+    assert fig.requests_affected == 0 and fig.rto_service_s is None

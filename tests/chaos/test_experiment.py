@@ -8,13 +8,16 @@ import json
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
+from chaos.egress import HostAllowList
 from chaos.experiment import (
+    MAX_HTTP_BODY_BYTES,
     ExperimentRunner,
     InvalidExperiment,
     check_python_modules,
@@ -311,3 +314,154 @@ def test_base_secrets_win_over_the_experiments_and_are_not_journaled() -> None:
     assert STATE["seen_secrets"] == {"controlplane_token": "callers-own"}
     assert journal["run"][0]["output"] == "http://127.0.0.1:8080"
     assert "callers-own" not in json.dumps(journal) and "from-the-file" not in json.dumps(journal)
+
+
+# ---- what a run may reach, and what it may write -------------------------------------------------
+SECRET = "tok-3f9a2c71-operator"
+
+
+def echo_secret(secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A provider that (wrongly) returns the token it was handed, whole and inside a longer string."""
+    token = str((secrets or {}).get("controlplane_token"))
+    return {"token": token, "header": f"Bearer {token}", "list": [token]}
+
+
+def leak_in_error(secrets: dict[str, Any] | None = None) -> None:
+    raise RuntimeError(f"upstream refused Authorization: Bearer {(secrets or {}).get('controlplane_token')}")
+
+
+def _private_helper() -> str:
+    return "never callable from an experiment"
+
+
+def with_secrets(name: str, func: str, kind: str = "action", **extra: Any) -> dict[str, Any]:
+    activity = py(name, func, kind, **extra)
+    activity["provider"]["secrets"] = ["cp"]
+    return activity
+
+
+@pytest.mark.parametrize(("module", "func"), [
+    ("chaos.ctk", "settings"), ("chaos.ctk", "_settings"), ("chaos.ctk", "_call"), ("chaos.ctk", "_flatten"),
+    ("chaos.ctk", "ControlPlaneError"), ("chaos.ctk", "httpx"), (MOD, "_private_helper"),
+])
+def test_only_a_modules_listed_public_functions_are_providers(module: str, func: str) -> None:
+    probe = {"type": "probe", "name": "peek", "tolerance": True,
+             "provider": {"type": "python", "module": module, "func": func, "secrets": ["cp"]}}
+    refused = r"method\[0\]\.provider\.func: .* is not a provider function"
+    with pytest.raises(InvalidExperiment, match=refused):
+        run_experiment(experiment(method=[probe]), base_secrets={"controlplane_token": SECRET})
+    assert STATE["calls"] == []
+
+
+def test_every_documented_ctk_provider_is_listed_and_nothing_else() -> None:
+    from chaos import ctk
+
+    documented = {"inject_fault", "revert_fault", "revert_active_faults", "halt_all", "release", "scale",
+                  "ready_replicas", "wait_for_ready_replicas", "fleet_summary", "error_rate", "p99_ttft",
+                  "active_faults"}
+    assert set(ctk.PROVIDERS) == documented
+    assert all(callable(getattr(ctk, name)) for name in ctk.PROVIDERS)
+
+
+def test_secrets_are_redacted_from_outputs_exceptions_journal_and_log(
+        caplog: pytest.LogCaptureFixture) -> None:
+    exp = experiment(method=[with_secrets("echo", "echo_secret"), with_secrets("leak", "leak_in_error")],
+                     secrets={"cp": {"controlplane_token": "from-the-experiment-file"}})
+    with caplog.at_level("DEBUG"):
+        journal = run_experiment(exp, base_secrets={"controlplane_token": SECRET})
+    echo, leak = journal["run"]
+    assert echo["output"] == {"token": "***", "header": "Bearer ***", "list": ["***"]}
+    assert leak["status"] == "failed" and "Authorization: Bearer ***" in leak["exception"][-1]
+    text = json.dumps(journal)
+    assert SECRET not in text and "from-the-experiment-file" not in text
+    assert SECRET not in caplog.text and "Bearer ***" in caplog.text
+
+
+class Recorder(BaseHTTPRequestHandler):
+    """A host experiments must not reach: it records every request that arrives anyway."""
+
+    seen: ClassVar[list[tuple[str, str, dict[str, str]]]] = []
+
+    def do_GET(self) -> None:
+        type(self).seen.append(("GET", self.path, dict(self.headers)))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    do_POST = do_GET
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class Big(BaseHTTPRequestHandler):
+    """An allowed host: /big answers 1 MiB, /away redirects to the ``Location`` in the query."""
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/away?to="):
+            self.send_response(302)
+            self.send_header("Location", self.path.split("=", 1)[1])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        body = b"x" * (1 << 20)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def recorder() -> Iterator[str]:
+    Recorder.seen = []
+    with serve(Recorder) as url:
+        yield url
+
+
+@pytest.fixture
+def big() -> Iterator[str]:
+    with serve(Big) as url:
+        yield url
+
+
+@contextmanager
+def serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_http_providers_reach_only_allowed_hosts_and_never_follow_a_redirect_away(
+        big: str, recorder: str) -> None:
+    allowed = HostAllowList([big.removeprefix("http://")])
+    exp = experiment(method=[
+        http_probe("outside", f"{recorder}/steal", None, headers={"Authorization": "Bearer ${token}"}),
+        http_probe("outside-by-name", recorder.replace("127.0.0.1", "localhost") + "/steal", None),
+        http_probe("redirected", f"{big}/away?to={recorder}/steal", None),
+    ], secrets={"cp": {"token": SECRET}})
+    journal = run_experiment(exp, egress=allowed)
+    outside, by_name, redirected = journal["run"]
+    for record in (outside, by_name):
+        assert record["status"] == "failed"
+        assert "is not an allowed host for experiments" in record["exception"][-1]
+    assert redirected["status"] == "succeeded" and redirected["output"]["status"] == 302
+    assert Recorder.seen == []  # nothing reached the host that is not allowed
+    assert SECRET not in json.dumps(journal)
+
+
+def test_http_provider_keeps_only_a_bounded_body(big: str) -> None:
+    journal = run_experiment(experiment(method=[http_probe("big", f"{big}/big", None)]))
+    output = journal["run"][0]["output"]
+    assert output["status"] == 200 and output["truncated"] is True
+    assert len(output["body"]) == MAX_HTTP_BODY_BYTES

@@ -96,6 +96,13 @@ def rss_bytes(pids: list[int]) -> int:
     return total
 
 
+def oom_score_adj(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+    except OSError:
+        return None
+
+
 def spec(duration_s: float = 30, **params: float) -> FaultSpec:
     return FaultSpec("stress", params or {"cpu_workers": 1, "cpu_load": 60}, duration_s,
                      Selector.parse("ALL"))
@@ -128,7 +135,9 @@ def test_stressor_burns_cpu_and_memory_on_the_targets_cpus_and_revert_leaves_not
 
     async def run() -> RevertToken:
         manager = FaultManager(Catalogue([StressFault(backend=backend)]), ledger)
-        [active] = await manager.inject(spec(cpu_workers=1, cpu_load=80, vm_bytes=vm_bytes), [target])
+        # A fleet of one: stressing it impairs all of it, which the blast radius allows only on purpose.
+        [active] = await manager.inject(spec(cpu_workers=1, cpu_load=80, vm_bytes=vm_bytes), [target],
+                                        allow_all=True)
         assert active.ok and active.token is not None, active.error
         token = active.token
         assert token.data["backend"] == backend
@@ -139,6 +148,8 @@ def test_stressor_burns_cpu_and_memory_on_the_targets_cpus_and_revert_leaves_not
         pids = wait_until(loaded, timeout=20, what="stressor workers running with their memory")
         assert {frozenset(os.sched_getaffinity(p)) for p in pids} == {frozenset(os.sched_getaffinity(
             target.pid or 0))}
+        holder = max(pids, key=lambda p: rss_bytes([p]))
+        assert oom_score_adj(holder) == 1000  # what holds the memory is the OOM killer's first choice
         before, started = cpu_seconds(pids), time.monotonic()
         await asyncio.sleep(3.0)
         used = (cpu_seconds(stressor_pids(token)) - before) / (time.monotonic() - started)
@@ -164,7 +175,7 @@ def test_new_manager_kills_a_stressor_left_by_a_crashed_one(target: Proc) -> Non
 
     async def crash() -> RevertToken:
         manager = FaultManager(Catalogue([StressFault()]), ledger)
-        [active] = await manager.inject(spec(duration_s=300), [target])
+        [active] = await manager.inject(spec(duration_s=300), [target], allow_all=True)
         assert active.token is not None
         await manager.aclose()  # timers gone: the stressor keeps running
         return active.token
@@ -207,3 +218,105 @@ def test_stressor_stops_by_itself_when_nobody_reverts(target: Proc) -> None:
     assert stressor_pids(token)
     wait_until(lambda: not stressor_pids(token), timeout=20, what="stressor ended by its own timeout")
     asyncio.run(fault.revert(token))  # idempotent: nothing left is success
+
+
+# ---- limits: relative to the host, across every stress fault, never on the control plane ---------
+HOST_CPUS = os.cpu_count() or 1
+HOST_MEMORY = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def fleet(n: int) -> list[Proc]:
+    """Targets for plans only (a plan starts nothing, so no process is needed)."""
+    return [Proc(f"r{i}", None) for i in range(1, n + 1)]
+
+
+def test_one_fault_may_not_ask_more_than_the_hosts_cpus_or_half_its_memory() -> None:
+    fault = StressFault()
+    too_many = rf"params\.cpu_workers: must be 0\.\.{HOST_CPUS} \(the host's CPUs\)"
+    with pytest.raises(ValueError, match=too_many):
+        fault.validate(spec(cpu_workers=HOST_CPUS + 1))
+    with pytest.raises(ValueError, match=r"params\.vm_bytes: .* \(half the host's memory\)"):
+        fault.validate(spec(cpu_workers=0, vm_bytes=int(HOST_MEMORY * 0.6)))
+    with pytest.raises(ValueError, match=r"params\.vm_bytes"):
+        fault.validate(spec(cpu_workers=0, vm_bytes=64 * 2**30 * 1024))  # what the old fixed cap let through
+    fault.validate(spec(cpu_workers=HOST_CPUS, vm_bytes=int(HOST_MEMORY * 0.4)))
+
+
+def test_memory_is_budgeted_over_every_target_of_a_plan() -> None:
+    manager = FaultManager(Catalogue([StressFault()]), MemoryLedger())
+    each = int(HOST_MEMORY * 0.3)  # fits one replica; two of them hold 60% of the host
+    params = {"cpu_workers": 0, "vm_bytes": each}
+    plan = manager.plan(FaultSpec("stress", params, 10, Selector.parse("COUNT(2)")), fleet(4))
+    assert not plan.allowed
+    assert any("stress budget" in r and "half the host's memory" in r for r in plan.reasons), plan.reasons
+    one = manager.plan(FaultSpec("stress", params, 10, Selector.parse("COUNT(1)")), fleet(4))
+    assert one.allowed, one.reasons
+
+
+def test_stress_counts_against_the_blast_radius() -> None:
+    manager = FaultManager(Catalogue([StressFault()]), MemoryLedger())
+    cpu = {"cpu_workers": 0, "vm_bytes": 2**20}
+    every = manager.plan(FaultSpec("stress", cpu, 10, Selector.parse("ALL")), fleet(3))
+    assert "blast radius: stress would impair all 3 replicas (pass allow_all=True to mean it)" \
+        in every.reasons
+    most = manager.plan(FaultSpec("stress", cpu, 10, Selector.parse("COUNT(2)")), fleet(3))
+    assert any("2 of 3 replicas down or impaired exceeds" in r for r in most.reasons), most.reasons
+    assert manager.plan(FaultSpec("stress", cpu, 10, Selector.parse("COUNT(1)")), fleet(3)).allowed
+
+
+def test_stacked_stress_faults_share_the_hosts_cpus(target: Proc) -> None:
+    """Faults stack: while one stressor runs every CPU's worker, another is refused until it is reverted."""
+    ledger = MemoryLedger()
+
+    async def run() -> None:
+        manager = FaultManager(Catalogue([StressFault()]), ledger)
+        [first] = await manager.inject(spec(cpu_workers=HOST_CPUS, cpu_load=5), [target], allow_all=True)
+        assert first.ok, first.error
+        try:
+            second = manager.plan(spec(cpu_workers=1, cpu_load=5), [target], allow_all=True)
+            assert not second.allowed
+            assert any(f"exceed the host's {HOST_CPUS} CPUs" in r for r in second.reasons), second.reasons
+        finally:
+            assert (await manager.revert(first.fault_id or 0)).ok
+        assert manager.plan(spec(cpu_workers=1, cpu_load=5), [target], allow_all=True).allowed
+
+    asyncio.run(run())
+
+
+def test_the_control_planes_own_process_is_never_stressed() -> None:
+    ledger = MemoryLedger()
+
+    async def run() -> None:
+        manager = FaultManager(Catalogue([StressFault()]), ledger)
+        [refused] = await manager.inject(spec(), [Proc("cp", os.getpid())], allow_all=True)
+        assert not refused.ok
+        assert "the control plane's own process; it is never stressed" in str(refused.error)
+
+    asyncio.run(run())
+    assert ledger.rows == {}  # refused before anything was registered or started
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to pin apart")
+def test_stress_stays_off_the_cpus_the_control_plane_is_pinned_to() -> None:
+    """A replica that may run anywhere, a control plane pinned to one CPU: the stressor gets the others."""
+    ours = os.sched_getaffinity(0)
+    mine, *others = sorted(ours)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    fault = StressFault()
+    replica = Proc("r1", sleeper.pid)
+    try:
+        os.sched_setaffinity(0, {mine})  # this test process plays the control plane
+        fault_spec = spec(cpu_workers=1, cpu_load=5)
+        fault.prepare(fault_spec, replica)
+        token = asyncio.run(fault.inject(fault_spec, replica))
+    finally:
+        os.sched_setaffinity(0, ours)
+    try:
+        pids = wait_until(lambda: stressor_pids(token), timeout=10, what="the stressor running")
+        assert {frozenset(os.sched_getaffinity(p)) for p in pids} == {frozenset(others)}
+        assert token.data["cpus"] == ",".join(map(str, others))
+    finally:
+        asyncio.run(fault.revert(token))
+        sleeper.kill()
+        sleeper.wait(10)
+

@@ -17,11 +17,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
+import psutil
 import pytest
 
 from chaos.catalogue import Catalogue, default_catalogue
 from chaos.faults.base import FaultSpec, FaultUnavailable
 from chaos.faults.network import PortPartition, availability
+from chaos.faults.process import process_state
 from chaos.faults.zone import ZoneOutageFault
 from chaos.safety import BlastRadiusExceeded, FaultManager
 from inference.launcher import free_port
@@ -50,12 +52,8 @@ def answers(port: int) -> bool:
 
 
 def alive(pid: int | None) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    """Running: not gone and not a zombie waiting to be reaped."""
+    return pid is not None and process_state(pid) not in (None, psutil.STATUS_ZOMBIE)
 
 
 @pytest.fixture

@@ -110,12 +110,21 @@ def test_roles_are_ordered_viewer_operator_admin() -> None:
 # ---- passwords ---------------------------------------------------------------------------------
 def test_password_hash_checks_only_the_right_password() -> None:
     encoded = hash_password("hunter2")
-    assert encoded.startswith("scrypt$16384$8$1$")
+    assert encoded.startswith("scrypt$131072$8$1$")  # OWASP's minimum: N = 2**17, r = 8, p = 1
     assert check_password("hunter2", encoded)
     assert not check_password("hunter3", encoded)
     assert hash_password("hunter2") != encoded  # a fresh salt each time
     with pytest.raises(ValueError):
         hash_password("")
+
+
+# Made by an earlier version at N = 2**14 (stored in users' rows); the new cost must not lock them out.
+OLD_HASH = "scrypt$16384$8$1$bGxtLXNyZS1vbGQtc2FsdA$TtvHUOCv-EgV_vPcuj86x4fqlpFIygtTBFZ-_dNsUr4"
+
+
+def test_a_hash_made_at_the_old_cost_still_verifies() -> None:
+    assert check_password("correct horse battery staple", OLD_HASH)
+    assert not check_password("correct horse battery stapler", OLD_HASH)
 
 
 @pytest.mark.parametrize("encoded", ["", "garbage", "bcrypt$16384$8$1$c2FsdA$a2V5",

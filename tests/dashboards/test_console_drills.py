@@ -105,7 +105,7 @@ def _click(browser: WebDriver, selector: str) -> None:
 
 def _audit(console: Console) -> set[tuple[str, str, str]]:
     with console.running.client() as api:
-        return {(a["actor"].split("/")[0], a["action"], a["outcome"]) for a in api.audit(limit=200)}
+        return {(a.actor.split("/")[0], a.action, a.outcome) for a in api.audit(limit=200)}
 
 
 # ---- Alerts ---------------------------------------------------------------------------------------
@@ -117,11 +117,11 @@ def test_alerts_page_shows_rules_firing_alerts_and_the_actions_they_took(console
     rows = {r["rule"]: r for r in rows_of(driver, "#al-rules tr.rule-row")}
     assert set(rows) == DEFAULT_RULES | {TEST_RULE}  # the default rules, and the configured one
     with console.running.client() as api:
-        rules = {r["name"]: r for r in api.alert_rules()}
+        rules = {r.name: r for r in api.alert_rules()}
     assert set(rules) == set(rows)
     for name, rule in rules.items():  # what the page shows is what the API says
-        assert rows[name]["enabled"] == str(rule["enabled"]).lower()
-        assert rule["action"] in rows[name]["text"] and rule["severity"] in rows[name]["text"]
+        assert rows[name]["enabled"] == str(rule.enabled).lower()
+        assert rule.action in rows[name]["text"] and rule.severity in rows[name]["text"]
 
     # the test rule fires for each replica; the history shows the transitions and the notify action
     WebDriverWait(driver, 60).until(lambda b: len(
@@ -130,12 +130,14 @@ def test_alerts_page_shows_rules_firing_alerts_and_the_actions_they_took(console
     wait_text(driver, "#banner", rf"{REPLICAS} firing alert\(s\)")
     wait_for(driver, f"#al-history tr.history-row[data-rule='{TEST_RULE}'][data-state='firing']")
     with console.running.client() as api:
-        firing = [h for h in api.alert_history(rule=TEST_RULE) if h["state"] == "firing"]
-    assert len(firing) == REPLICAS and all(h["result"]["outcome"] == "skipped" for h in firing), firing
+        firing = [h for h in api.alert_history(rule=TEST_RULE) if h.state == "firing"]
+    actions = [h.result for h in firing]
+    assert len(firing) == REPLICAS and all(a is not None and a.outcome == "skipped" for a in actions), firing
+    assert actions[0] is not None
     history = [r for r in rows_of(driver, "#al-history tr.history-row")
                if r["rule"] == TEST_RULE and r["state"] == "firing"]
     assert len(history) == REPLICAS
-    assert all("notify" in r["text"] and f"skipped: {firing[0]['result']['target']}" in r["text"]
+    assert all("notify" in r["text"] and f"skipped: {actions[0].target}" in r["text"]
                for r in history), history
     screenshot(driver, "alerts", publish=True)
 
@@ -152,7 +154,7 @@ def test_alerts_page_shows_rules_firing_alerts_and_the_actions_they_took(console
     _click(driver, "#al-rules tr[data-rule='LongQueue'] button")
     wait_for(driver, "#al-rules tr[data-rule='LongQueue'][data-enabled='true']")
     with console.running.client() as api:
-        enabled = {r["name"]: r["enabled"] for r in api.alert_rules()}
+        enabled = {r.name: r.enabled for r in api.alert_rules()}
         assert api.active_alerts() == []
     assert enabled[TEST_RULE] is False and enabled["LongQueue"] is True
     assert {("admin", "alerts.disable", "ok"), ("admin", "alerts.enable", "ok")} <= _audit(console)
@@ -183,26 +185,26 @@ def test_replica_crash_drill_from_the_drills_page_shows_its_report(console: Cons
         screenshot(driver, "drills-running")
         wait_for(driver, "#drills-done", timeout_s=240)
         report = api.drill(drill_id)
-    assert report["status"] in ("passed", "failed"), report.get("error")
-    assert report["config"]["rate"] == 2 and report["config"]["duration_s"] == 10
-    assert {c["name"]: c["target"] for c in report["checks"]}["rto_service_s"] == 30
+    assert report.status in ("passed", "failed"), report.error
+    assert report.document["config"]["rate"] == 2 and report.document["config"]["duration_s"] == 10
+    assert {c.name: c.target for c in report.checks}["rto_service_s"] == 30
 
     verdict = driver.find_element(By.ID, "drills-verdict")
-    assert verdict.get_attribute("data-status") == report["status"]
-    assert verdict.text == f"Verdict: {'PASS' if report['status'] == 'passed' else 'FAIL'}"
+    assert verdict.get_attribute("data-status") == report.status
+    assert verdict.text == f"Verdict: {'PASS' if report.status == 'passed' else 'FAIL'}"
     shown = {r["figure"]: r for r in rows_of(driver, "#drills-figures tr.figure-row")}
-    figures = report["figures"]
+    figures = report.figures
     for name in ("rto_service_s", "rto_capacity_s", "requests_failed", "tokens_lost", "writes_lost"):
         assert name in shown, name
         measured = figures[name]
         assert shown[name]["measured"] == str(measured), (name, shown[name], measured)
     assert figures["rto_service_s"] is not None and figures["requests_total"] > 0
-    assert shown["rto_service_s"]["predicted"] == str(report["prediction"]["rto_service_s"])
+    assert shown["rto_service_s"]["predicted"] == str(report.prediction["rto_service_s"])
     assert "<= 30" in shown["rto_service_s"]["text"]
     # the timeline: the report's series and a marker line per measured t_*
     traces = {t["name"]: t["n"] for t in plot_data(driver, "drills-timeline")}
-    assert traces["sent (req/s)"] == len(report["timeline"]["t"]) > 0
-    assert traces["ready replicas"] == len(report["timeline"]["ready"]) > 0
+    assert traces["sent (req/s)"] == len(report.timeline["t"]) > 0
+    assert traces["ready replicas"] == len(report.timeline["ready"]) > 0
     marks = driver.execute_script(
         "const p = document.querySelector('#drills-timeline .js-plotly-plot');"
         "return (p.layout.annotations || []).map(a => a.text);")
@@ -210,7 +212,7 @@ def test_replica_crash_drill_from_the_drills_page_shows_its_report(console: Cons
                          if figures.get(m) is not None]
     assert sorted(marks) == sorted(expected)
     [row] = [r for r in rows_of(driver, "#drills-history tr.drill-row") if r["drill"] == str(drill_id)]
-    assert row["status"] == report["status"]
+    assert row["status"] == report.status
     screenshot(driver, "drills", publish=True)
     assert_no_console_errors(driver, "drills")
     assert ("admin", "drill.run", "ok") in _audit(console)
@@ -229,23 +231,23 @@ def test_a_drill_aborted_from_the_page_is_compared_with_the_first(console: Conso
     wait_text(driver, "#drills-aborting", rf"drill {second}: aborting")
     wait_for(driver, "#drills-done[data-status='aborted']", timeout_s=60)
     with console.running.client() as api:
-        first, aborted = sorted(api.drills(), key=lambda d: d["id"])
-        assert aborted["id"] == second and aborted["status"] == "aborted"
+        first, aborted = sorted(api.drills(), key=lambda d: d.id)
+        assert aborted.id == second and aborted.status == "aborted"
         assert api.chaos_faults() == []  # an aborted drill leaves no fault behind
-        expected = api.drill_compare([first["id"], second])
+        expected = api.drill_compare([first.id, second])
     assert ("admin", "drill.abort", "ok") in _audit(console)
 
-    choose(driver, "drills-compare-ids", f"#{first['id']} replica-crash ({first['status']})")
+    choose(driver, "drills-compare-ids", f"#{first.id} replica-crash ({first.status})")
     choose(driver, "drills-compare-ids", f"#{second} replica-crash (aborted)")
     driver.find_element(By.ID, "drills-compare").click()
     table = wait_for(driver, "#drills-compare-table")
     header = table.find_elements(By.TAG_NAME, "th")
-    assert [h.text for h in header][1:] == [f"#{c['id']} {c['scenario']} ({c['status']})"
-                                           for c in expected["columns"]]
-    rto = next(r for r in expected["rows"] if r["figure"] == "rto_service_s")
+    assert [h.text for h in header][1:] == [f"#{c.id} {c.scenario} ({c.status})" for c in expected.columns]
+    rto = next(r for r in expected.rows if r.figure == "rto_service_s")
     rows = rows_of(driver, "#drills-compare-table tr")
-    line = next(r["text"] for r in rows if r["text"].startswith(rto["label"] + "\t"))
-    assert f"{rto['values'][0]:.3f} s" in line and "–" in line  # measured in the first, not in the aborted
+    line = next(r["text"] for r in rows if r["text"].startswith(rto.label + "\t"))
+    assert rto.values[0] is not None
+    assert f"{rto.values[0]:.3f} s" in line and "–" in line  # measured in the first, not in the aborted
     assert_no_console_errors(driver, "drill comparison")
 
 
@@ -266,7 +268,7 @@ def test_drill_schedules_are_created_edited_paused_and_deleted(console: Console,
     assert row["aim"] == f"{aimed.replica_id}; rate 2/s" and f"{aimed.replica_id}; rate 2/s" in row["text"]
     with console.running.client() as api:
         [schedule] = api.drill_schedules()
-        assert (schedule["scenario_id"], schedule["cron"], schedule["overrides"]) == (
+        assert (schedule.scenario_id, schedule.cron, schedule.overrides) == (
             "replica-crash", "0 3 * * 1", {"rate": 2.0, "replicas": [aimed.replica_id]})
 
         choose(driver, "drills-sched-pick", "weekly-crash")
@@ -276,13 +278,12 @@ def test_drill_schedules_are_created_edited_paused_and_deleted(console: Console,
         _type(driver, "drills-sched-cron", "30 4 * * 2")
         driver.find_element(By.ID, "drills-sched-save").click()
         wait_text(driver, "#drills-sched-result", r"schedule weekly-crash saved")
-        saved = api.drill_schedule(schedule["id"])
-        assert (saved["cron"], saved["overrides"]) == ("30 4 * * 2",
-                                                       {"rate": 2.0, "replicas": [aimed.replica_id]})
+        saved = api.drill_schedule(schedule.id)
+        assert (saved.cron, saved.overrides) == ("30 4 * * 2", {"rate": 2.0, "replicas": [aimed.replica_id]})
 
         _click(driver, "#drills-schedules tr[data-name='weekly-crash'] button")
         wait_for(driver, "#drills-schedules tr[data-name='weekly-crash'][data-paused='true']")
-        assert api.drill_schedule(schedule["id"])["paused"] is True
+        assert api.drill_schedule(schedule.id).paused is True
         screenshot(driver, "drills-schedules")
 
         buttons = rows_of(driver, "#drills-schedules tr[data-name='weekly-crash'] button")
@@ -291,7 +292,7 @@ def test_drill_schedules_are_created_edited_paused_and_deleted(console: Console,
         wait_for(driver, "#drills-no-schedule")
         assert api.drill_schedules() == []
         with pytest.raises(ApiError) as gone:
-            api.drill_schedule(schedule["id"])
+            api.drill_schedule(schedule.id)
         assert gone.value.status == 404
     verbs = ("create", "edit", "pause", "delete")
     assert {("admin", f"drill.schedule.{verb}", "ok") for verb in verbs} <= _audit(console)
@@ -309,16 +310,16 @@ def test_autoscaler_page_shows_the_decisions_with_their_reasons(console: Console
         decisions = api.autoscaler_decisions(limit=200)
     assert decisions, "the autoscaler recorded no decision"
     # the drill's load reached the loop's inputs (it ran while the autoscaler observed)
-    assert any((d["inputs"]["request_rate"] or 0) > 0 for d in decisions), [d["inputs"] for d in decisions]
-    by_id = {str(d["id"]): d for d in decisions}
+    assert any((d.inputs.request_rate or 0) > 0 for d in decisions), [d.inputs for d in decisions]
+    by_id = {str(d.id): d for d in decisions}
     assert rows[0]["id"] in by_id
     for row in rows:  # every listed decision is a stored record, with its reasons: observe-only, not applied
         record = by_id[row["id"]]
         assert row["mode"] == "observe_only" and row["applied"] == "false" and "observe only" in row["text"]
-        assert row["final"] == str(record["final"])
-        assert record["proposals"] and all(f"{p['source']} -> {p['replicas']}: {p['reason']}" in row["text"]
-                                           for p in record["proposals"])
-        assert all(c in row["text"] for c in record["clamps"])
+        assert row["final"] == str(record.final)
+        assert record.proposals and all(f"{p.source} -> {p.replicas}: {p.reason}" in row["text"]
+                                        for p in record.proposals)
+        assert all(c in row["text"] for c in record.clamps)
     # the chart: replicas and load over time from the same records
     WebDriverWait(driver, 30).until(
         lambda b: {t["name"]: t["n"] for t in plot_data(b, "as-timeline")}.get("replicas (current)", 0) > 0)
@@ -337,14 +338,14 @@ def test_autoscaler_policy_editor_and_pause_change_the_live_loop(console: Consol
     wait_text(driver, "#as-save-result", r"saved: mode observe_only, replicas \d+\.\.9")
     with console.running.client() as api:
         status = api.autoscaler_status()
-        assert status["config"]["max_replicas"] == 9 and status["observe_only"] is True
+        assert status.config.max_replicas == 9 and status.observe_only is True
         driver.find_element(By.ID, "as-pause").click()
         wait_text(driver, "#as-save-result", r"paused: mode paused")
         wait_text(driver, "#as-mode", r"paused")
-        assert api.autoscaler_status()["mode"] == "paused"
+        assert api.autoscaler_status().mode == "paused"
         driver.find_element(By.ID, "as-resume").click()
         wait_text(driver, "#as-save-result", r"resumed: mode observe_only")
-        assert api.autoscaler_status()["mode"] == "observe_only"
+        assert api.autoscaler_status().mode == "observe_only"
     assert {("admin", "autoscaler.config", "ok"), ("admin", "autoscaler.pause", "ok"),
             ("admin", "autoscaler.resume", "ok")} <= _audit(console)
     assert_no_console_errors(driver, "autoscaler editor")
@@ -396,11 +397,12 @@ def test_what_if_simulator_compares_policies_on_a_trace(console: Console, driver
     with console.running.client() as api:
         audit = api.audit(limit=50)
         jobs = api.simulations(limit=1)
-    runs = [a for a in audit if a["action"] == "simulate.run"]
-    assert runs and runs[0]["outcome"] == "ok" and runs[0]["params"]["duration_s"] == SIM_TRACE_S
-    starts = [a for a in audit if a["action"] == "simulate.start"]
-    assert starts and starts[0]["outcome"] == "ok" and starts[0]["detail"] == f"simulation {jobs[0]['id']}"
-    assert jobs[0]["status"] == "done" and jobs[0]["progress"]["fraction"] == 1.0
+    runs = [a for a in audit if a.action == "simulate.run"]
+    assert runs and runs[0].outcome == "ok" and runs[0].params["duration_s"] == SIM_TRACE_S
+    starts = [a for a in audit if a.action == "simulate.start"]
+    assert starts and starts[0].outcome == "ok" and starts[0].detail == f"simulation {jobs[0].id}"
+    progress = jobs[0].progress
+    assert jobs[0].status == "done" and progress is not None and progress.fraction == 1.0
     screenshot(driver, "autoscaler-what-if")
     assert_no_console_errors(driver, "what-if")
 
@@ -433,10 +435,10 @@ def test_a_viewer_sees_the_pages_with_every_mutating_control_disabled(console: C
 
     # the server refuses anyway: the viewer's own token, straight at the API
     with ControlPlaneClient(console.running.api, token=None) as anonymous:
-        token = anonymous.login("viewer", console.viewer_password)["token"]
+        token = anonymous.login("viewer", console.viewer_password).token
     with ControlPlaneClient(console.running.api, token=token) as viewer:
         assert viewer.drills()  # reading is fine
-        for refused in (lambda: viewer.drill_run("replica-crash", dry_run=True),
+        for refused in (lambda: viewer.drill_plan("replica-crash"),
                         lambda: viewer.set_alert_rule("LongQueue", enabled=False),
                         lambda: viewer.autoscaler_configure(max_replicas=4),
                         lambda: viewer.simulate(duration_s=60)):

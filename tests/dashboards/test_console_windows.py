@@ -60,7 +60,7 @@ def test_schedule_editor_lists_refuses_saves_and_says_disabled(console: Console,
     _click(driver, "#as-windows-save")
     assert "not saved: the windows are not JSON" in wait_text(driver, "#as-windows-refused", "not JSON")
     with console.running.client() as api:
-        assert api.autoscaler_windows()["windows"] == []
+        assert api.autoscaler_windows().windows == ()
 
     # a valid schedule is saved; the table shows what the API lists
     _type(driver, "as-windows-json", json.dumps(schedule()))
@@ -70,16 +70,16 @@ def test_schedule_editor_lists_refuses_saves_and_says_disabled(console: Console,
     with console.running.client() as api:
         listed = api.autoscaler_windows()
         status = api.autoscaler_status()
-    assert listed["source"] == "api" and status["windows_source"] == "api" and status["enabled"] is False
+    assert listed.source == "api" and status.windows_source == "api" and status.enabled is False
     rows = {r["name"]: r for r in rows_of(driver, "#as-windows tr.window-row")}
     assert set(rows) == {"current", "later"}
-    for window in listed["windows"]:
-        row = rows[window["name"]]
-        assert row["active"] == str(window["active"]).lower()
-        assert float(row["next_start"]) == window["next_start"]
-        assert float(row["next_end"]) == window["next_end"]
-        assert window["schedule"] in row["text"]
-    assert listed["active"] == "current" and rows["current"]["active"] == "true"
+    for window in listed.windows:
+        row = rows[window.name]
+        assert row["active"] == str(window.active).lower()
+        assert float(row["next_start"]) == window.next_start
+        assert float(row["next_end"]) == window.next_end
+        assert window.schedule in row["text"]
+    assert listed.active == "current" and rows["current"]["active"] == "true"
     assert rows["later"]["active"] == "false"
     assert "–..3" in rows["current"]["text"] and "1..–" in rows["later"]["text"]
     assert "2 window(s), set through the console or API; active now: current" in wait_text(

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from flask.testing import FlaskClient
 
 from controlplane.api.auth import auth_router
+from controlplane.api.errors import install_error_handlers
 from controlplane.auth import Auditor, TokenAuthority, hash_password, install
 from controlplane.client import ControlPlaneClient
 from controlplane.store.database import Store
@@ -37,6 +38,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Store, 
     authority = TokenAuthority(store)
     app = FastAPI()
     install(app, authority, Auditor(store))
+    install_error_handlers(app)  # the error tree as the control plane answers it (429: throttled login)
     app.include_router(auth_router(store, authority, Auditor(store)))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -128,6 +130,15 @@ def test_a_wrong_password_shows_one_line_and_no_session(browser: FlaskClient) ->
     answer = log_in(browser, "olga", "nope")
     assert answer.status_code == 401 and "wrong user name or password" in answer.get_data(as_text=True)
     assert browser.get("/").status_code == 302
+
+
+def test_repeated_wrong_passwords_are_slowed_down_with_the_wait_shown(browser: FlaskClient) -> None:
+    """The control plane backs off a user's failed logins (429 + Retry-After); the page says how long."""
+    answers = [log_in(browser, "mallory", f"wrong-{i}") for i in range(8)]  # not a user the others need
+    throttled = [a for a in answers if a.status_code == 429]
+    assert throttled, [a.status_code for a in answers]
+    text = throttled[0].get_data(as_text=True)
+    assert "too many failed logins: try again in" in text and "cannot be reached" not in text
 
 
 def test_a_login_opens_a_session_with_the_users_role_and_token(

@@ -36,6 +36,7 @@ from inference.bench.datasets import (
     build_requests,
     poisson_arrivals,
     read_trace,
+    shipped_trace,
 )
 from inference.bench.report import (
     Distribution,
@@ -49,7 +50,7 @@ from inference.bench.report import (
 )
 from inference.bench.serve import LoadConfig, NonLoopbackTargetError, ensure_loopback, run_load
 
-AZURE_CSV = Path("/work/shared/data/azure_llm_conv_2023.csv")
+AZURE_CSV = shipped_trace()  # the Azure LLM conversation trace (2023) the package ships
 MODEL = "fake-model"
 TIMINGS = {"queue": 0.001, "prefill": 0.002, "decode": 0.003, "detokenize": 0.0004, "serialize": 0.0005}
 
@@ -324,8 +325,9 @@ def test_random_lengths_spread_within_the_range_ratio() -> None:
 def test_trace_rows_are_parsed_and_scaled() -> None:
     # first rows of the file: 18:15:46.6805900 374/44, 18:15:50.9951690 396/109,
     # 18:15:51.2224670 879/55, 18:15:51.3910170 91/16
-    cfg = DatasetConfig(name=f"trace:{AZURE_CSV}", num_requests=4, time_scale=10, token_scale=0.1,
+    cfg = DatasetConfig(name="trace:azure", num_requests=4, time_scale=10, token_scale=0.1,
                         max_output_len=8)
+    assert cfg.trace_path == AZURE_CSV and AZURE_CSV.parent.name == "data"
     requests = build_requests(cfg)
     assert [r.arrival for r in requests] == pytest.approx([0.0, 0.4314579, 0.4541877, 0.4710427], abs=1e-6)
     assert [r.prompt_len for r in requests] == [37, 40, 88, 9]

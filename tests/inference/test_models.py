@@ -264,6 +264,24 @@ def test_missing_shard_is_named(tiny_llama_dir: Path, tmp_path: Path) -> None:
         load_model(folder, device=CPU, dtype=torch.float32)
 
 
+@pytest.mark.parametrize("outside", ["../outside.safetensors", "{folder}/../outside.safetensors"])
+def test_shard_outside_the_model_folder_is_refused(tiny_llama_dir: Path, tmp_path: Path,
+                                                   outside: str) -> None:
+    """A sharded index that names a file outside its folder (``../x``, or an absolute path) is refused
+    before anything is opened, even though that file is a valid shard."""
+    folder = _copy(tiny_llama_dir, tmp_path)
+    shard = sorted(folder.glob("model-*.safetensors"))[-1]
+    shard.rename(tmp_path / "outside.safetensors")
+    index_path = folder / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    name = outside.format(folder=folder)
+    index["weight_map"] = {k: name if v == shard.name else v for k, v in index["weight_map"].items()}
+    index_path.write_text(json.dumps(index))
+    expected = f"shard {name!r} is not a file name in the model's folder"
+    with pytest.raises(ModelLoadError, match=re.escape(expected)):
+        load_model(folder, device=CPU, dtype=torch.float32)
+
+
 def test_folder_without_weights_says_what_it_looked_for(tiny_mistral_dir: Path, tmp_path: Path) -> None:
     folder = _copy(tiny_mistral_dir, tmp_path)
     (folder / "model.safetensors").unlink()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import time
 
 import httpx
 import pytest
@@ -151,3 +152,29 @@ def test_refusals_are_counted_by_status_and_by_reason(start_fresh: StartFresh) -
     assert delta("http_requests_total", path="/v1/completions", status_code="200") == 2  # the two streams
     assert delta("rejected_requests_total", reason="queue_full") == 3
     assert delta("rejected_requests_total", reason="unauthorized") == 1
+
+
+def test_kv_blocks_in_use_return_to_zero_when_streams_end_and_tasks_are_counted(
+        replica: ReplicaProcess) -> None:
+    """The exact blocks-in-use gauge (what the soak checks after a drain) is 0 once every request ended,
+    however it ended: run to its length, or cut by the client mid-stream."""
+    with replica.http.stream("POST", "/v1/completions",
+                             json=completion(max_tokens=200, ignore_eos=True, stream=True)) as cut:
+        assert cut.status_code == 200
+        for line in cut.iter_lines():
+            if line.startswith("data: {"):
+                break  # the client leaves after its first token
+    assert replica.http.post("/v1/completions", json=completion(max_tokens=6)).status_code == 200
+
+    def settled() -> list[Sample]:
+        for _ in range(100):  # a cancelled request frees its blocks within one engine step
+            samples = replica.metrics()
+            if metric_value(samples, "vllm:num_requests_running") == 0:
+                return samples
+            time.sleep(0.05)
+        raise AssertionError("a request still runs after its client left")
+
+    samples = settled()
+    assert metric_value(samples, "kv_cache_blocks_in_use") == 0
+    tasks = metric_value(samples, "process_asyncio_tasks")
+    assert tasks is not None and tasks >= 1  # at least the task serving /metrics

@@ -1,4 +1,6 @@
-"""Where replicas run. ``ReplicaBackend`` is the seam: local subprocesses today, Kubernetes later."""
+"""Where replicas run. ``ReplicaBackend`` is the seam: local subprocesses (``local``) or detached actors on
+a Ray cluster (``ray``, also under KubeRay); ``select.replica_backend`` builds the one that
+``[fleet] backend`` names."""
 
 from controlplane.fleet.backends.base import ReplicaBackend, ReplicaHandle, ReplicaSpec
 

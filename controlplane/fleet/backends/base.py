@@ -2,11 +2,14 @@
 
 The fleet decides (how many, which model, which to drain); a backend only executes: start a replica
 from a :class:`ReplicaSpec`, tell whether it still runs, stop it gracefully or at once, and find again
-a replica that an earlier control plane started. A Kubernetes backend maps these verbs to pods.
+a replica that an earlier control plane started. Local processes listen where the spec says; a backend
+that places replicas itself (Ray: a node of the replica's zone, a free port there) says where each one
+listens once it knows (:meth:`ReplicaBackend.location`) and how its nodes fare (:meth:`ReplicaBackend.nodes`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,7 +37,32 @@ class ReplicaHandle:
     log_path: str | None = None
 
 
+@dataclass(slots=True, frozen=True)
+class ReplicaLocation:
+    """Where a placed replica listens, and on which node (``node``: the node's address, as people name
+    it; ``node_id``: the backend's own id for it)."""
+
+    host: str
+    port: int
+    node: str | None = None
+    node_id: str | None = None
+    pid: int | None = None  # its process, when it shares this machine's pid space (None: elsewhere)
+
+
+@dataclass(slots=True, frozen=True)
+class NodeState:
+    """One node of the cluster a backend places replicas on, as last seen."""
+
+    node_id: str
+    address: str
+    zone: str | None
+    alive: bool
+
+
 class ReplicaBackend(Protocol):
+    places_replicas: bool
+    """False: the replica listens on the spec's host and port; True: the backend picks node and port."""
+
     def spawn(self, spec: ReplicaSpec) -> ReplicaHandle: ...
 
     def is_running(self, handle: ReplicaHandle) -> bool: ...
@@ -51,4 +79,16 @@ class ReplicaBackend(Protocol):
 
     def adopt(self, spec: ReplicaSpec, pid: int | None) -> ReplicaHandle | None:
         """Re-attach to a replica an earlier control plane started; None if it is gone or not ours."""
+        ...
+
+    def forget(self, handle: ReplicaHandle) -> None:
+        """The fleet is done with this handle (the replica exited or was removed): release what holds it."""
+        ...
+
+    def location(self, handle: ReplicaHandle) -> ReplicaLocation | None:
+        """Where a placed replica listens, once known (None before; always None without placement)."""
+        ...
+
+    def nodes(self) -> Sequence[NodeState]:
+        """The nodes replicas may run on, alive or lost (empty for local processes)."""
         ...

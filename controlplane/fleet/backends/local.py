@@ -13,15 +13,20 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from controlplane.fleet.backends.base import ReplicaHandle, ReplicaSpec
+import psutil
+
+from controlplane.fleet.backends.base import NodeState, ReplicaHandle, ReplicaLocation, ReplicaSpec
 from inference.launcher import replica_environment
 
 logger = logging.getLogger(__name__)
 
 
 class LocalProcessBackend:
+    places_replicas = False  # a replica listens where its spec says, on this host
+
     def __init__(self, *, log_dir: Path, state_dir: Path) -> None:
         self.log_dir = log_dir
         self.state_dir = state_dir
@@ -84,6 +89,12 @@ class LocalProcessBackend:
             return None
         return ReplicaHandle(spec.replica_id, pid, str(self.log_dir / f"{spec.replica_id}.log"))
 
+    def location(self, handle: ReplicaHandle) -> ReplicaLocation | None:
+        return None
+
+    def nodes(self) -> Sequence[NodeState]:
+        return ()
+
     def _signal(self, handle: ReplicaHandle, sig: signal.Signals) -> None:
         if handle.pid is None:
             return
@@ -92,28 +103,19 @@ class LocalProcessBackend:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Running (or stopped): an exited process nobody reaped yet (a zombie) does not count."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.AccessDenied:  # someone else's process: alive, though not ours to adopt
         return True
-    return not _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
 
 
 def _is_our_replica(pid: int, replica_id: str) -> bool:
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
+        args = psutil.Process(pid).cmdline()
+    except psutil.Error:
         return False
-    args = [a.decode(errors="replace") for a in argv]
     return "inference" in args and "serve" in args and "--replica-id" in args and \
         args[args.index("--replica-id") + 1] == replica_id

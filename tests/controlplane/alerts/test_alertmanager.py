@@ -36,14 +36,14 @@ from controlplane.alerts.engine import (
 )
 from controlplane.api.factory import Services, create_api
 from controlplane.auth import Auditor, Role, TokenAuthority
-from controlplane.client import ControlPlaneClient
+from controlplane.client import AlertTransition, ControlPlaneClient
 from controlplane.config import Config
 from controlplane.fleet.config import FleetConfig
 from controlplane.fleet.reconcile import Fleet
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
 from controlplane.store.database import Store
 from controlplane.telemetry.config import PrometheusConfig
-from controlplane.telemetry.prometheus import PrometheusServer
+from controlplane.telemetry.prometheus_server import PrometheusServer
 from inference.launcher import free_port
 from tests.controlplane.fleet.test_reconcile import SimBackend
 from tests.polling import wait_until
@@ -173,18 +173,18 @@ def test_alertmanager_drives_scale_up_through_our_receiver_once(served: Served, 
     _post_alert(alertmanager, labels)  # the same alert again: Alertmanager dedups, we act once per firing
     _post_alert(alertmanager, labels, ends_at=dt.datetime.now(dt.UTC))  # and now it is over
 
-    def resolved() -> list[dict[str, Any]]:
+    def resolved() -> list[AlertTransition]:
         with ControlPlaneClient(served.url, served.viewer_token) as client:
-            return [r for r in client.alert_history() if r["state"] == "resolved"]
+            return [r for r in client.alert_history() if r.state == "resolved"]
 
     (record,) = wait_until(resolved, timeout=30, what="the resolved notification")
-    assert (record["rule"], record["source"]) == ("SlowTimeToFirstToken", "alertmanager")
+    assert (record.rule, record.source) == ("SlowTimeToFirstToken", "alertmanager")
     assert served.fleet.desired_total == 3
     with ControlPlaneClient(served.url, served.viewer_token) as client:
         assert client.active_alerts() == []
-        firing = [r for r in client.alert_history() if r["state"] == "firing"]
+        firing = [r for r in client.alert_history() if r.state == "firing"]
     assert len(firing) == 1
-    assert firing[0]["result"]["outcome"] == "ok"
+    assert firing[0].result is not None and firing[0].result.outcome == "ok"
 
 
 def test_prometheus_and_alertmanager_restart_a_replica_that_stopped_answering(
@@ -320,11 +320,14 @@ tests:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_cli_lists_rules_history_and_switches_a_rule(served: Served,
+def test_cli_lists_rules_history_and_switches_a_rule(served: Served, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     from controlplane.cli.main import main
 
-    base = ["--url", served.url, "--token", served.operator_token, "alerts"]
+    token = tmp_path / "operator.token"  # not in argv: ps shows it
+    token.write_text(served.operator_token)
+    token.chmod(0o600)
+    base = ["--url", served.url, "--token-file", str(token), "alerts"]
     assert main([*base, "list"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert listed[0].split()[:4] == ["RULE", "ON", "CONDITION", "FOR"]
@@ -333,7 +336,7 @@ def test_cli_lists_rules_history_and_switches_a_rule(served: Served,
     assert capsys.readouterr().out == "KVCacheFull: disabled\n"
     assert main([*base, "active"]) == 0
     assert capsys.readouterr().out == "no active alerts\n"
-    assert main([*base, "disable", "NoSuchRule"]) == 2
+    assert main([*base, "disable", "NoSuchRule"]) == 1  # refused: exit code 1
     assert capsys.readouterr().err == "controlplane: HTTP 404: no alert rule named 'NoSuchRule'\n"
     assert main([*base, "export"]) == 0
     exported = capsys.readouterr().out

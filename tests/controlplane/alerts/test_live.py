@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from controlplane.alerts.config import AlertRuleConfig, AlertsConfig
@@ -138,10 +139,10 @@ def test_live_control_plane_restarts_a_replica_that_stops_answering(tmp_path: Pa
         wait_ready(running, 1)
         with running.client() as client:
             (replica,) = client.fleet().replicas
-            evaluated = wait_until(lambda: [r for r in client.alert_rules() if r["last_eval"]], timeout=30,
+            evaluated = wait_until(lambda: [r for r in client.alert_rules() if r.last_eval], timeout=30,
                                    what="the first evaluation", interval=0.5)
             # Every rule's PromQL answered by the real Prometheus, without an error.
-            assert {r["name"]: r["last_error"] for r in evaluated} == dict.fromkeys(
+            assert {r.name: r.last_error for r in evaluated} == dict.fromkeys(
                 (r.name for r in default_rules()), "")
             frozen = replica.pid
             assert frozen is not None
@@ -149,22 +150,22 @@ def test_live_control_plane_restarts_a_replica_that_stops_answering(tmp_path: Pa
             frozen_at = time.time()
             # (When up was 0 while the replica started, that firing's restart was deferred, since the fleet
             # was starting it; it is tried again now, on a ready replica that does not answer.)
-            history = wait_until(lambda: [r for r in client.alert_history() if r.get("result")
-                                          and r["result"]["at"] >= frozen_at], timeout=120,
+            history = wait_until(lambda: [r for r in client.alert_history() if r.result
+                                          and r.result.at >= frozen_at], timeout=120,
                                  what="the alert to fire and act", interval=0.5)
-            assert history[0]["labels"]["replica"] == replica.replica_id
-            assert history[0]["result"]["outcome"] == "ok", history[0]["result"]
+            assert history[0].labels["replica"] == replica.replica_id
+            assert history[0].result is not None and history[0].result.outcome == "ok", history[0].result
             wait_until(lambda: any(r.pid != frozen and r.state == "ready" for r in client.fleet().replicas),
                        timeout=150, what="the restarted replica to be ready", interval=0.5)
-            assert not Path(f"/proc/{frozen}").exists() or "Z" in Path(f"/proc/{frozen}/stat").read_text()
+            assert not psutil.pid_exists(frozen) or psutil.Process(frozen).status() == psutil.STATUS_ZOMBIE
             resolved = wait_until(lambda: [r for r in client.alert_history()
-                                           if r["state"] == "resolved" and r["at"] >= frozen_at],
+                                           if r.state == "resolved" and r.at >= frozen_at],
                                   timeout=60, what="the alert to resolve", interval=0.5)
-            assert resolved[0]["fired"] is True
-            audit = [(a["actor"], a["action"], a["target"]) for a in client.audit()]
+            assert resolved[0].fired is True
+            audit = [(a.actor, a.action, a.target) for a in client.audit()]
             assert ("alerts", "alerts.restart_replica", replica.replica_id) in audit
     finally:
-        if frozen is not None and Path(f"/proc/{frozen}").exists():
+        if frozen is not None and psutil.pid_exists(frozen):
             os.kill(frozen, signal.SIGCONT)
         if running.process.poll() is None:
             running.process.send_signal(signal.SIGTERM)

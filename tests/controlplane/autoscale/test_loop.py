@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from controlplane.api.factory import Services, create_api
 from controlplane.auth import Auditor, Role, TokenAuthority
 from controlplane.autoscale.config import AutoscalerConfig, ScheduleWindowConfig
-from controlplane.autoscale.decide import Observation, decide, new_state, ours_policy
+from controlplane.autoscale.decide import Observation, Plan, applied, decide, new_state, ours_policy
 from controlplane.autoscale.loop import COLLECTION, Autoscaler
 from controlplane.autoscale.observe import PROMPT_TOKENS, observe_telemetry
 from controlplane.autoscale.policies import MetricTarget
@@ -56,6 +56,12 @@ def obs(now: float = 0.0, *, current: int = 2, ready: int | None = None, waiting
                "tokens_per_s_per_replica": tokens, "engine_load_per_replica": load}
     ready = current if ready is None else ready
     return Observation(now, wall + now, current, ready, 0, metrics, demand, rate)
+
+
+def first(o: Observation, cfg: AutoscalerConfig) -> Plan:
+    """The plan of a loop's first tick (no history, no panic, no anomaly model yet)."""
+    plan, _ = decide(o, new_state(cfg), cfg, [])
+    return plan
 
 
 def config(**changes: Any) -> AutoscalerConfig:
@@ -96,7 +102,7 @@ def test_our_policy_sizes_on_engine_load_and_guards_ttft_and_the_queue_by_defaul
 # ---- decide: sources, merge, clamps ---------------------------------------------------------------
 def test_target_tracking_takes_the_metric_furthest_over_its_target_and_says_so() -> None:
     cfg = config()
-    plan = decide(obs(current=2, waiting=2.0, ttft=2.5, tokens=150.0, load=2.5), new_state(cfg), cfg, [])
+    plan = first(obs(current=2, waiting=2.0, ttft=2.5, tokens=150.0, load=2.5), cfg)
     target = plan.decision.proposals[0]
     assert (target.source, target.replicas) == ("target", 5)  # ceil(2 x 2.5)
     assert target.reason == "engine_load_per_replica at 2.50x target: ceil(2 x 2.50) = 5"
@@ -105,25 +111,25 @@ def test_target_tracking_takes_the_metric_furthest_over_its_target_and_says_so()
 
 def test_guards_hold_scale_down_but_do_not_size_the_fleet() -> None:
     cfg = config(scale_down_stabilization_s=0)
-    slow = decide(obs(current=2, waiting=8.0, ttft=2.5, load=0.3), new_state(cfg), cfg, [])
+    slow = first(obs(current=2, waiting=8.0, ttft=2.5, load=0.3), cfg)
     assert slow.replicas == 2  # TTFT at 2.5x and the queue at 2x do not multiply the fleet
     assert slow.decision.proposals[0].reason == ("waiting_per_replica at 2.00x target, ttft_p95_s at 2.50x "
                                                  "target: no scale-down")
-    calm = decide(obs(current=2, waiting=1.0, ttft=0.2, load=0.3), new_state(cfg), cfg, [])
+    calm = first(obs(current=2, waiting=1.0, ttft=0.2, load=0.3), cfg)
     assert calm.replicas == 1  # ceil(2 x 0.3): the guards are under their targets
 
 
 def test_merge_takes_the_largest_proposal_then_rate_limit_and_max_bound_it() -> None:
     cfg = config(max_replicas=6, scale_up_max_step=2, scale_up_max_percent=0, panic_skips_rate_limit=False)
     # panic: offered engine load 9 over the panic window > 2 x (2 ready x 1.0 per replica)
-    plan = decide(obs(current=2, load=2.0, demand=9.0), new_state(cfg), cfg, [])
+    plan = first(obs(current=2, load=2.0, demand=9.0), cfg)
     assert [(p.source, p.replicas) for p in plan.decision.proposals] == [("target", 4), ("panic", 9)]
     assert plan.decision.panic
     assert plan.decision.proposals[1].reason == "demand 9 vs ready capacity 2: panic for 6s more, 9 replicas"
     assert plan.clamps == ("min/max: 9 -> 6 (bounds 1..6)", "rate limit: 6 -> 4")
     assert plan.replicas == 4
     kpa = config(max_replicas=6, scale_up_max_step=2, scale_up_max_percent=0)  # the default: KPA's panic
-    plan = decide(obs(current=2, load=2.0, demand=9.0), new_state(kpa), kpa, [])
+    plan = first(obs(current=2, load=2.0, demand=9.0), kpa)
     assert plan.clamps == ("min/max: 9 -> 6 (bounds 1..6)", "panic: no rate limit on scale-up (2 -> 6)")
     assert plan.replicas == 6
 
@@ -132,22 +138,48 @@ def test_scale_down_goes_one_step_per_period_after_the_window() -> None:
     cfg = config(scale_down_stabilization_s=0, scale_down_period_s=60.0)
     state, current, moves = new_state(cfg), 5, []
     for t in range(0, 190, 5):
-        plan = decide(obs(t, current=current, load=0.1), state, cfg, [])
+        o = obs(t, current=current, load=0.1)
+        plan, state = decide(o, state, cfg, [])
         if plan.replicas != current:
             moves.append((t, current, plan.replicas))
+            state = applied(state, o, plan)
         current = plan.replicas
     assert moves == [(0, 5, 4), (60, 4, 3), (120, 3, 2), (180, 2, 1)]
-    held = decide(obs(185, current=3, load=0.1), state, cfg, [])
+    held, _ = decide(obs(185, current=3, load=0.1), state, cfg, [])
     assert held.clamps[-1] == "scale-down period: 2 -> 3 (last scale-down 5s ago, one per 60s)"
+
+
+def test_a_scale_down_starts_the_scale_down_period_only_once_it_was_applied() -> None:
+    cfg = config(scale_down_stabilization_s=0, scale_down_period_s=60.0)
+    o = obs(0, current=5, load=0.1)
+    plan, state = decide(o, new_state(cfg), cfg, [])
+    assert plan.replicas == 4 and state.panic.last_scale_down is None
+    again, _ = decide(obs(5, current=5, load=0.1), state, cfg, [])  # not applied: proposed again
+    assert again.replicas == 4
+    held, _ = decide(obs(5, current=4, load=0.1), applied(state, o, plan), cfg, [])
+    assert held.replicas == 4 and held.clamps[-1].startswith("scale-down period: 3 -> 4")
+
+
+def test_decide_leaves_the_state_it_was_given_as_it_was() -> None:
+    cfg = config(anomaly_enabled=True, anomaly_period=12, anomaly_history=48)
+    state = new_state(cfg)
+    first_plan, after = decide(obs(0, current=2, load=2.0, demand=9.0), state, cfg, [])
+    second_plan, again = decide(obs(0, current=2, load=2.0, demand=9.0), state, cfg, [])
+    assert first_plan == second_plan and after == again and after != state
+    assert state == new_state(cfg)  # no recommendation, panic or anomaly point was written into it
+    assert after.panic.until == 6.0 and [r.replicas for r in after.history.items] == [9]
 
 
 def test_scale_down_waits_out_the_stabilization_window_on_the_loop_clock() -> None:
     cfg = config(scale_down_stabilization_s=60.0, scale_down_max_step=5)
     state = new_state(cfg)
-    busy = decide(obs(0, current=4, waiting=4.0, load=1.0), state, cfg, [])
+    busy, state = decide(obs(0, current=4, waiting=4.0, load=1.0), state, cfg, [])
     assert busy.replicas == 4
-    quiet = [decide(obs(t, current=4, waiting=0.4, ttft=0.1, tokens=1.0, kv=0.05, load=0.1), state, cfg, [])
-             for t in range(5, 70, 5)]
+    quiet = []
+    for t in range(5, 70, 5):
+        plan, state = decide(obs(t, current=4, waiting=0.4, ttft=0.1, tokens=1.0, kv=0.05, load=0.1), state,
+                             cfg, [])
+        quiet.append(plan)
     held = [p for t, p in zip(range(5, 70, 5), quiet, strict=True) if t <= 60]
     assert all(p.replicas == 4 for p in held)
     assert all(any(c.startswith("stabilization: 1 -> 4") for c in p.clamps) for p in held)
@@ -156,7 +188,7 @@ def test_scale_down_waits_out_the_stabilization_window_on_the_loop_clock() -> No
 
 def test_unknown_metric_holds_scale_down_and_the_record_says_which() -> None:
     cfg = config(scale_down_stabilization_s=0)
-    plan = decide(obs(current=3, waiting=0.1, ttft=None, tokens=1.0, kv=0.01), new_state(cfg), cfg, [])
+    plan = first(obs(current=3, waiting=0.1, ttft=None, tokens=1.0, kv=0.01), cfg)
     assert plan.replicas == 3
     assert plan.decision.proposals[0].reason == "ttft_p95_s unknown: no scale-down"
 
@@ -168,11 +200,11 @@ def test_window_bounds_are_applied_last_and_named_in_the_clamps() -> None:
     night = parse_window(ScheduleWindowConfig(name="night", cron="0 20 * * *", end_cron="0 6 * * *",
                                               timezone="Europe/Berlin", max_replicas=2))
     state = new_state(cfg)
-    noon = decide(obs(0, current=3), state, cfg, [day, night])  # Monday 13:00 in Berlin: day window
+    noon, state = decide(obs(0, current=3), state, cfg, [day, night])  # Monday 13:00 in Berlin: day window
     assert noon.window is day and noon.replicas == 6 and noon.bounds == (6, 10)
     assert noon.clamps[-1] == "schedule window 'day': 2 -> 6 (bounds 6..10)"
     # 21:00 UTC is 22:00 in Berlin: the night window caps the fleet at once, stabilization or not.
-    late = decide(obs(9 * 3600, current=6, waiting=4.0, load=1.0), state, cfg, [day, night])
+    late, state = decide(obs(9 * 3600, current=6, waiting=4.0, load=1.0), state, cfg, [day, night])
     assert late.window is night and late.replicas == 2
     assert late.clamps[-1] == "schedule window 'night': 6 -> 2 (bounds 1..2)"
 
@@ -184,7 +216,8 @@ def test_anomaly_proposal_joins_the_merge_with_its_reason() -> None:
     points = [seasonal(t, rng) for t in range(74)]
     points[70:] = [(r + 60, q) for r, q in points[70:]]  # demand only: no latency metric over target
     for t, (rate, ttft) in enumerate(points):
-        plans.append(decide(obs(t * 5.0, current=2, rate=rate, ttft=ttft), state, cfg, []))
+        plan, state = decide(obs(t * 5.0, current=2, rate=rate, ttft=ttft), state, cfg, [])
+        plans.append(plan)
     fired = [p for p in plans if any(q.source == "anomaly" for q in p.decision.proposals)]
     assert fired, [p.anomaly for p in plans[48:]]
     first = next(q for q in fired[0].decision.proposals if q.source == "anomaly")
@@ -261,7 +294,7 @@ def test_panic_demand_is_the_engine_load_of_the_panic_windows_request_rate() -> 
     o = observe(telemetry, [endpoint("r1"), endpoint("r2")], 2)
     assert o.demand == 10.0 and o.panic_request_rate == 16.0 and o.metrics["engine_load_per_replica"] == 1.25
     cfg = config()
-    plan = decide(o, new_state(cfg), cfg, [])
+    plan = first(o, cfg)
     panic = next(p for p in plan.decision.proposals if p.source == "panic")
     assert panic.replicas == 10 and panic.reason.startswith("demand 10 vs ready capacity 2: panic")
     assert plan.replicas == 10 and plan.decision.panic  # no rate limit in panic mode (KPA)
@@ -276,7 +309,7 @@ def test_requests_that_have_not_finished_leave_the_load_unknown_and_hold_scale_d
     assert o.metrics["engine_load_per_replica"] is None and o.demand is None
     assert o.notes == ("engine_load_per_replica: no request finished in the window to size the load",)
     cfg = config(scale_down_stabilization_s=0)
-    plan = decide(o, new_state(cfg), cfg, [])
+    plan = first(o, cfg)
     assert plan.replicas == 2
     assert plan.decision.proposals[0].reason == "engine_load_per_replica unknown: no scale-down"
 
@@ -348,6 +381,45 @@ def test_observe_only_records_what_it_would_do_and_never_scales(
     assert record is not None and fleet.calls == [] and fleet.desired_total == 2
     assert record["mode"] == "observe_only" and not record["applied"]
     assert record["outcome"] == "observe-only: would scale 2 -> 3"
+
+
+def quiet_telemetry() -> FixedTelemetry:
+    """Three idle replicas: no request, empty queues and KV caches."""
+    idle = {("r1",): 0.0, ("r2",): 0.0, ("r3",): 0.0}
+    return FixedTelemetry(gauges={NUM_WAITING: idle, KV_USAGE: idle},
+                          rates={GENERATION_TOKENS: idle, HTTP_REQUESTS: {(): 0.0}})
+
+
+class FailingFleet(RecordingFleet):
+    def scale(self, replicas: int) -> None:
+        self.calls.append(replicas)
+        raise RuntimeError("fleet store is read-only")
+
+
+@pytest.mark.parametrize("mode", ["observe_only", "scale_fails"])
+def test_a_scale_that_did_not_happen_is_not_recorded_as_applied_and_holds_nothing_back(
+        store: Store, clock: FakeClock, mode: str) -> None:
+    """Neither observe-only nor a failed scale call counts as a scale-down: the next tick proposes (and
+    tries) the same step again instead of waiting out a scale-down period that never started."""
+    eps = [endpoint("r1"), endpoint("r2"), endpoint("r3")]
+    fleet = RecordingFleet(3, eps) if mode == "observe_only" else FailingFleet(3, eps)
+    scaler = make(store, clock, fleet, quiet_telemetry(), observe_only=mode == "observe_only",
+                  scale_down_stabilization_s=0, scale_down_period_s=60.0)
+    records = []
+    for _ in range(2):
+        record = asyncio.run(scaler.tick())
+        assert record is not None
+        records.append(record)
+        clock.now += 5
+    assert [r["applied"] for r in records] == [False, False] and fleet.desired_total == 3
+    assert [r["final"] for r in records] == [2, 2]
+    if mode == "observe_only":
+        assert [r["outcome"] for r in records] == ["observe-only: would scale 3 -> 2"] * 2
+        assert fleet.calls == []
+    else:
+        assert [r["outcome"] for r in records] == ["scale 3 -> 2 failed"] * 2
+        assert fleet.calls == [2, 2] and records[0]["error"] == "fleet store is read-only"
+    assert scaler.state.panic.last_scale_down is None
 
 
 def test_paused_loop_neither_decides_nor_records_until_resumed(

@@ -11,6 +11,7 @@ from controlplane.autoscale.policies import (
     PanicState,
     PolicyConfig,
     Snapshot,
+    applied,
     decide,
     target_tracking,
 )
@@ -28,10 +29,16 @@ def snap(now: float = 0.0, *, current: int = 4, ready: int | None = None, waitin
 def run(config: PolicyConfig, snapshots: list[Snapshot]) -> list[Decision]:
     history, state, out = History(config.scale_down_stabilization_s), PanicState(), []
     for s in snapshots:
-        decision = decide(s, config, history.items, state)
-        history.add(s.now, decision.recommendation)
+        decision, state = decide(s, config, history.items, state)
+        history = history.added(s.now, decision.recommendation)
         out.append(decision)
     return out
+
+
+def first(snapshot: Snapshot, config: PolicyConfig) -> Decision:
+    """A decision with no history and no panic state."""
+    decision, _ = decide(snapshot, config, [], PanicState())
+    return decision
 
 
 def test_hpa_formula_scales_up_to_the_largest_metric_ratio() -> None:
@@ -75,35 +82,44 @@ def test_scale_down_waits_for_the_stabilization_window() -> None:
 def test_rate_limits_bound_each_step_in_both_directions() -> None:
     config = PolicyConfig(targets=ONE, scale_up_max_step=2, scale_up_max_percent=25, scale_down_max_step=1,
                           scale_down_stabilization_s=0)
-    up = decide(snap(waiting=20.0), config, [], PanicState())
+    up = first(snap(waiting=20.0), config)
     assert up.recommendation == 10 and up.replicas == 6 and "rate limit: 10 -> 6" in up.clamps
-    down = decide(snap(waiting=0.5), config, [], PanicState())
+    down = first(snap(waiting=0.5), config)
     assert down.replicas == 3
 
 
 def test_min_and_max_bound_the_result() -> None:
     config = PolicyConfig(targets=ONE, min_replicas=2, max_replicas=5, scale_up_max_step=10,
                           scale_down_stabilization_s=0, scale_down_max_step=10)
-    assert decide(snap(waiting=40.0), config, [], PanicState()).replicas == 5
-    assert decide(snap(waiting=0.0), config, [], PanicState()).replicas == 2
+    assert first(snap(waiting=40.0), config).replicas == 5
+    assert first(snap(waiting=0.0), config).replicas == 2
 
 
 def test_panic_scales_to_demand_at_once_and_never_down_while_it_lasts() -> None:
     config = PolicyConfig(targets=ONE, max_replicas=20, panic_window_s=6, scale_up_max_step=20,
                           scale_down_stabilization_s=0, scale_down_max_step=10)
-    state = PanicState()
-    burst = decide(snap(0, waiting=4.0, demand=100, capacity=8), config, [], state)
-    assert burst.panic and burst.replicas == 13  # ceil(100 / 8)
-    calm = decide(snap(3, current=13, waiting=0.1, demand=5, capacity=8), config, [], state)
+    burst, state = decide(snap(0, waiting=4.0, demand=100, capacity=8), config, [], PanicState())
+    assert burst.panic and burst.replicas == 13 and state.until == 6  # ceil(100 / 8)
+    calm, state = decide(snap(3, current=13, waiting=0.1, demand=5, capacity=8), config, [], state)
     assert calm.panic and calm.replicas == 13
     assert [(p.source, p.replicas) for p in calm.proposals] == [("target", 1), ("panic", 13)]
-    later = decide(snap(7, current=13, waiting=0.1, demand=5, capacity=8), config, [], state)
-    assert not later.panic and later.replicas < 13
+    later, state = decide(snap(7, current=13, waiting=0.1, demand=5, capacity=8), config, [], state)
+    assert not later.panic and later.replicas < 13 and state.until is None
+
+
+def test_a_scale_down_period_runs_from_the_last_applied_scale_down() -> None:
+    config = PolicyConfig(targets=ONE, scale_down_stabilization_s=0, scale_down_period_s=60)
+    down, state = decide(snap(0, waiting=1.0), config, [], PanicState())
+    assert down.replicas == 3 and state == PanicState()  # decided, not applied: nothing remembered
+    state = applied(state, current=4, replicas=3, now=0)
+    held, _ = decide(snap(30, current=3, waiting=1.0), config, [], state)
+    assert held.replicas == 3 and held.clamps[-1].startswith("scale-down period: 2 -> 3 (last scale-down 30s")
+    assert applied(state, current=3, replicas=5, now=40) == state  # scaling up leaves the period running
 
 
 def test_every_decision_explains_its_number() -> None:
     config = PolicyConfig(targets=ONE, scale_up_max_step=1, scale_up_max_percent=0)
-    d = decide(snap(waiting=8.0), config, [], PanicState())
+    d = first(snap(waiting=8.0), config)
     assert [p.source for p in d.proposals] == ["target"] and "ceil(4 x 2.00) = 8" in d.proposals[0].reason
     assert d.replicas == 5 and d.clamps == ("rate limit: 8 -> 5",)
 

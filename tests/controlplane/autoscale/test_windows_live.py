@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -21,10 +22,10 @@ from controlplane.api.factory import Services, create_api
 from controlplane.auth import Auditor, Role, TokenAuthority
 from controlplane.autoscale.config import ScheduleWindowConfig
 from controlplane.autoscale.loop import WINDOWS_KEY, Autoscaler
-from controlplane.cli import autoscaler as cli_autoscaler
-from controlplane.client import ApiError, ControlPlaneClient
+from controlplane.cli.main import main
 from controlplane.store.database import Store
 from tests.controlplane.conftest import FakeClock
+from tests.in_process import InProcess
 
 from .test_loop import MONDAY_NOON_UTC, FixedTelemetry, RecordingFleet, busy_telemetry, endpoint, make
 
@@ -202,38 +203,38 @@ def test_status_says_whether_the_loop_is_enabled(
 
 
 def test_cli_lists_and_sets_windows_and_reports_bad_ones_on_one_line(
-        api: Api, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        api: Api, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     client, _, heads = api
+    operator = tmp_path / "operator.token"
+    operator.write_text(heads["operator"]["Authorization"].split()[1])
+    operator.chmod(0o600)
 
-    def through_test_client(url: str, token: str | None) -> ControlPlaneClient:
-        """The CLI's client, its HTTP client swapped for one on the in-process API (no port needed)."""
-        api_client = ControlPlaneClient(url, token)
-        api_client._http.close()
-        api_client._http = TestClient(client.app, base_url=url, headers={"Authorization": f"Bearer {token}"})
-        return api_client
+    def cli(*argv: str) -> int:
+        """The CLI against the in-process API (no port needed)."""
+        return main(["autoscaler", "windows", *argv, "--url", "http://testserver", "--token-file",
+                     str(operator)], transport=InProcess(client))
 
-    monkeypatch.setattr(cli_autoscaler, "ControlPlaneClient", through_test_client)
-    operator = heads["operator"]["Authorization"].split()[1]
-    args = cli_autoscaler.argparse.Namespace
-    assert cli_autoscaler.run(args(url="http://testserver", token=operator, action="windows", set=None,
-                                   json=False)) == 0
+    assert cli() == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "2 window(s), from the config file; active now: day"
     assert out[1] == ("day: ACTIVE; cron '0 8 * * 1-5' Europe/Berlin for 36000s; replicas 4..-; next start "
                       "2026-12-01 07:00 UTC, ends 2026-11-30 17:00 UTC")
     good = tmp_path / "windows.json"
     good.write_text(json.dumps({"windows": [{"name": "late", "cron": "0 22 * * *", "duration_s": 3600}]}))
-    assert cli_autoscaler.run(args(url="http://testserver", token=operator, action="windows", set=str(good),
-                                   json=False)) == 0
+    assert cli("--set", str(good)) == 0
     assert capsys.readouterr().out.startswith(
         "1 window(s), set through the API; active now: none\nlate: idle")
+    assert cli("--json") == 0
+    (late,) = json.loads(capsys.readouterr().out)["windows"]
+    assert (late["name"], late["cron"], late["duration_s"], late["active"]) == (
+        "late", "0 22 * * *", 3600, False)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"name": "late", "cron": "0 22 * *", "duration_s": 3600}]))
-    with pytest.raises(ApiError, match=r"^HTTP 400: window 'late': cron: '0 22 \* \*' must have 5 fields"):
-        cli_autoscaler.run(args(url="http://testserver", token=operator, action="windows", set=str(bad),
-                                json=False))
+    assert cli("--set", str(bad)) == 1  # refused by the API
+    err = capsys.readouterr().err
+    assert re.match(r"^controlplane: HTTP 400: window 'late': cron: '0 22 \* \*' must have 5 fields",
+                    err), err
+    assert err.count("\n") == 1
     bad.write_text("{not json")
-    assert cli_autoscaler.run(args(url="http://testserver", token=operator, action="windows", set=str(bad),
-                                   json=False)) == 2
+    assert cli("--set", str(bad)) == 2  # a bad command line: nothing was sent
     assert capsys.readouterr().err.startswith(f"controlplane: {bad}: not JSON:")

@@ -33,6 +33,7 @@ from controlplane.fleet.backends.local import LocalProcessBackend
 from controlplane.fleet.config import FleetConfig
 from controlplane.fleet.reconcile import Fleet
 from controlplane.store.database import Store
+from inference.bench.datasets import shipped_trace
 from inference.bench.serve import add_arguments, config_from_args, plan_requests
 from tests.chaos.fakes import FakeTarget
 
@@ -202,10 +203,6 @@ def test_a_missing_trace_is_refused_with_where_it_was_looked_for(api: Api,
     monkeypatch.setenv(AZURE_TRACE_ENV, str(missing))
     _refused(api, {"scenario": "replica-crash", "load": {"kind": "trace", "trace": "azure"}, "dry_run": True},
              "load.trace", str(missing), f"${AZURE_TRACE_ENV}")
-    monkeypatch.delenv(AZURE_TRACE_ENV)
-    monkeypatch.chdir(tmp_path)  # no ../shared/data here
-    _refused(api, {"scenario": "replica-crash", "load": {"kind": "trace", "trace": "azure"}}, "load.trace",
-             "azure_llm_conv_2023.csv", "is not set", "give the trace's path")
     not_a_trace = tmp_path / "other.csv"
     not_a_trace.write_text("a,b\n1,2\n")
     _refused(api, {"scenario": "replica-crash", "load": {"kind": "trace", "trace": str(not_a_trace)}},
@@ -261,15 +258,26 @@ def test_a_trace_load_plans_the_window_and_the_load_client_replays_exactly_it(
     assert all(r.output_len == 4 or r.output_len == 5 for r in requests)  # 4.x tokens, capped at max_tokens
 
 
-def test_azure_means_the_environment_variable_else_the_shared_data_folder(tmp_path: Path) -> None:
-    (tmp_path / "shared" / "data").mkdir(parents=True)
-    shared = _trace(tmp_path / "shared" / "data" / "azure_llm_conv_2023.csv", [0.0])
+def test_azure_means_the_environment_variable_else_the_trace_shipped_with_the_package(tmp_path: Path) -> None:
     work = tmp_path / "main"
     work.mkdir()
-    assert resolve_trace("azure", cwd=work, environ={}) == shared.resolve()
+    assert resolve_trace("azure", cwd=work, environ={}) == shipped_trace().resolve()
+    assert resolve_trace("azure", cwd=work, environ={AZURE_TRACE_ENV: " "}) == shipped_trace().resolve()
     elsewhere = _trace(tmp_path / "mine.csv", [0.0])
     assert resolve_trace("azure", cwd=work, environ={AZURE_TRACE_ENV: str(elsewhere)}) == elsewhere.resolve()
     assert resolve_trace("../mine.csv", cwd=work, environ={}) == elsewhere.resolve()
+
+
+def test_a_drill_under_the_azure_trace_plans_the_shipped_trace_with_nothing_set(
+        api: Api, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(AZURE_TRACE_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)  # found from the package, not from the working directory
+    resp = _run(api, {"scenario": "replica-crash", "duration_s": 10, "fault_at_s": 3,
+                      "load": {"kind": "trace", "trace": "azure", "compress": 2}, "dry_run": True})
+    assert resp.status_code == 200, resp.text
+    load = resp.json()["plan"]["load"]
+    assert load["trace"] == "azure" and load["path"] == str(shipped_trace().resolve())
+    assert load["requests"] == 31  # the first 20 s of the trace, replayed in 10 s
 
 
 def test_a_viewer_may_not_run_even_a_dry_run(api: Api) -> None:

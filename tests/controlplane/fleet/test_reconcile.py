@@ -1,8 +1,8 @@
 """The fleet's reconcile rules, on a simulated backend and clock (no processes, no sleeps).
 
 The backend here stands in for processes only to drive the decision logic through crash, backoff,
-scale and rollout sequences deterministically; ``tests/controlplane/up/`` runs the fleet on real
-replica processes.
+scale and rollout sequences deterministically; ``test_plan.py`` asserts on the plans alone and
+``tests/controlplane/up/`` runs the fleet on real replica processes.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ import pytest
 from controlplane.config import load_config
 from controlplane.fleet.backends.base import ReplicaHandle, ReplicaSpec
 from controlplane.fleet.config import FleetConfig
-from controlplane.fleet.reconcile import Fleet, zone_targets
+from controlplane.fleet.reconcile import Fleet
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
 from controlplane.store.database import ReplicaRow, Store
 
 
 @dataclass
 class SimBackend:
+    places_replicas = False  # replicas listen where their spec says (as local processes do)
     next_pid: int = 1000
     running: set[int] = field(default_factory=set)
     draining: set[int] = field(default_factory=set)
@@ -49,6 +50,12 @@ class SimBackend:
 
     def adopt(self, spec: ReplicaSpec, pid: int | None) -> ReplicaHandle | None:
         return ReplicaHandle(spec.replica_id, pid) if pid in self.running else None
+
+    def location(self, handle: ReplicaHandle) -> None:
+        return None
+
+    def nodes(self) -> tuple[()]:
+        return ()
 
     def finish_drains(self) -> None:
         self.running -= self.draining
@@ -98,11 +105,6 @@ def make(tmp_path: Path, reserved_ports: frozenset[int] = frozenset(), **overrid
     return harness
 
 
-def test_zone_targets_spread_replicas_evenly_first_zones_first() -> None:
-    assert zone_targets(5, ["a", "b", "c"]) == {"a": 2, "b": 2, "c": 1}
-    assert zone_targets(0, ["a"]) == {"a": 0}
-
-
 def test_fresh_fleet_starts_one_replica_per_zone_and_marks_them_ready(tmp_path: Path) -> None:
     h = make(tmp_path)
     h.tick()  # spawn
@@ -113,6 +115,27 @@ def test_fresh_fleet_starts_one_replica_per_zone_and_marks_them_ready(tmp_path: 
     assert len({s.port for s in h.backend.spawned}) == 3
     assert {r.replica_id for r in h.store.replicas()} == set(h.states())
     assert len(h.events("replica.spawned")) == 3 and len(h.events("replica.ready")) == 3
+
+
+def test_a_failed_spawn_is_recorded_and_the_rest_of_the_plan_still_happens(tmp_path: Path) -> None:
+    h = make(tmp_path)
+    spawn = h.backend.spawn
+
+    def refuse_zone_b(spec: ReplicaSpec) -> ReplicaHandle:
+        if spec.zone == "az-b":
+            raise OSError("fork failed: out of memory")
+        return spawn(spec)
+
+    h.backend.spawn = refuse_zone_b  # type: ignore[method-assign]
+    h.tick()
+    assert sorted(s.zone for s in h.backend.spawned) == ["az-a", "az-c"]
+    [failed] = h.store.events(kind_prefix="fleet.action_failed")
+    assert failed.subject == "az-b-1" and failed.detail == {"action": "Spawn",
+                                                             "error": "OSError: fork failed: out of memory"}
+    h.backend.spawn = spawn  # type: ignore[method-assign]
+    h.tick()
+    h.tick()
+    assert h.states() == {"az-a-1": "ready", "az-b-1": "ready", "az-c-1": "ready"}
 
 
 def test_replica_ports_skip_the_control_planes_own_listeners(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from chaos.faults.base import FaultSpec
 from chaos.faults.link import LinkAbortFault, LinkDelayFault
 from chaos.targets import Selector
-from controlplane.gateway.toxics import LinkToxics
+from controlplane.gateway.toxics import LinkToxics, LocalLinks
 
 from .fakes import expected_completion, sse_payloads, stream_token_ids
 from .test_fake_replicas import Harness, body_of, path_of, run
@@ -76,7 +76,7 @@ def test_toxics_validate_their_kind_and_values() -> None:
 
 def test_link_faults_inject_into_and_revert_from_the_gateway_toxics() -> None:
     toxics = LinkToxics()
-    delay, abort = LinkDelayFault(toxics), LinkAbortFault(toxics)
+    delay, abort = LinkDelayFault(LocalLinks(toxics)), LinkAbortFault(LocalLinks(toxics))
     slow = FaultSpec("link-delay", {"latency_ms": 250, "jitter_ms": 0}, 10, Selector())
     cut = FaultSpec("link-abort", {"mode": "reset", "after_ms": 500}, 10, Selector())
 
@@ -101,7 +101,23 @@ def test_link_faults_inject_into_and_revert_from_the_gateway_toxics() -> None:
 def test_without_a_gateway_the_link_kinds_are_listed_unavailable() -> None:
     info = LinkDelayFault(None).describe()
     assert not info.available and "no gateway" in (info.unavailable_reason or "")
-    assert LinkAbortFault(toxics := LinkToxics()).describe().available and not toxics
+    assert LinkAbortFault(LocalLinks(toxics := LinkToxics())).describe().available and not toxics
+
+
+def test_a_toxic_with_a_lifetime_ends_by_itself() -> None:
+    """A link fault carries its duration into the gateway, which drops it on time without a revert (the
+    control plane that injected it may be down by then)."""
+    now = [100.0]
+    toxics = LinkToxics(clock=lambda: now[0])
+    toxics.add("r0", {"kind": "latency", "latency_s": 0.2}, toxic_id="t1", duration_s=10)
+    toxics.add("r0", {"kind": "refuse"}, toxic_id="t2")
+    now[0] += 9.9
+    assert {t.toxic_id for t in toxics.active("r0")} == {"t1", "t2"}
+    now[0] += 0.2
+    assert [t.toxic_id for t in toxics.active("r0")] == ["t2"] and toxics.request_delay("r0") == 0
+    toxics.add("r0", {"kind": "refuse"}, toxic_id="t2", duration_s=1)  # the same id again replaces it
+    now[0] += 1
+    assert not toxics
 
 
 

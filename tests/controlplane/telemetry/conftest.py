@@ -21,12 +21,14 @@ from pathlib import Path
 from typing import TypeVar
 
 import httpx
+import psutil
 import pytest
 
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
 from controlplane.telemetry.base import REQUEST_SUCCESS, Telemetry
 from controlplane.telemetry.config import PrometheusConfig
-from controlplane.telemetry.prometheus import UNAVAILABLE, PrometheusServer, PrometheusSource
+from controlplane.telemetry.prometheus import PrometheusSource
+from controlplane.telemetry.prometheus_server import UNAVAILABLE, PrometheusServer
 from controlplane.telemetry.scraper import ScraperSource
 from inference.launcher import ReplicaProcess, free_port
 from inference.models.default import ensure_default_model
@@ -56,10 +58,9 @@ def wait_until(check: Callable[[], T | None], *, timeout: float, what: str, inte
 def pid_exists(pid: int) -> bool:
     """Whether a process with ``pid`` still runs (an exited, unreaped child does not count)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def require_binary(name: str) -> None:

@@ -17,7 +17,8 @@ import pytest
 
 from controlplane.replicas import ReplicaEndpoint
 from controlplane.telemetry.base import NUM_RUNNING, Telemetry
-from controlplane.telemetry.prometheus import PrometheusServer, PrometheusSource
+from controlplane.telemetry.prometheus import PrometheusSource
+from controlplane.telemetry.prometheus_server import PrometheusServer
 from controlplane.telemetry.scraper import ScraperSource
 
 from .conftest import SCRAPE_INTERVAL_S, Fleet, pid_exists, prometheus_config, require_binary, wait_until

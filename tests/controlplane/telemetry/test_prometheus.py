@@ -8,23 +8,20 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
 from controlplane.telemetry.base import Regex, TelemetryError
 from controlplane.telemetry.config import PrometheusConfig
-from controlplane.telemetry.prometheus import (
+from controlplane.telemetry.prometheus import PrometheusSource
+from controlplane.telemetry.prometheus_server import (
     UNAVAILABLE,
     PrometheusError,
     PrometheusServer,
-    PrometheusSource,
     PrometheusUnavailable,
-    duration,
-    gauge_query,
-    quantile_query,
-    rate_query,
-    selector,
 )
+from controlplane.telemetry.promql import duration, gauge_query, quantile_query, rate_query, selector
 from inference.launcher import free_port
 
 from .conftest import pid_exists, prometheus_config
@@ -145,10 +142,10 @@ def test_server_answers_ready_then_stops_and_leaves_no_process(tmp_path: Path) -
         assert source.instant("vector(1)", by=()) == {(): 1.0}
         with pytest.raises(TelemetryError, match=r"bad_data|parse error"):
             source.instant("sum(", by=())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        assert b"--web.enable-lifecycle" in cmdline
-        assert f"--storage.tsdb.path={s.data_path}".encode() in cmdline
-        assert f"--storage.tsdb.retention.time={s.config.retention}".encode() in cmdline
+        cmdline = psutil.Process(pid).cmdline()
+        assert "--web.enable-lifecycle" not in cmdline
+        assert f"--storage.tsdb.path={s.data_path}" in cmdline
+        assert f"--storage.tsdb.retention.time={s.config.retention}" in cmdline
     assert not pid_exists(pid)
     assert not s.pid_path.exists()
 
@@ -178,3 +175,40 @@ def test_port_taken_by_another_prometheus_fails_start(tmp_path: Path) -> None:
         with pytest.raises(PrometheusError, match=r"answered by another Prometheus|exited with"):
             second.start()
         assert not second.is_running
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("prometheus_binary")
+def test_no_local_process_can_stop_or_reload_it_over_http(tmp_path: Path) -> None:
+    """The lifecycle API is off: anyone on the host could otherwise POST /-/quit."""
+    with server(tmp_path) as s:
+        for path in ("/-/quit", "/-/reload"):
+            response = httpx.post(f"{s.url}{path}", trust_env=False, timeout=5)
+            assert response.status_code == 403, (path, response.text)
+        time.sleep(0.5)
+        assert s.is_running and httpx.get(f"{s.url}/-/ready", trust_env=False).status_code == 200
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("prometheus_binary")
+def test_reload_by_signal_applies_a_new_job_and_reports_rejected_rules(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.yml"
+    rules.write_text("groups: []\n")
+    s = PrometheusServer(prometheus_config(), tmp_path / "prometheus", rule_files=[rules])
+
+    def jobs() -> str:
+        config = httpx.get(f"{s.url}/api/v1/status/config", trust_env=False, timeout=5).json()
+        return str(config["data"]["yaml"])
+
+    with s:
+        assert "extra" not in jobs()
+        s.static_jobs["extra"] = ["127.0.0.1:9"]
+        s.reload()  # returns once Prometheus says it reloaded
+        assert 'job_name: extra' in jobs()
+        rules.write_text("groups: [{name: broken, rules: [{alert: X, expr: 'sum('}]}]\n")
+        with pytest.raises(PrometheusError, match="rejected the reloaded configuration"):
+            s.reload()
+        assert s.is_running
+

@@ -17,7 +17,7 @@ import pytest
 
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
 from controlplane.telemetry.base import Group
-from controlplane.telemetry.prometheus import gauge_query, quantile_query, rate_query
+from controlplane.telemetry.promql import gauge_query, quantile_query, rate_query
 from controlplane.telemetry.scraper import ScraperSource
 
 STEP_S = 10

@@ -39,7 +39,8 @@ class Running:
         return ControlPlaneClient(self.api, self.token)
 
 
-def write_config(tmp: Path, *, replicas: int = 3, autoscaler: bool = False, alerts: bool = False) -> Path:
+def write_config(tmp: Path, *, replicas: int = 3, autoscaler: bool = False, alerts: bool = False,
+                 gateways: int = 1) -> Path:
     """A config on free ports. The autoscaler and the alert loop are off unless asked for (then their
     tables are left for the caller to append): most tests assert exact replica counts and states, which a
     loop resizing or restarting the fleet under their load or faults would change."""
@@ -52,6 +53,7 @@ state_dir = "{tmp / 'state'}"
 port = {free_port()}
 [gateway]
 port = {free_port()}
+processes = {gateways}
 [fleet]
 replicas = {replicas}
 base_port = {free_port() + 100}
@@ -106,6 +108,36 @@ def replica_pids(state_dir: Path) -> set[int]:
     return pids
 
 
+def console_pids_of(api: str) -> set[int]:
+    """Console processes serving this control plane (they outlive a killed control plane, to be adopted)."""
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"dashboards" in cmd and b"--api" in cmd and cmd[cmd.index(b"--api") + 1] == api.encode():
+            pids.add(int(proc.name))
+    return pids
+
+
+def gateway_pids(state_dir: Path) -> set[int]:
+    """Gateway processes whose state lives under this state dir (they outlive a killed control plane)."""
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"controlplane.gateway\0" in cmd and f"{state_dir}/gateways/".encode() in cmd:
+            pids.add(int(proc.name))
+    return pids
+
+
 @pytest.fixture(scope="module")
 def model_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("up")
@@ -123,7 +155,9 @@ def shutdown(running: Running, *, timeout: float = 90.0,
             running.process.wait(timeout)
         except subprocess.TimeoutExpired:
             running.process.kill()
-    for pid in replica_pids(running.state_dir) | set(leftovers()):
+    owned = replica_pids(running.state_dir) | gateway_pids(running.state_dir) | console_pids_of(running.api) \
+        | prometheus_pids(running.state_dir)
+    for pid in owned | set(leftovers()):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 

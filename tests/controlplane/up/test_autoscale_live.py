@@ -13,11 +13,11 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
+from controlplane.client import Decision
 from inference.launcher import free_port
 from tests.polling import wait_until
 
@@ -106,69 +106,69 @@ class Load:
             t.join(70)
 
 
-def decisions(running: Running) -> list[dict[str, Any]]:
+def decisions(running: Running) -> list[Decision]:
     with running.client() as client:
-        return sorted(client.autoscaler_decisions(limit=1000), key=lambda d: d["tick"])
+        return sorted(client.autoscaler_decisions(limit=1000), key=lambda d: d.tick)
 
 
-def assert_explained(d: dict[str, Any]) -> None:
+def assert_explained(d: Decision) -> None:
     """The record's number follows from its proposals and clamps, each with a reason."""
-    assert d["proposals"] and all(p["reason"] for p in d["proposals"]), d
-    assert d["recommendation"] == min(max(max(p["replicas"] for p in d["proposals"]), 1), 3), d
-    if d["final"] != d["recommendation"]:
-        assert d["clamps"], d  # something says why the final number differs
-    assert d["applied"] == (d["final"] != d["inputs"]["current"]), d
-    change = f"scaled {d['inputs']['current']} -> {d['final']}"
-    assert d["outcome"] == (change if d["applied"] else "no change")
+    assert d.proposals and all(p.reason for p in d.proposals), d
+    assert d.recommendation == min(max(max(p.replicas for p in d.proposals), 1), 3), d
+    if d.final != d.recommendation:
+        assert d.clamps, d  # something says why the final number differs
+    assert d.applied == (d.final != d.inputs.current), d
+    change = f"scaled {d.inputs.current} -> {d.final}"
+    assert d.outcome == (change if d.applied else "no change")
 
 
 def test_step_load_scales_up_within_two_ticks_and_down_only_after_stabilization(fleet: Running) -> None:
     wait_ready(fleet, 1)
     with Load(fleet.gateway) as load:
-        def scaled_up() -> dict[str, Any] | None:
-            return next((d for d in decisions(fleet) if d["applied"] and d["final"] > 1), None)
+        def scaled_up() -> Decision | None:
+            return next((d for d in decisions(fleet) if d.applied and d.final > 1), None)
 
         up = wait_until(scaled_up, timeout=90, what="a scale-up decision", interval=1.0)
     load_stopped_at = time.time()  # every client has had its last answer
     assert load.ok > 0
     records = decisions(fleet)
-    asked = next(d for d in records if any(p["replicas"] > d["inputs"]["current"] for p in d["proposals"]
-                                           if p["source"] in ("target", "panic")))
-    assert up["tick"] - asked["tick"] <= 2, (asked, up)
-    winner = max(up["proposals"], key=lambda p: p["replicas"])
-    explains = "demand " if winner["source"] == "panic" else "engine_load_per_replica at "
-    assert winner["source"] in ("panic", "target") and explains in winner["reason"], up
-    assert up["final"] == min(max(p["replicas"] for p in up["proposals"]), 3)
+    asked = next(d for d in records if any(p.replicas > d.inputs.current for p in d.proposals
+                                           if p.source in ("target", "panic")))
+    assert up.tick - asked.tick <= 2, (asked, up)
+    winner = max(up.proposals, key=lambda p: p.replicas)
+    explains = "demand " if winner.source == "panic" else "engine_load_per_replica at "
+    assert winner.source in ("panic", "target") and explains in winner.reason, up
+    assert up.final == min(max(p.replicas for p in up.proposals), 3)
     # the offered engine load was measured on the real replicas: request rate x mean tokens of the finished
     # requests (48 generated each; Prometheus' rate extrapolation blurs the ratio a little), through the
     # shipped replica profile
-    sized = [d for d in records if d["inputs"]["mean_output_tokens"] is not None]
-    means = [d["inputs"]["mean_output_tokens"] for d in sized]
+    sized = [d for d in records if d.inputs.mean_output_tokens is not None]
+    means = [d.inputs.mean_output_tokens for d in sized]
     assert means and all(m == pytest.approx(48, rel=0.1) for m in means), means
-    assert any(d["inputs"]["metrics"]["engine_load_per_replica"] > ENGINE_LOAD_TARGET for d in sized)
+    assert any(d.inputs.metrics["engine_load_per_replica"] > ENGINE_LOAD_TARGET for d in sized)
     with fleet.client() as client:
-        assert client.fleet().desired_replicas == up["final"] >= 2
-    print(f"scale-up: source asked at tick {asked['tick']}, applied at tick {up['tick']} "
-          f"({up['inputs']['current']} -> {up['final']}); proposals {up['proposals']}")
+        assert client.fleet().desired_replicas == up.final >= 2
+    print(f"scale-up: source asked at tick {asked.tick}, applied at tick {up.tick} "
+          f"({up.inputs.current} -> {up.final}); proposals {up.proposals}")
 
-    def scaled_back() -> list[dict[str, Any]] | None:
+    def scaled_back() -> list[Decision] | None:
         got = decisions(fleet)
-        return got if got[-1]["final"] == 1 and any(d["applied"] and d["final"] == 1 for d in got) else None
+        return got if got[-1].final == 1 and any(d.applied and d.final == 1 for d in got) else None
 
     records = wait_until(scaled_back, timeout=STABILIZATION_S + 60, what="scale back to 1", interval=1.0)
-    first_down = next(d for d in records if d["applied"] and d["final"] < d["inputs"]["current"])
-    last_high = max(d["at"] for d in records if d["tick"] < first_down["tick"]
-                    and d["recommendation"] > first_down["final"])
-    assert first_down["at"] - last_high >= STABILIZATION_S - TICK_S, (first_down, last_high)
-    assert first_down["at"] >= load_stopped_at + STABILIZATION_S - 2 * TICK_S
-    held = [d for d in records if up["tick"] < d["tick"] < first_down["tick"] and d["recommendation"] <
-            d["inputs"]["current"]]
-    assert held and all(any(c.startswith(("stabilization", "panic")) for c in d["clamps"]) for d in held)
-    downs = [d["at"] for d in records if d["applied"] and d["final"] < d["inputs"]["current"]]
+    first_down = next(d for d in records if d.applied and d.final < d.inputs.current)
+    last_high = max(d.at for d in records if d.tick < first_down.tick
+                    and d.recommendation > first_down.final)
+    assert first_down.at - last_high >= STABILIZATION_S - TICK_S, (first_down, last_high)
+    assert first_down.at >= load_stopped_at + STABILIZATION_S - 2 * TICK_S
+    held = [d for d in records if up.tick < d.tick < first_down.tick and d.recommendation <
+            d.inputs.current]
+    assert held and all(any(c.startswith(("stabilization", "panic")) for c in d.clamps) for d in held)
+    downs = [d.at for d in records if d.applied and d.final < d.inputs.current]
     assert all(b - a >= SCALE_DOWN_PERIOD_S - TICK_S for a, b in itertools.pairwise(downs)), downs
     print(f"scale-down: load stopped at {load_stopped_at:.1f}, first scale-down "
-          f"{first_down['at'] - load_stopped_at:.1f}s later ({first_down['inputs']['current']} -> "
-          f"{first_down['final']}), {len(held)} ticks held by stabilization/panic")
+          f"{first_down.at - load_stopped_at:.1f}s later ({first_down.inputs.current} -> "
+          f"{first_down.final}), {len(held)} ticks held by stabilization/panic")
     for d in records:
         assert_explained(d)
 
@@ -182,7 +182,8 @@ def test_cli_shows_status_and_decisions_and_switches_observe_only(fleet: Running
                               capture_output=True, text=True, timeout=60)
 
     first = wait_until(lambda: decisions(fleet), timeout=30, what="a first decision", interval=0.5)[0]
-    assert first["anomaly"]["note"].startswith("warming up (")  # the anomaly source runs in the loop
+    # the anomaly source runs in the loop
+    assert first.anomaly is not None and first.anomaly["note"].startswith("warming up (")
     status = cli("status")
     assert status.returncode == 0, status.stderr
     assert status.stdout.startswith("mode active; desired replicas 1; bounds 1..3")
@@ -193,8 +194,8 @@ def test_cli_shows_status_and_decisions_and_switches_observe_only(fleet: Running
     assert shown.returncode == 0 and len(shown.stdout.strip().splitlines()) == 3
     with fleet.client() as client:
         audit = client.audit(limit=20)
-    assert any(a["action"] == "autoscaler.config" and a["outcome"] == "ok" for a in audit)
+    assert any(a.action == "autoscaler.config" and a.outcome == "ok" for a in audit)
     viewer_env = {**env, "CONTROLPLANE_TOKEN": "not-a-token"}
     refused = subprocess.run([sys.executable, "-m", "controlplane", "autoscaler", "observe-only", "off"],
                              env=viewer_env, capture_output=True, text=True, timeout=60)
-    assert refused.returncode == 2 and "HTTP 401" in refused.stderr and refused.stderr.count("\n") == 1
+    assert refused.returncode == 1 and "HTTP 401" in refused.stderr and refused.stderr.count("\n") == 1

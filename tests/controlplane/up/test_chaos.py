@@ -9,9 +9,11 @@ import socket
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from chaos.faults.network import PortPartition, availability
+from chaos.faults.process import STOPPED
 from controlplane.client import ApiError
 
 from .conftest import Running, start, wait_ready
@@ -20,33 +22,34 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def process_state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    """The kernel's one-letter state, as ``ps`` shows it (T: stopped)."""
+    return "T" if psutil.Process(pid).status() in STOPPED else "not stopped"
 
 
 def test_pause_through_the_api_then_halt_all_reverts_within_2s(running: Running) -> None:
     wait_ready(running, 3)
     with running.client() as client:
-        catalogue = {k["kind"]: k for k in client.chaos_catalogue()}
-        assert catalogue["pause"]["available"] and "partition" in catalogue
+        catalogue = {k.kind: k for k in client.chaos_catalogue()}
+        assert catalogue["pause"].available and "partition" in catalogue
         plan = client.chaos_inject("pause", duration_s=60, selector="ALL", dry_run=True)
-        assert plan["dry_run"] and not plan["plan"]["allowed"]  # every replica: refused by blast radius
+        assert plan.dry_run and not plan.plan.allowed  # every replica: refused by blast radius
         assert client.chaos_faults() == []  # the dry run changed nothing
         result = client.chaos_inject("pause", duration_s=60, replicas=["az-b-1"])
-        [fault] = result["faults"]
+        [fault] = result.faults
         pid = next(r.pid for r in client.fleet().replicas if r.replica_id == "az-b-1")
         assert pid is not None and process_state(pid) == "T"
-        assert [f["target"] for f in client.chaos_faults()] == ["az-b-1"]
+        assert [f.target for f in client.chaos_faults()] == ["az-b-1"]
 
         started = time.monotonic()
         report = client.chaos_halt()
         elapsed = time.monotonic() - started
-        assert report["reverted"] == [fault["id"]] and report["halted"] and elapsed < 2.0
+        assert report.reverted == (fault.id,) and report.halted and elapsed < 2.0
         assert process_state(pid) != "T"
         with pytest.raises(ApiError) as refused:
             client.chaos_inject("pause", duration_s=5, replicas=["az-a-1"])
         assert refused.value.status == 409 and "halt" in str(refused.value)
         client.chaos_release()
-        actions = [a["action"] for a in client.audit(limit=50)]
+        actions = [a.action for a in client.audit(limit=50)]
     assert {"chaos.inject", "chaos.halt", "chaos.release"} <= set(actions)
     wait_ready(running, 3)
 

@@ -7,6 +7,7 @@ against the gateway; the test reads that client's JSONL itself and checks the re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -19,20 +20,22 @@ import httpx
 import pytest
 
 from chaos.drill_bench import quiet_base_port
+from chaos.drills import LOAD_GRACE_S, LOAD_START_TIMEOUT_S, STREAM_WAIT_S
+from chaos.scenarios import SCENARIOS, TARGET_FIGURES
 from controlplane.client import ApiError, ControlPlaneClient
 from controlplane.drills.report import timeline_figure
-from inference.bench.datasets import read_trace
+from inference.bench.datasets import read_trace, shipped_trace
 from inference.bench.report import read_jsonl
 from inference.launcher import free_port
 
-from .conftest import Running, shutdown, start, wait_ready
+from .conftest import Running, poll, shutdown, start, wait_ready
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a backstop: each wait below has its own bound
 
 TOKEN = "admin-token-for-drill-tests"
 FINISHED = ("passed", "failed", "aborted", "error", "interrupted")
 LOAD: dict[str, Any] = {"rate": 4.0, "duration_s": 10.0, "fault_at_s": 3.0, "max_tokens": 16}
-AZURE = Path("/work/shared/data/azure_llm_conv_2023.csv")  # the Azure LLM conversation trace (2023)
+AZURE = shipped_trace()  # the Azure LLM conversation trace (2023): what "azure" names
 
 
 def write_drill_config(tmp: Path) -> Path:
@@ -70,22 +73,30 @@ def cp(model_state: Path) -> Iterator[Running]:
         shutdown(running)
 
 
-def wait_finished(client: ControlPlaneClient, drill_id: int, *, timeout: float = 300.0) -> dict[str, Any]:
+def drill_bound_s(scenario: str, **overrides: Any) -> float:
+    """The longest a drill of ``scenario`` may run by its own deadlines (steady state, load start, load,
+    the wait for a stream, observation, the load's grace), plus a minute for the report."""
+    sc = SCENARIOS[scenario].with_overrides({k: v for k, v in overrides.items() if k != "load"})
+    return (sc.steady_state_timeout_s + LOAD_START_TIMEOUT_S + sc.duration_s + STREAM_WAIT_S
+            + sc.capacity_deadline_s + LOAD_GRACE_S + 60.0)
+
+
+def wait_finished(client: ControlPlaneClient, drill_id: int, *, timeout: float) -> dict[str, Any]:
+    """The finished drill's whole report, as stored."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         report = client.drill(drill_id)
-        if report["status"] in FINISHED:
-            return report
+        if report.status in FINISHED:
+            return dict(report.document)
         time.sleep(1.0)
-    raise AssertionError(f"drill {drill_id} still {report['status']} after {timeout:g}s: "
-                         f"{report.get('progress')}")
+    raise AssertionError(f"drill {drill_id} still {report.status} after {timeout:g}s: {report.progress}")
 
 
 def run_drill(cp: Running, scenario: str, **overrides: Any) -> dict[str, Any]:
     with cp.client() as client:
         wait_ready(cp, 2)
         started = client.drill_run(scenario, **{**LOAD, **overrides})
-        report = wait_finished(client, int(started["id"]))
+        report = wait_finished(client, started.id, timeout=drill_bound_s(scenario, **{**LOAD, **overrides}))
     fig = report.get("figures") or {}
     pred = report.get("prediction") or {}
     print(f"\n{scenario}: status {report['status']}, RTO_service {fig.get('rto_service_s')} s "
@@ -97,6 +108,28 @@ def run_drill(cp: Running, scenario: str, **overrides: Any) -> dict[str, Any]:
     check_against_client_timeline(report)
     print_slowest_recovery(report)
     return report
+
+
+def assert_meets_targets(report: dict[str, Any]) -> None:
+    """The drill passed at its scenario's own targets, as ``chaos/scenarios.py`` defines them (the tests
+    override none): every judged figure was measured and is within its target."""
+    sc = SCENARIOS[report["scenario"]]
+    assert report["config"]["targets"] == dataclasses.asdict(sc.targets)
+    fig = report["figures"]
+    for name, figure in TARGET_FIGURES.items():
+        target = getattr(sc.targets, name)
+        if target is not None:
+            assert fig[figure] is not None, f"{figure}: not measured ({report['checks']})"
+            assert fig[figure] <= target, f"{figure} {fig[figure]} over its target {target}"
+    assert [c["outcome"] for c in report["checks"]] == ["pass"] * len(report["checks"]), report["checks"]
+    assert report["status"] == "passed"
+
+
+def assert_every_affected_stream_recovered(report: dict[str, Any]) -> None:
+    """The fault hit streams in flight, and each of them flowed again (none ended in an error)."""
+    fig = report["figures"]
+    assert fig["requests_affected"] > 0, "the fault hit no stream: the drill measured an idle kill"
+    assert len(fig["outages_s"]) == fig["requests_affected"], fig
 
 
 def print_slowest_recovery(report: dict[str, Any]) -> None:
@@ -138,64 +171,57 @@ def gateway_saw_stall(cp: Running, report: dict[str, Any]) -> bool:
     with cp.client() as client:
         events = client.events(kind="gateway.stalled", limit=1000)
     target = report["fault_targets"][0]
-    return any(e["subject"] == target and e["ts"] >= report["t0"] for e in events)
+    return any(e.subject == target and e.ts >= report["t0"] for e in events)
 
 
-def test_replica_crash_loses_no_request_and_serves_again_within_a_second(cp: Running) -> None:
+def test_replica_crash_loses_no_request_and_serves_again_within_its_target(cp: Running) -> None:
     report = run_drill(cp, "replica-crash")
+    assert_meets_targets(report)
+    assert_every_affected_stream_recovered(report)
     fig = report["figures"]
-    assert fig["requests_failed"] == 0 and fig["tokens_lost"] == 0 and fig["tokens_duplicated"] == 0
-    assert fig["rto_service_s"] < 1.0
-    # Resumes are counted, not required: a request the crash caught may have been moved before its first
-    # token, or read to its end by the gateway already. Resuming mid-stream is asserted where a replica
-    # is killed while it is still generating (tests/controlplane/gateway/test_failover.py).
-    assert fig["requests_resumed"] is not None and fig["requests_resumed"] >= 0
-    assert fig["rto_capacity_s"] is not None and fig["rto_capacity_s"] > 0
+    # Resumes are counted here, not required: a request the crash caught may have been moved before its
+    # first token, or read to its end by the gateway already. Resuming mid-stream is asserted where a
+    # replica is killed while it is still generating (tests/controlplane/up/test_failover.py,
+    # tests/controlplane/gateway/test_failover.py).
+    assert fig["requests_resumed"] is not None
+    assert fig["rto_capacity_s"] > 0  # the replica really went, and came back
     assert report["prediction"]["rto_capacity_s"] is not None
-    assert report["status"] == "passed"
 
 
 def test_zone_outage_kills_one_zone_and_loses_nothing(cp: Running) -> None:
     report = run_drill(cp, "zone-outage")
-    fig = report["figures"]
     zones = {t.rsplit("-", 1)[0] for t in report["fault_targets"]}
     assert len(zones) == 1
-    assert fig["requests_failed"] == 0 and fig["tokens_lost"] == 0
-    assert fig["requests_resumed"] is not None and fig["rto_capacity_s"] is not None  # see the crash test
-    # measured 0.48-0.96 s here with two replicas on two shared cores; the crash test holds the 1 s line
-    assert fig["rto_service_s"] < 2.0
+    assert_meets_targets(report)
+    assert_every_affected_stream_recovered(report)
+    assert report["figures"]["requests_resumed"] is not None
 
 
 def test_device_failure_loses_no_request(cp: Running) -> None:
-    fig = run_drill(cp, "device-failure")["figures"]
-    assert fig["requests_failed"] == 0 and fig["tokens_lost"] == 0
-    assert fig["rto_capacity_s"] is not None
+    assert_meets_targets(run_drill(cp, "device-failure"))
 
 
 def test_kv_pressure_loses_no_request(cp: Running) -> None:
-    fig = run_drill(cp, "kv-pressure")["figures"]
-    assert fig["requests_failed"] == 0 and fig["tokens_lost"] == 0
-    assert fig["rto_slo_s"] is not None
+    report = run_drill(cp, "kv-pressure")
+    assert_meets_targets(report)
+    assert report["figures"]["rto_slo_s"] is not None  # the SLO held (or came back) under the pressure
 
 
 def test_replica_hang_is_survived_through_the_gateways_timeouts(cp: Running) -> None:
     report = run_drill(cp, "replica-hang")
+    assert_meets_targets(report)
     fig = report["figures"]
-    assert fig["requests_failed"] == 0 and fig["tokens_lost"] == 0
     # At 4 req/s the hung replica can be idle when the hang takes hold; the gateway's readiness probe
     # then finds it before any request does, and nothing is affected. Either way the gateway noticed.
     if fig["requests_affected"]:
         assert fig["t_detect"] is not None
     assert gateway_saw_stall(cp, report)
-    assert fig["rto_service_s"] <= report["config"]["targets"]["rto_service_s"]
 
 
 def test_link_partition_is_survived_and_the_filter_removed(cp: Running) -> None:
     report = run_drill(cp, "link-partition")
-    fig = report["figures"]
-    assert fig["requests_failed"] == 0 and fig["tokens_lost"] == 0
+    assert_meets_targets(report)
     assert gateway_saw_stall(cp, report)  # by a stream, a request waiting there or its readiness probe
-    assert fig["rto_service_s"] <= report["config"]["targets"]["rto_service_s"]
     with cp.client() as client:
         assert client.chaos_faults() == []
         target = next(r for r in client.fleet().replicas if r.replica_id == report["fault_targets"][0])
@@ -206,9 +232,7 @@ def test_rolling_update_under_load_loses_nothing_and_replaces_every_replica(cp: 
     with cp.client() as client:
         before = client.fleet()
     report = run_drill(cp, "rolling-update", duration_s=12.0)
-    fig = report["figures"]
-    assert fig["requests_failed"] == 0 and fig["tokens_lost"] == 0 and fig["tokens_duplicated"] == 0
-    assert fig["rto_capacity_s"] is not None
+    assert_meets_targets(report)
     with cp.client() as client:
         after = client.fleet()
     assert after.model != before.model and after.generation == before.generation + 1
@@ -219,32 +243,40 @@ def test_rolling_update_under_load_loses_nothing_and_replaces_every_replica(cp: 
 def test_one_drill_at_a_time_abort_reverts_and_reports_are_listed_compared_and_rendered(cp: Running) -> None:
     with cp.client() as client:
         wait_ready(cp, 2)
-        first = int(client.drill_run("replica-hang", **LOAD)["id"])
+        first = client.drill_run("replica-hang", **LOAD).id
         with pytest.raises(ApiError) as busy:
             client.drill_run("replica-crash")
         assert busy.value.status == 409
-        deadline = time.monotonic() + 60
-        while (client.drill(first).get("progress") or {}).get("phase") != "observe":  # the hang is in
+        # the steady state, the load client's start and fault_at_s, each within its own bound
+        hang = SCENARIOS["replica-hang"]
+        bound = hang.steady_state_timeout_s + LOAD_START_TIMEOUT_S + LOAD["fault_at_s"] + STREAM_WAIT_S
+        deadline = time.monotonic() + bound
+
+        def phase() -> str | None:
+            progress = client.drill(first).progress
+            return progress.phase if progress else None
+
+        while phase() != "observe":  # the hang is in
             assert time.monotonic() < deadline, client.drill(first)
             time.sleep(0.2)
-        assert client.drill_abort(first)["aborting"]
+        assert client.drill_abort(first).aborting
         report = wait_finished(client, first, timeout=60)
         assert report["status"] == "aborted"
         assert client.chaos_faults() == []  # the hang was reverted on the way out
         listed = client.drills(limit=20)
-        assert listed[0]["id"] == first and len(listed) >= 2
-        done = [d["id"] for d in listed if d["status"] in ("passed", "failed")][:2]
+        assert listed[0].id == first and len(listed) >= 2
+        done = [d.id for d in listed if d.status in ("passed", "failed")][:2]
         table = client.drill_compare(done)
-        assert [c["id"] for c in table["columns"]] == done
-        row = next(r for r in table["rows"] if r["figure"] == "rto_service_s")
-        assert all(isinstance(v, float) for v in row["values"])
+        assert [c.id for c in table.columns] == done
+        row = next(r for r in table.rows if r.figure == "rto_service_s")
+        assert all(isinstance(v, float) for v in row.values)
         markdown = client.drill_markdown(done[0])
         assert "| RTO service |" in markdown and "## Verdict" in markdown
-        figure = timeline_figure(client.drill(done[0]))
+        figure = timeline_figure(client.drill(done[0]).document)
         assert figure["layout"]["shapes"][0]["x0"] == 0.0
         assert any(a["text"] == "t_capacity" for a in figure["layout"]["annotations"])
-        audit = [a for a in client.audit(limit=200) if a["action"] == "drill.run"]
-        assert {"ok", "denied"} <= {a["outcome"] for a in audit}
+        audit = [a for a in client.audit(limit=200) if a.action == "drill.run"]
+        assert {"ok", "denied"} <= {a.outcome for a in audit}
         viewer = client.issue_token("drill-viewer", "viewer")
     with ControlPlaneClient(cp.api, viewer) as as_viewer:
         assert as_viewer.drills(limit=1)
@@ -272,9 +304,9 @@ def test_replica_crash_aimed_at_a_named_replica_under_trace_load_hits_it_and_rep
     with cp.client() as client:
         wait_ready(cp, 2)
         named = max(r.replica_id for r in client.fleet().replicas if r.state == "ready")
-    load = {"kind": "trace", "trace": str(AZURE), "compress": 2.0, "token_scale": 0.1}
+    load = {"kind": "trace", "trace": "azure", "compress": 2.0, "token_scale": 0.1}
     cli = subprocess.run([sys.executable, "-m", "controlplane", "--url", cp.api, "--token", TOKEN, "drill",
-                          "run", "replica-crash", "--replica", named, "--trace", str(AZURE),
+                          "run", "replica-crash", "--replica", named, "--trace", "azure",
                           "--compress", "2", "--token-scale", "0.1", "--duration", "10", "--dry-run"],
                          capture_output=True, text=True, timeout=60)
     assert cli.returncode == 0, cli.stderr
@@ -300,7 +332,63 @@ def test_replica_crash_aimed_at_a_named_replica_under_trace_load_hits_it_and_rep
         assert r.scheduled_time == pytest.approx(row.offset / 2.0)
         assert r.output_len == min(max(1, round(row.generated_tokens * 0.1)), LOAD["max_tokens"])
         assert r.prompt_len == min(max(1, round(row.context_tokens * 0.1)), 512)
-    fig = report["figures"]
-    assert fig["requests_total"] == len(records)
-    assert fig["requests_failed"] == 0 and fig["tokens_lost"] == 0 and fig["tokens_duplicated"] == 0
-    assert report["status"] in ("passed", "failed")
+    assert report["figures"]["requests_total"] == len(records)
+    assert_meets_targets(report)
+
+
+def processes_serving(model: Path) -> list[int]:
+    """Replica processes started with ``--model`` inside ``model``'s folder."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
+        except OSError:
+            continue
+        if b"inference" in cmd and str(model).encode() in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_a_rollout_whose_new_model_crashes_at_start_rolls_back_under_load_with_no_failed_stream(
+        cp: Running, tmp_path: Path) -> None:
+    """A new model folder whose config is broken: its replica exits at start. The rollout rolls back, the
+    old replicas keep serving the load client throughout, and nothing of the new model is left running."""
+    broken = tmp_path / "v2" / "default"  # same model name as the one served
+    broken.mkdir(parents=True)
+    (broken / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 512}))
+    with cp.client() as client:
+        wait_ready(cp, 2)
+        before = client.fleet()
+        last_event = max((e.id for e in client.events(limit=1)), default=0)
+    load_log = tmp_path / "load.log"
+    jsonl = tmp_path / "load.jsonl"
+    command = [sys.executable, "-m", "inference.bench", "serve", "--base-url", cp.gateway, "--seed", "0",
+               "--request-rate", "4", "--num-requests", "200", "--duration", "15", "--grace", "20",
+               "--input-len", "32", "--output-len", "16", "--jsonl", str(jsonl), "--no-progress"]
+    with load_log.open("wb") as log:
+        load = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        with cp.client() as client:
+            flowing = poll(lambda: sum(n for g in client.gateways() for n in g.inflight.values()), bool,
+                           timeout=60)
+            assert flowing, f"the load never reached the gateway: {load_log.read_text()[-2000:]}"
+            started = client.rollout(str(broken))
+            assert started.generation == before.generation + 1
+            rolled_back = poll(lambda: client.events(since_id=last_event, kind="rollout.rolled_back"), bool,
+                               timeout=60)
+            assert rolled_back, "no rollback within 60 s"
+            assert rolled_back[0].detail["reason"] == "new replica crashed"
+            assert load.wait(timeout=60) == 0, load_log.read_text()[-2000:]
+            after = poll(client.fleet, lambda f: f.ready_replicas == 2 and f.rollout is None, timeout=60)
+            gone = poll(lambda: processes_serving(broken), lambda pids: not pids, timeout=30)
+    finally:
+        if load.poll() is None:
+            load.kill()
+    assert (after.model, after.generation) == (before.model, before.generation)
+    assert {r.replica_id for r in after.replicas} == {r.replica_id for r in before.replicas}
+    assert gone == [], f"replicas of the rolled-back model still run: {gone}"
+    records = read_jsonl(jsonl)
+    during = [r for r in records if rolled_back[0].ts - 5 <= r.send_wall <= rolled_back[0].ts]
+    assert len(records) > 20 and during, "the load did not span the rollout"
+    assert [r.request_id for r in records if not r.is_success] == []
+    assert all(r.completion_tokens == r.output_len for r in records)  # no stream cut or padded

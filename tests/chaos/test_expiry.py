@@ -1,0 +1,100 @@
+"""Expiry guards: a paused process is continued at the fault's expiry although the manager that paused it
+is gone, and a revert by the manager stops the guard so that nothing is reverted twice behind its back."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from chaos.catalogue import Catalogue
+from chaos.expiry import ExpiryGuards, needs_guard
+from chaos.faults.base import FaultSpec, RevertToken
+from chaos.faults.process import process_faults, process_state
+from chaos.safety import FaultManager
+from chaos.targets import Selector
+
+from .fakes import FakeTarget, MemoryLedger
+
+STOPPED = {psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP}
+RUNNING = {psutil.STATUS_RUNNING, psutil.STATUS_SLEEPING, psutil.STATUS_DISK_SLEEP}
+PAUSE_S = 2.0
+
+
+def wait_state(pid: int, wanted: set[str], timeout: float) -> str | None:
+    deadline = time.monotonic() + timeout
+    while (state := process_state(pid)) not in wanted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return state
+
+
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(["sleep", "120"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _guards_of(pid: int) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if "chaos.expiry" in (p.info["cmdline"] or [])
+            and p.pid == pid]
+
+
+def test_a_pause_outlives_no_manager_its_guard_continues_the_process_on_time(
+        child: subprocess.Popen[bytes]) -> None:
+    guards = ExpiryGuards()
+
+    async def inject_then_die() -> int:
+        manager = FaultManager(Catalogue(process_faults()), MemoryLedger(), guards=guards)
+        spec = FaultSpec("pause", {}, PAUSE_S, Selector())
+        (fault,) = await manager.inject(spec, [FakeTarget("r0", pid=child.pid)], allow_all=True)
+        assert fault.ok, fault.error
+        await manager.aclose()  # as if the control plane died: its own timer never fires
+        return fault.fault_id or 0
+
+    started = time.monotonic()
+    asyncio.run(inject_then_die())
+    assert wait_state(child.pid, STOPPED, 5) in STOPPED
+    state = wait_state(child.pid, RUNNING, PAUSE_S + 10)
+    elapsed = time.monotonic() - started
+    assert state in RUNNING, f"still {state} {elapsed:.1f}s after a {PAUSE_S:g}s pause"
+    assert elapsed >= PAUSE_S - 0.2  # not before its time either
+
+
+def test_a_revert_by_the_manager_stops_the_guard(child: subprocess.Popen[bytes]) -> None:
+    guards = ExpiryGuards()
+    ledger = MemoryLedger()
+
+    async def inject_and_revert() -> int | None:
+        manager = FaultManager(Catalogue(process_faults()), ledger, guards=guards)
+        (fault,) = await manager.inject(FaultSpec("pause", {}, 60, Selector()),
+                                        [FakeTarget("r0", pid=child.pid)], allow_all=True)
+        guard = manager._running[fault.fault_id or 0].guard_pid
+        assert guard is not None and _guards_of(guard)
+        result = await manager.revert(fault.fault_id or 0)
+        assert result.ok
+        return guard
+
+    guard = asyncio.run(inject_and_revert())
+    assert wait_state(child.pid, RUNNING, 5) in RUNNING
+    assert guard is not None
+    deadline = time.monotonic() + 5
+    while _guards_of(guard) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _guards_of(guard)
+    assert '"guard_pid"' in ledger.rows[1].detail or ledger.rows[1].state == "reverted"
+
+
+def test_faults_that_end_by_themselves_get_no_guard() -> None:
+    kinds = {f.kind: f for f in process_faults()}
+    pause = RevertToken("pause", "r0", "signal", {"pid": 1, "start_time": 1, "signal": "SIGCONT"})
+    kill = RevertToken("kill", "r0", "none", {})
+    assert needs_guard(kinds["pause"], pause)
+    assert not needs_guard(kinds["kill"], kill)
