@@ -67,7 +67,9 @@ class _Server(uvicorn.Server):
 def listening_socket(host: str, port: int, *, reuse_port: bool) -> socket.socket:
     """A bound, listening TCP socket; with ``reuse_port`` other gateways may bind the same address."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP said, not left 0: asyncio sets TCP_NODELAY on an accepted connection only when its
+    # socket's proto is TCP; without it Nagle held each small write for the client's delayed ACK (40 ms).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if reuse_port:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)

@@ -56,6 +56,7 @@ def test_control_plane_crash_drill_passes_its_targets_from_the_cli(model_state: 
     try:
         wait_ready(running, 3)
         done = cli(running, "drill", "run", "control-plane-crash", "--wait")
+        print(done.stdout[-3000:])  # the report as the CLI shows it (pytest -s)
         drill_id = _drill_id(done.stdout)
         report = report_of(running, drill_id)
         restarted = report.get("controlplane_pid")  # type: ignore[assignment]
@@ -86,6 +87,7 @@ def test_gateway_crash_drill_reports_what_clients_lose_and_the_gateway_returns(m
         before = gateway_pids(running.state_dir)
         assert len(before) == 2
         done = cli(running, "drill", "run", "gateway-crash", "--wait")
+        print(done.stdout[-3000:])  # the report as the CLI shows it (pytest -s)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         report = report_of(running, _drill_id(done.stdout))
         assert report["status"] == "passed"
