@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+import uvloop
 
 from controlplane.gateway.admin import create_admin_app
 from controlplane.gateway.config import GatewayConfig
@@ -218,5 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"gateway: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BIND_FAILED
-    asyncio.run(serve(gp, data_sock, admin_sock, drain_timeout_s=args.drain_timeout))
+    # uvloop, the loop uvicorn.run gives the replicas: on the stdlib loop the gateway spent about twice the
+    # CPU per relayed request (5.6 against 2.8 ms at one stream in the gateway benchmark).
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(serve(gp, data_sock, admin_sock, drain_timeout_s=args.drain_timeout))
     return 0
