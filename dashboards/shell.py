@@ -125,8 +125,8 @@ def outage_banner(outage: session.Outage) -> list[Any]:
     """The control plane is gone: since when, what the pages show, and that serving goes on."""
     now = outage.clock()
     since = outage.since if outage.since is not None else now
-    last = (f"the pages show what it last answered at {_clock_time(outage.last_answer)}"
-            if outage.last_answer is not None else "no data was received from it yet")
+    last = (f"The pages show what it last answered at {_clock_time(outage.last_answer)}"
+            if outage.last_answer is not None else "No data was received from it yet")
     return [html.Strong(f"Control plane unreachable for {now - since:.0f} s (since {_clock_time(since)})."),
             html.Span(f" {last}; the gateways and replicas keep serving on their last known replica set. "
                       "Actions will fail until it is back."),
