@@ -35,6 +35,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a backstop: each wa
 TOKEN = "admin-token-for-drill-tests"
 FINISHED = ("passed", "failed", "aborted", "error", "interrupted")
 LOAD: dict[str, Any] = {"rate": 4.0, "duration_s": 10.0, "fault_at_s": 3.0, "max_tokens": 16}
+# The kills that must catch streams in flight use longer ones: a 16-token stream lasts a few hundred ms,
+# and between the drill's aim and its kill the one it aimed at could end (the drill then measures an idle
+# kill; CI saw it once).
+LONG_STREAMS: dict[str, Any] = {"max_tokens": 64}
 AZURE = shipped_trace()  # the Azure LLM conversation trace (2023): what "azure" names
 
 
@@ -175,7 +179,7 @@ def gateway_saw_stall(cp: Running, report: dict[str, Any]) -> bool:
 
 
 def test_replica_crash_loses_no_request_and_serves_again_within_its_target(cp: Running) -> None:
-    report = run_drill(cp, "replica-crash")
+    report = run_drill(cp, "replica-crash", **LONG_STREAMS)
     assert_meets_targets(report)
     assert_every_affected_stream_recovered(report)
     fig = report["figures"]
@@ -189,7 +193,7 @@ def test_replica_crash_loses_no_request_and_serves_again_within_its_target(cp: R
 
 
 def test_zone_outage_kills_one_zone_and_loses_nothing(cp: Running) -> None:
-    report = run_drill(cp, "zone-outage")
+    report = run_drill(cp, "zone-outage", **LONG_STREAMS)
     zones = {t.rsplit("-", 1)[0] for t in report["fault_targets"]}
     assert len(zones) == 1
     assert_meets_targets(report)
