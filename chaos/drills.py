@@ -12,9 +12,10 @@ trace replayed with its own arrivals and token counts (``LoadProfile``); either 
 ``duration_s``. t0 is ``fault_at_s`` after the gateway first sees the load's requests in flight (and, at
 most ``STREAM_WAIT_S`` later, once a stream is in flight).
 
-Aim (:func:`resolve_aim`): a single-replica fault (``COUNT(1)``) hits the replica the caller named, else the
-replica with the most streams in flight at t0 (in the zone the caller named, if any); a zone fault hits the
-zone the caller named, else the busiest replica's zone, so that by default the drill hits live streams.
+Aim (:func:`chaos.drill_aim.resolve_aim`): a single-replica fault (``COUNT(1)``) hits the replica the caller
+named, else the replica with the most streams in flight at t0 (in the zone the caller named, if any); a
+zone fault hits the zone the caller named, else the busiest replica's zone, so that by default the drill
+hits live streams.
 The caller's names are checked against the fleet when the drill starts (:meth:`DrillRunner.check`) and
 resolved again at t0; the report keeps both (``targets_requested``, ``targets_resolved``). All times are
 wall-clock POSIX seconds on this host, read from the runner's clock (a :class:`~chaos.clock.WallClock`
@@ -23,7 +24,9 @@ unless one is given: tests drive the phases on simulated time); the report gives
 The figures (t_detect, t_switch, t_first_ok, t_service, t_slo, t_capacity, RTO and RPO), the prediction and
 the verdict are pure functions of the client timeline and the fleet samples, defined and computed in
 :mod:`chaos.drill_figures`; their names are re-exported here for the modules and tests that import them
-from ``chaos.drills``. This module is the runner: the phases, the load process, the faults, the report.
+from ``chaos.drills``, as are the aim's (:mod:`chaos.drill_aim`) and the load client's command line and
+diagnosis (:mod:`chaos.drill_load`). This module is the runner: the phases, the load process, the faults,
+the report.
 """
 
 from __future__ import annotations
@@ -36,16 +39,15 @@ import math
 import os
 import re
 import signal
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
-import psutil
 
 from chaos.clock import Clock, WallClock
+from chaos.drill_aim import Aim, check_aim, resolve_aim
 from chaos.drill_figures import (
     ClientRequest,
     Figures,
@@ -61,10 +63,11 @@ from chaos.drill_figures import (
     timeline_series,
     verdict,
 )
+from chaos.drill_load import LOAD_GRACE_S, describe_load, load_command, load_not_started
 from chaos.errors import ChaosError, Conflict, Unavailable
 from chaos.faults.base import FaultError, FaultSpec
 from chaos.safety import ActiveFault, FaultManager
-from chaos.scenarios import SCENARIOS, LoadProfile, Scenario, scenario
+from chaos.scenarios import SCENARIOS, Scenario, scenario
 from chaos.targets import Selector, Target
 from inference.bench.report import read_jsonl
 from inference.environment import child_environment
@@ -75,7 +78,6 @@ Progress = Callable[[str, float], None]  # (phase, fraction of the whole drill i
 
 SAMPLE_INTERVAL_S = 0.2  # fleet polling while a drill runs
 SETTLE_S = 2.0  # capacity must hold this long before observation ends early
-LOAD_GRACE_S = 10.0  # in-flight requests get this long after the load's duration
 LOAD_START_TIMEOUT_S = 60.0  # the load client's first request must reach the gateway by then
 STREAM_WAIT_S = 3.0  # at most this long past fault_at_s for a stream in flight to aim at
 STEADY_POLL_S = 1.0  # a steady state not met yet is checked again this often, up to the scenario's timeout
@@ -147,99 +149,6 @@ class DrillPort(Protocol):
     def write_marks(self, drill_id: str, n: int) -> list[int]: ...
 
     def count_marks(self, ids: Sequence[int]) -> int: ...
-
-
-@dataclass(slots=True, frozen=True)
-class Aim:
-    """Where a drill's faults go: what the caller asked for, and what that is in the fleet now."""
-
-    requested_replicas: tuple[str, ...]
-    requested_zones: tuple[str, ...]
-    replicas: tuple[str, ...]  # resolved: the replicas the faults hit
-    zones: tuple[str, ...]
-    how: str
-
-    def requested(self) -> dict[str, Any]:
-        return {"replicas": list(self.requested_replicas), "zones": list(self.requested_zones)}
-
-    def resolved(self) -> dict[str, Any]:
-        return {"replicas": list(self.replicas), "zones": list(self.zones), "how": self.how}
-
-
-def check_aim(sc: Scenario, targets: Sequence[Target]) -> None:
-    """ValueError naming ``replicas`` or ``zones`` when the caller's names are not in the fleet."""
-    by_id = {t.replica_id: t for t in targets}
-    zones = sorted({t.zone for t in targets})
-    for replica_id in sc.replicas:
-        if replica_id not in by_id:
-            raise ValueError(f"replicas: no replica {replica_id!r} in the fleet "
-                             f"(running: {', '.join(sorted(by_id)) or 'none'})")
-    for zone in sc.zones:
-        if zone not in zones:
-            raise ValueError(f"zones: no replica of the fleet in zone {zone!r} "
-                             f"(zones: {', '.join(zones) or 'none'})")
-    for replica_id in sc.replicas:
-        if sc.zones and by_id[replica_id].zone not in sc.zones:
-            raise ValueError(f"zones: replica {replica_id} is in zone {by_id[replica_id].zone}, "
-                             f"not {', '.join(sc.zones)}")
-
-
-def resolve_aim(sc: Scenario, targets: Sequence[Target], inflight: Mapping[str, int]) -> Aim:
-    """The scenario's aim in the fleet ``targets`` with ``inflight`` streams per replica (see the module
-    docstring); ValueError when the caller's names are not in the fleet or the fleet is empty."""
-    check_aim(sc, targets)
-    asked = (sc.replicas, sc.zones)
-    if sc.action == "rollout":
-        ids = tuple(sorted(t.replica_id for t in targets))
-        return Aim(*asked, ids, tuple(sorted({t.zone for t in targets})), "every replica, one at a time")
-    if sc.action in ("gateway-crash", "control-plane-crash"):
-        return Aim(*asked, (), (), "one gateway process" if sc.action == "gateway-crash" else
-                   "the control plane process")
-    if sc.replicas:
-        replica = next(t for t in targets if t.replica_id == sc.replicas[0])
-        how = f"replica {replica.replica_id} (named)"
-    elif sc.zones:
-        replica = _busiest([t for t in targets if t.zone == sc.zones[0]], inflight)
-        how = f"the busiest replica of zone {sc.zones[0]} (named): {replica.replica_id}"
-    else:
-        replica = _busiest(targets, inflight)
-        how = f"the busiest replica: {replica.replica_id}"
-    if not sc.takes_zone:
-        return Aim(*asked, (replica.replica_id,), (replica.zone,), how)
-    zone = sc.zones[0] if sc.zones else next((f.zone for f in sc.faults if f.zone and f.zone != "first"),
-                                               replica.zone)
-    how = f"zone {zone} (named)" if sc.zones else f"zone {zone}, of the busiest replica {replica.replica_id}"
-    ids = tuple(sorted(t.replica_id for t in targets if t.zone == zone))
-    return Aim(*asked, ids, (zone,), how)
-
-
-def load_command(sc: Scenario, gateway_url: str, workdir: Path) -> list[str]:
-    """The load client's command line (``python -m inference.bench serve``) for the scenario's load."""
-    cmd = [sys.executable, "-m", "inference.bench", "serve", "--base-url", gateway_url,
-           "--duration", f"{sc.duration_s:g}", "--grace", f"{LOAD_GRACE_S:g}", "--seed", "0",
-           "--request-timeout", "60", "--jsonl", str(workdir / "load.jsonl"),
-           "--result-json", str(workdir / "load-summary.json"), "--no-progress"]
-    profile = sc.load
-    if profile.is_trace:  # trace arrivals (no --request-rate) over the window the load lasts
-        return [*cmd, "--dataset", f"trace:{profile.path}", "--time-scale", repr(profile.compress),
-                "--token-scale", repr(profile.token_scale), "--trace-start", repr(profile.trace_start_s),
-                "--trace-duration", repr(sc.duration_s * profile.compress),
-                "--max-input-len", str(profile.max_input_len), "--max-output-len", str(sc.max_tokens)]
-    num = math.ceil(sc.rate * sc.duration_s * 2) + 10  # Poisson: enough never to run dry
-    return [*cmd, "--num-requests", str(num), "--request-rate", f"{sc.rate:g}",
-            "--input-len", str(sc.input_len), "--output-len", str(sc.max_tokens)]
-
-
-def describe_load(sc: Scenario) -> dict[str, Any]:
-    """The load as the plan and the report show it."""
-    profile: LoadProfile = sc.load
-    if not profile.is_trace:
-        return {"kind": "rate", "rate": sc.rate, "duration_s": sc.duration_s}
-    return {"kind": "trace", "trace": profile.trace, "path": profile.path, "compress": profile.compress,
-            "token_scale": profile.token_scale, "trace_start_s": profile.trace_start_s,
-            "trace_window_s": round(sc.duration_s * profile.compress, 4), "requests": profile.requests,
-            "mean_rate": sc.rate, "duration_s": sc.duration_s, "max_input_len": profile.max_input_len,
-            "max_output_len": sc.max_tokens}
 
 
 @dataclass(slots=True)
@@ -315,67 +224,10 @@ class DrillRunner:
         return await run.execute()
 
 
-class _Process(Protocol):
-    """A load client's process: asyncio's, or ``subprocess.Popen`` (after ``poll()``)."""
-
-    @property
-    def pid(self) -> int: ...
-
-    @property
-    def returncode(self) -> int | None: ...
-
-
-def load_not_started(load: _Process | None, log: Path, *, waited_s: float) -> str:
-    """Why a drill's load client never put a stream in flight, from its exit status and its log (it writes
-    a line when it asks for the model and one when it starts sending; ``inference.bench.serve``)."""
-    lines = _tail(log)
-    said = f"; its last line: {lines[-1]!r}" if lines else ""
-    if load is None:
-        return "the load client was not started"
-    if load.returncode is not None:
-        return f"the load client exited with status {load.returncode} before any stream{said}"
-    cpu = _cpu_seconds(load.pid)
-    used = "" if cpu is None else f", {cpu:.1f} s of CPU used"
-    busy = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
-    if not lines:
-        return (f"the load client (pid {load.pid}) was still starting after {waited_s:.0f} s: it had written "
-                f"nothing, not even its request for the model ({busy}{used})")
-    if not any(" requests to " in line for line in lines):
-        return (f"the load client (pid {load.pid}) had not started sending after {waited_s:.0f} s: it was "
-                f"still asking the gateway for its model{said}")
-    return (f"the load client (pid {load.pid}) was sending, but the gateway showed no stream in flight for "
-            f"{waited_s:.0f} s (its requests were refused before routing, or ended before the gateway's "
-            f"state was read){said}")
-
-
-def _tail(log: Path, max_bytes: int = 4096) -> list[str]:
-    try:
-        with log.open("rb") as f:
-            f.seek(max(log.stat().st_size - max_bytes, 0))
-            return [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return []
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    try:
-        times = psutil.Process(pid).cpu_times()
-    except psutil.Error:
-        return None
-    return float(times.user + times.system)
-
-
 def _reason_kind(reason: str) -> str:
     """A steady-state reason without its numbers ("fleet: 1 of 3 replicas ready" and "fleet: 2 of 3 ..."
     are one kind), so that waiting notes each kind once."""
     return re.sub(r"\d+(\.\d+)?", "N", reason)
-
-
-def _busiest(targets: Sequence[Target], inflight: Mapping[str, int]) -> Target:
-    """The target with the most streams in flight; ties (and no traffic) go to the first zone, then id."""
-    if not targets:
-        raise ValueError("targets: the fleet has no replica to aim at")
-    return min(targets, key=lambda t: (-inflight.get(t.replica_id, 0), t.zone, t.replica_id))
 
 
 class _Run:
@@ -692,8 +544,8 @@ async def _probe(gateway_url: str, max_tokens: int, clock: Clock) -> tuple[float
     return (ttft if ttft is not None else e2e), e2e, None
 
 
-__all__ = ["SCENARIOS", "ClientRequest", "DrillAborted", "DrillBusy", "DrillError", "DrillPort",
-           "DrillRunner", "FaultNotInjected", "Figures", "FleetSample", "LoadFailed", "LoadNotFlowing",
-           "NoTarget", "Prediction", "Thresholds", "Timings", "client_timeline", "derive_figures",
-           "percentile", "predict", "scenario", "timeline_series", "verdict"]
-
+__all__ = ["LOAD_GRACE_S", "SCENARIOS", "Aim", "ClientRequest", "DrillAborted", "DrillBusy", "DrillError",
+           "DrillPort", "DrillRunner", "FaultNotInjected", "Figures", "FleetSample", "LoadFailed",
+           "LoadNotFlowing", "NoTarget", "Prediction", "Thresholds", "Timings", "check_aim",
+           "client_timeline", "derive_figures", "describe_load", "load_command", "load_not_started",
+           "percentile", "predict", "resolve_aim", "scenario", "timeline_series", "verdict"]
