@@ -12,10 +12,8 @@ import asyncio
 import hmac
 import json
 import logging
-import math
 import os
 import signal
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -43,6 +41,7 @@ from inference.protocol import (
 )
 from inference.sampling_params import InvalidParameterError, SamplingParams
 from inference.spec import document_openai
+from inference.strict_json import BadJson, parse_strict
 
 logger = logging.getLogger(__name__)
 
@@ -285,67 +284,11 @@ async def _read_json(request: Request, replica: Replica) -> Any:
 
 
 def _parse_json(raw: bytes) -> Any:
-    """Strict JSON: no NaN or Infinity (nor a number too large for a float); nesting beyond the
-    interpreter's recursion limit and integers longer than Python converts (4,300 digits) are refusals of
-    the body, like any other malformed JSON."""
+    """Strict JSON (:func:`inference.strict_json.parse_strict`); what is wrong with it is a 400."""
     try:
-        body = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
-    except RecursionError as exc:
-        raise _bad_body("request body is nested too deeply") from exc
-    except UnicodeDecodeError as exc:
-        raise _bad_body(f"request body is not valid UTF-8: {exc.reason} at byte {exc.start}") from exc
-    except json.JSONDecodeError as exc:
-        raise _bad_body(f"request body is not valid JSON: {exc}") from exc
-    except _NotANumber as exc:
-        raise _bad_body(f"request body is not valid JSON: {exc}") from exc
-    except ValueError as exc:  # int() of a number too long to convert
-        limit = sys.get_int_max_str_digits()
-        raise _bad_body(f"request body holds an integer longer than {limit} digits") from exc
-    if not _is_unicode(body):
-        raise _bad_body("request body holds a string with a lone surrogate escape (\\ud800-\\udfff), "
-                        "which is not Unicode text")
-    return body
-
-
-def _is_unicode(body: Any) -> bool:
-    """Whether every string in ``body`` (keys included) is encodable text: JSON may escape half of a
-    surrogate pair, which the tokenizer and the response encoder cannot handle. Iterative: the body may be
-    nested as deep as the parser allowed."""
-    stack = [body]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if not item.isascii() and not _encodable(item):
-                return False
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return True
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-class _NotANumber(ValueError):
-    pass
-
-
-def _refuse_constant(name: str) -> Any:
-    raise _NotANumber(f"{name} is not a JSON number")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _NotANumber(f"{text[:40]} is out of range for a number")
-    return value
+        return parse_strict(raw)
+    except BadJson as exc:
+        raise _bad_body(str(exc)) from exc
 
 
 def _bad_body(message: str) -> HTTPError:
