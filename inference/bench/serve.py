@@ -26,12 +26,19 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from inference.bench.answers import (
+    absorb_chunk,
+    error_kind,
+    fail,
+    fail_http,
+    fail_with_error_object,
+    parse_retry_after,
+)
 from inference.bench.datasets import (
     DEFAULT_INPUT_LEN,
     DEFAULT_OUTPUT_LEN,
@@ -49,20 +56,16 @@ from inference.bench.report import (
     CANCEL,
     CANCELLED,
     CLIENT_CANCELLED,
-    CONNECT_ERROR,
     KINDS,
     PLAIN,
     PROTOCOL_ERROR,
     STREAM,
     STREAM_CUT,
     STREAM_ERROR,
-    TIMEOUT,
     LoadReport,
     RequestRecord,
-    ServerTimings,
     Slo,
     format_table,
-    http_error_kind,
     summarize,
     write_jsonl,
     write_result_json,
@@ -340,14 +343,14 @@ class _Runner:
             async with asyncio.timeout(self.cfg.request_timeout):
                 await self._exchange(record, payload)
         except asyncio.CancelledError:
-            _fail(record, CANCELLED, message="cancelled at the run's hard stop")
+            fail(record, CANCELLED, message="cancelled at the run's hard stop")
             raise
         except Exception as exc:  # every failure of one request becomes its record, never the run's
-            kind = _error_kind(exc)
+            kind = error_kind(exc)
             if kind == PROTOCOL_ERROR:
                 log.warning("run %s: request %s failed unexpectedly: %r", self.cfg.run_id,
                             record.request_id, exc)
-            _fail(record, kind, message=repr(exc))
+            fail(record, kind, message=repr(exc))
         finally:
             if record.end_time is None:
                 record.end_time = self.now()
@@ -381,10 +384,10 @@ class _Runner:
             record.tried = tuple(r for r in resp.headers.get(TRIED_HEADER, "").split(",") if r)
             record.retry_after = parse_retry_after(resp.headers.get("retry-after"))
             if resp.status_code != 200:
-                _fail_http(record, resp.status_code, await resp.aread())
+                fail_http(record, resp.status_code, await resp.aread())
             elif not resp.headers.get("content-type", "").startswith("text/event-stream"):
                 kind = resp.headers.get("content-type")
-                _fail(record, PROTOCOL_ERROR, message=f"not an event stream: {kind}")
+                fail(record, PROTOCOL_ERROR, message=f"not an event stream: {kind}")
             else:
                 await self._read_stream(record, resp)
 
@@ -396,17 +399,17 @@ class _Runner:
         record.replica_id = resp.headers.get(REPLICA_HEADER)
         record.tried = tuple(r for r in resp.headers.get(TRIED_HEADER, "").split(",") if r)
         if resp.status_code != 200:
-            _fail_http(record, resp.status_code, resp.content)
+            fail_http(record, resp.status_code, resp.content)
             return
         try:
             answer = resp.json()
         except ValueError:
-            _fail(record, PROTOCOL_ERROR, message=f"answer is not JSON: {resp.text[:200]!r}")
+            fail(record, PROTOCOL_ERROR, message=f"answer is not JSON: {resp.text[:200]!r}")
             return
         if not isinstance(answer, dict) or not answer.get("choices"):
-            _fail(record, PROTOCOL_ERROR, message=f"answer has no choices: {resp.text[:200]!r}")
+            fail(record, PROTOCOL_ERROR, message=f"answer has no choices: {resp.text[:200]!r}")
             return
-        _absorb_chunk(record, {k: v for k, v in answer.items() if k != "choices"}, self.now())
+        absorb_chunk(record, {k: v for k, v in answer.items() if k != "choices"}, self.now())
         record.finish_reason = answer["choices"][0].get("finish_reason")
         record.end_time = self.now()
 
@@ -421,106 +424,24 @@ class _Runner:
             try:
                 chunk = json.loads(data)
             except json.JSONDecodeError:
-                _fail(record, PROTOCOL_ERROR, message=f"chunk is not JSON: {data[:200]!r}")
+                fail(record, PROTOCOL_ERROR, message=f"chunk is not JSON: {data[:200]!r}")
                 return
             if not isinstance(chunk, dict):
-                _fail(record, PROTOCOL_ERROR, message=f"chunk is not an object: {data[:200]!r}")
+                fail(record, PROTOCOL_ERROR, message=f"chunk is not an object: {data[:200]!r}")
                 return
             if "error" in chunk:
-                _fail_with_error_object(record, STREAM_ERROR, chunk["error"])
+                fail_with_error_object(record, STREAM_ERROR, chunk["error"])
                 return
-            _absorb_chunk(record, chunk, self.now())
+            absorb_chunk(record, chunk, self.now())
             if record.kind == CANCEL and len(record.token_times) >= self.cfg.cancel_after:
                 record.finish_reason, record.end_time = CLIENT_CANCELLED, self.now()
                 return  # leaving the block closes the connection: the server must free the request
-        _fail(record, STREAM_CUT, message="stream ended before data: [DONE]")
+        fail(record, STREAM_CUT, message="stream ended before data: [DONE]")
 
     def _done(self) -> None:
         self.num_done += 1
         if self.progress is not None:
             self.progress(self.num_done, self.total)
-
-
-def _absorb_chunk(record: RequestRecord, chunk: dict[str, Any], now: float) -> None:
-    """Fold one SSE chunk into ``record``: a token arrival when it carries text or token ids."""
-    record.response_id = record.response_id or _str_or_none(chunk.get("id"))
-    carries_token = False
-    for choice in chunk.get("choices") or ():
-        if not isinstance(choice, dict):
-            continue
-        delta = choice.get("delta")
-        delta = delta if isinstance(delta, dict) else {}
-        carries_token |= bool(choice.get("text") or delta.get("content") or choice.get("token_ids"))
-        record.finish_reason = choice.get("finish_reason") or record.finish_reason
-    if carries_token:
-        record.token_times.append(now)
-        if record.first_token_time is None:
-            record.first_token_time = now
-    usage = chunk.get("usage")
-    if isinstance(usage, dict):
-        record.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
-        record.completion_tokens = _int_or_none(usage.get("completion_tokens"))
-    if "timings" in chunk:
-        record.timings = ServerTimings.from_json(chunk["timings"]) or record.timings
-
-
-def _fail(record: RequestRecord, kind: str, *, message: str | None = None) -> None:
-    if record.error_kind is None:  # the first failure is the cause; later ones are its echoes
-        record.error_kind, record.error_message = kind, message
-
-
-def _fail_http(record: RequestRecord, status: int, body: bytes) -> None:
-    try:
-        parsed = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        parsed = None
-    if isinstance(parsed, dict) and "error" in parsed:
-        _fail_with_error_object(record, http_error_kind(status), parsed["error"])
-    else:
-        detail = parsed.get("detail") if isinstance(parsed, dict) else None
-        message = str(detail) if detail else body[:500].decode(errors="replace")
-        _fail(record, http_error_kind(status), message=message)
-
-
-def _fail_with_error_object(record: RequestRecord, kind: str, error: object) -> None:
-    """The OpenAI error shape: ``{"message", "type", "code", "param"}``."""
-    err = error if isinstance(error, dict) else {"message": str(error)}
-    _fail(record, kind, message=_str_or_none(err.get("message")))
-    record.error_type = _str_or_none(err.get("type"))
-    record.error_code = _str_or_none(err.get("code"))
-
-
-def _error_kind(exc: Exception) -> str:
-    """Translate transport exceptions into error kinds (the one place that knows httpx's tree)."""
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-        return CONNECT_ERROR
-    if isinstance(exc, TimeoutError | httpx.TimeoutException):
-        return TIMEOUT
-    if isinstance(exc, httpx.TransportError):
-        return STREAM_CUT  # connected, then the connection broke before [DONE]
-    return PROTOCOL_ERROR
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Retry-After as seconds: a number of seconds or an HTTP date; None when absent or unreadable."""
-    if value is None:
-        return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
-    try:
-        return max(parsedate_to_datetime(value).timestamp() - time.time(), 0.0)
-    except (TypeError, ValueError):
-        return None
-
-
-def _str_or_none(value: object) -> str | None:
-    return None if value is None else str(value)
-
-
-def _int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _check(ok: bool, name: str, value: object, rule: str) -> None:
