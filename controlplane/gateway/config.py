@@ -30,6 +30,9 @@ class GatewayConfig:
     drain_timeout_s: float = 10.0  # at stop, streams in flight get this long to finish
     trace_sample_rate: float = 0.01  # traces kept below the running P95 (all above it are kept)
     trace_max_rows: int = 100_000
+    # The CPU slice each gateway asks the kernel for (Linux 6.12+, controlplane/gateway/cpu_slice.py): short,
+    # so that it takes its CPU back from batch work as soon as a client's bytes arrive. 0: kernel default.
+    cpu_slice_ms: float = 0.1
 
 
 def gateway_problems(cfg: GatewayConfig) -> list[tuple[str, str]]:
@@ -50,6 +53,8 @@ def gateway_problems(cfg: GatewayConfig) -> list[tuple[str, str]]:
         ("admin_port", cfg.admin_port == 0 or 0 < cfg.admin_port < 65536 - cfg.processes,
          f"must be 0 (any free port) or a TCP port, got {cfg.admin_port}"),
         ("drain_timeout_s", cfg.drain_timeout_s >= 0, "must be >= 0"),
+        ("cpu_slice_ms", cfg.cpu_slice_ms == 0 or 0.1 <= cfg.cpu_slice_ms <= 100,
+         f"must be 0 (the kernel's default) or in [0.1, 100] ms, got {cfg.cpu_slice_ms:g}"),
     ):
         if not ok:
             problems.append((f"gateway.{key}", reason))
