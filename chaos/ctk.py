@@ -17,6 +17,8 @@ Actions: :func:`inject_fault`, :func:`revert_fault`, :func:`revert_active_faults
 :func:`release`, :func:`scale`. Probes: :func:`ready_replicas`, :func:`wait_for_ready_replicas`,
 :func:`fleet_summary`, :func:`error_rate`, :func:`p99_ttft`, :func:`active_faults`. These, listed in
 :data:`PROVIDERS`, are the only functions an experiment may call here (the runner refuses any other).
+:func:`discover` lists them for ``chaos discover --no-install chaos.ctk`` (built with chaoslib's own
+discovery helpers, so it needs chaostoolkit installed; nothing else here does).
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+import types
+import typing
+from collections.abc import Callable, Mapping
+from importlib import metadata
 from typing import Any
 
 import httpx
@@ -44,6 +49,7 @@ PROVIDERS = ACTIONS + PROBES  # what an experiment may call in this module (chao
 
 logger = logging.getLogger(__name__)
 
+DISTRIBUTION = "llm-sre-controlplane"  # the package this extension ships in (its version is discovered)
 DEFAULT_URL = "http://127.0.0.1:8080"
 URL_KEY, TOKEN_KEY = "controlplane_url", "controlplane_token"
 URL_ENV, TOKEN_ENV = "CONTROLPLANE_URL", "CONTROLPLANE_TOKEN"
@@ -165,6 +171,52 @@ def p99_ttft(scope: str = "fleet", configuration: Configuration = None,
 def active_faults(configuration: Configuration = None, secrets: Secrets = None) -> list[dict[str, Any]]:
     """The faults active now (id, kind, target, remaining_s)."""
     return list(_call("GET", "/api/v1/chaos/faults", configuration, secrets))
+
+
+# ---- discovery -----------------------------------------------------------------------------------
+def discover(discover_system: bool = True) -> dict[str, Any]:
+    """What ``chaos discover chaos.ctk`` writes: this extension's actions and probes with their arguments,
+    types and docs, from chaoslib's discovery helpers. There is no system to discover (the control plane
+    is reached at run time), so ``system`` stays None either way."""
+    from chaoslib.discovery.discover import (  # type: ignore[import-untyped]
+        discover_actions,
+        discover_probes,
+        initialize_discovery_result,
+        portable_type_name,
+    )
+
+    try:
+        version = metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    discovery: dict[str, Any] = initialize_discovery_result(__name__, version, "llm-sre")
+    found = [*discover_actions(__name__), *discover_probes(__name__)]
+    listed = {"action": ACTIONS, "probe": PROBES}
+    activities = [a for a in found if a["name"] in listed[a["type"]]]  # chaoslib lists every function twice
+    for activity in activities:
+        _resolve_types(activity, portable_type_name)
+    discovery["activities"] = sorted(activities, key=lambda a: (a["type"], PROVIDERS.index(a["name"])))
+    logger.debug("discovered %d activities (system: %s)", len(activities), discover_system)
+    return discovery
+
+
+def _resolve_types(activity: dict[str, Any], portable: Callable[[Any], str]) -> None:
+    """Argument and return types from the evaluated annotations (this module's are strings, which chaoslib
+    reads as ``object``): ``X | None`` is X, ``dict[...]`` a mapping, ``list[...]`` a list."""
+    hints = typing.get_type_hints(globals()[activity["name"]])
+    for argument in activity["arguments"]:
+        if argument["name"] in hints:
+            argument["type"] = portable(_plain(hints[argument["name"]]))
+    if "return" in hints:
+        activity["return_type"] = portable(_plain(hints["return"]))
+
+
+def _plain(hint: Any) -> Any:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return _plain(args[0]) if len(args) == 1 else hint
+    origin = typing.get_origin(hint)
+    return {Mapping: dict}.get(origin, origin) if origin is not None else hint
 
 
 # ---- transport -----------------------------------------------------------------------------------

@@ -3,30 +3,35 @@
 Where it sits: the CLI (``controlplane chaos run``) and the REST API run experiments through it; the
 actions and probes usually come from :mod:`chaos.ctk`, which drives the control plane over HTTP. The
 format itself (loading, validation, tolerances, the plan and the journal's keys) is described and checked
-in :mod:`chaos.experiment_format`; its public names are re-exported here. This module resolves the
-configuration and secrets, runs the providers and plays the phases.
+in :mod:`chaos.experiment_format`, the providers live in :mod:`chaos.experiment_providers`; their public
+names are re-exported here. This module plays the phases.
 
 A run: steady state before (not met: ``failed``, method skipped) -> method, while the stop conditions are
-checked every ``check_interval_s`` (a trip: ``aborted``, the faults the run injected so far are reverted
-at once) -> steady state after (not met: ``failed`` and ``deviated``) -> rollbacks (by default always).
-A failed activity is a record in the journal (status, exception), never an exception out of the run.
+checked every ``check_interval_s`` (a trip: ``aborted``, the commands running are killed, the faults the
+run injected so far are reverted at once) -> steady state after (not met: ``failed`` and ``deviated``) ->
+rollbacks (by default always).
+A hypothesis without probes is not checked; a method may be empty (the steady state is checked alone).
+An activity with ``background: true`` runs concurrently with the ones after it; the method's are joined
+before the steady state after, the rollbacks' at their end, as Chaos Toolkit does. Records keep the order
+the activities started in. A failed activity is a record in the journal (status, exception), never an
+exception out of the run; so is a tolerance that cannot be judged. No process provider's command outlives
+its run: an abort, a cancellation (Ctrl-C) or the end of the run kills what is still running.
 
 What a run may reach, when a server runs it for a caller: python providers only from the modules the
 server allows and only the functions those modules list (:func:`~chaos.experiment_format.provider_function`);
 ``http`` providers only to the hosts of an ``egress`` allow-list (:class:`~chaos.egress.HostAllowList`),
-without following redirects, keeping at most ``MAX_HTTP_BODY_BYTES`` of each answer. Secret values (the
-experiment's and the caller's own token) are redacted as Chaos Toolkit does: any string equal to one, or
-holding one, is written ``***`` in activity outputs, exceptions, the journal and the log.
+without following redirects, keeping at most ``MAX_HTTP_BODY_BYTES`` of each answer; no process providers
+(``allow_process`` defaults to ``allow_env``: a runner that may read its environment is the operator's
+own, and runs local commands as ``chaos run`` does; one that may not is a server's, and runs none). Secret
+values (the experiment's and the caller's own token) are redacted as Chaos Toolkit does: any string equal
+to one, or holding one, is written ``***`` in activity outputs, exceptions, the journal and the log.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
-import os
-import re
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -44,209 +49,50 @@ from chaos.experiment_format import (
     InvalidExperiment,
     Journal,
     check_python_modules,
+    iter_activities,
     load_experiment,
     new_journal,
     now_iso,
     num_activities,
     plan,
-    provider_function,
+    refuse_environment_lookups,
+    refuse_process_providers,
     resolve_activity,
     validate_experiment,
     within_tolerance,
 )
+from chaos.experiment_providers import (
+    MAX_HTTP_BODY_BYTES,
+    PROVIDERS,
+    ActivityFailed,
+    Context,
+    InterruptExecution,
+    redact,
+    resolve_secrets,
+    resolve_values,
+    run_http,
+    run_process,
+    run_python,
+    substitute,
+)
 from chaos.stop_conditions import StopCondition, StopMonitor, StopTrip
 
 __all__ = [
-    "JOURNAL_FORMAT", "ActivityFailed", "Context", "Experiment", "ExperimentRunner", "InterruptExecution",
-    "InvalidExperiment", "Journal", "check_python_modules", "load_experiment", "plan", "redact",
-    "resolve_secrets", "resolve_values", "run_experiment", "run_http", "run_python", "substitute",
-    "validate_experiment", "within_tolerance",
+    "JOURNAL_FORMAT", "MAX_HTTP_BODY_BYTES", "ActivityFailed", "Context", "Experiment", "ExperimentRunner",
+    "InterruptExecution", "InvalidExperiment", "Journal", "check_python_modules", "load_experiment", "plan",
+    "redact", "resolve_secrets", "resolve_values", "run_experiment", "run_http", "run_process", "run_python",
+    "substitute", "validate_experiment", "within_tolerance",
 ]
 
 logger = logging.getLogger(__name__)
 
 RollbackStrategy = Literal["always", "never", "deviated", "default"]
 ROLLBACK_STRATEGIES = ("always", "never", "deviated", "default")
-DEFAULT_HTTP_TIMEOUT_S = 30.0
-MAX_HTTP_BODY_BYTES = 64 * 1024  # of an http provider's answer, kept in the journal (the rest is cut)
-REDACTED = "***"
-MIN_SECRET_CHARS = 4  # shorter secrets are redacted where a whole value equals them, not inside strings
-ABORT_DRAIN_S = 30.0  # how long an aborted run waits for the activity in flight (its fault ids)
-_PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")
+ABORT_DRAIN_S = 30.0  # how long an aborted run waits for the activities in flight (their fault ids)
 
 Progress = Callable[[int, int, str], None]
 FaultReverter = Callable[[Sequence[int]], Awaitable[Sequence[object]]]
-
-
-class ActivityFailed(Exception):
-    """An activity did not succeed (a provider error, an unexpected HTTP status)."""
-
-
-class InterruptExecution(Exception):
-    """Raised by an activity to stop the run at once (journal status ``interrupted``)."""
-
-
-# ---- configuration and secrets -------------------------------------------------------------------
-def resolve_values(block: Mapping[str, Any] | None, where: str, *, allow_env: bool = True) -> dict[str, Any]:
-    """Configuration values, with ``{"type": "env", "key": K[, "default": D]}`` read from the environment
-    (refused with ``allow_env=False``: a server never hands its environment to a request)."""
-    out: dict[str, Any] = {}
-    for name, value in (block or {}).items():
-        if isinstance(value, Mapping) and value.get("type") == "env" and not allow_env:
-            raise InvalidExperiment(f"{where}.{name}: environment lookups are not allowed here")
-        if isinstance(value, Mapping) and value.get("type") == "env":
-            key = str(value.get("key", ""))
-            if key in os.environ:
-                out[name] = os.environ[key]
-            elif "default" in value:
-                out[name] = value["default"]
-            else:
-                raise InvalidExperiment(f"{where}.{name}: environment variable {key!r} is not set")
-        else:
-            out[name] = value
-    return out
-
-
-def resolve_secrets(block: Mapping[str, Any] | None, *, allow_env: bool = True) -> dict[str, dict[str, Any]]:
-    return {name: resolve_values(values, f"secrets.{name}", allow_env=allow_env)
-            for name, values in (block or {}).items() if isinstance(values, Mapping)}
-
-
-def substitute(value: Any, names: Mapping[str, Any]) -> Any:
-    """``${name}`` placeholders replaced in strings, recursively; a string that is one placeholder keeps
-    the value's type."""
-    if isinstance(value, str):
-        whole = _PLACEHOLDER.fullmatch(value)
-        if whole and whole[1] in names:
-            return names[whole[1]]
-        return _PLACEHOLDER.sub(lambda m: str(names.get(m[1], m[0])), value)
-    if isinstance(value, list):
-        return [substitute(v, names) for v in value]
-    if isinstance(value, Mapping):
-        return {k: substitute(v, names) for k, v in value.items()}
-    return value
-
-
-def redact(value: Any, secrets: Iterable[str]) -> Any:
-    """``value`` with every secret written ``***``: a string equal to one, and one inside a longer string
-    (secrets of ``MIN_SECRET_CHARS`` or more); recursively through lists and mappings, keys included."""
-    values = sorted({s for s in secrets if s}, key=len, reverse=True)
-    if not values:
-        return value
-    return _redact(value, frozenset(values), [s for s in values if len(s) >= MIN_SECRET_CHARS])
-
-
-def _redact(value: Any, whole: frozenset[str], inner: list[str]) -> Any:
-    if isinstance(value, str):
-        if value in whole:
-            return REDACTED
-        for secret in inner:
-            if secret in value:
-                value = value.replace(secret, REDACTED)
-        return value
-    if isinstance(value, Mapping):
-        return {_redact(k, whole, inner): _redact(v, whole, inner) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_redact(v, whole, inner) for v in value]
-    return value
-
-
-# ---- providers -----------------------------------------------------------------------------------
-@dataclass(slots=True)
-class Context:
-    """What activities run with; ``base_secrets`` go to every python function taking ``secrets`` and win
-    over the experiment's (the caller's own credentials when a server runs it); never journaled.
-    ``egress`` limits where http providers go (None: anywhere, for a run on the operator's own machine)."""
-
-    configuration: dict[str, Any]
-    secrets: dict[str, dict[str, Any]]
-    transport: httpx.BaseTransport | None = None
-    base_secrets: dict[str, Any] = field(default_factory=dict)
-    egress: HostAllowList | None = None
-
-    @property
-    def names(self) -> dict[str, Any]:
-        merged = dict(self.configuration)
-        for block in self.secrets.values():
-            merged.update(block)
-        return merged
-
-    @property
-    def secret_values(self) -> list[str]:
-        """Every secret value as text: what :func:`redact` hides."""
-        values = [*self.base_secrets.values(), *(v for b in self.secrets.values() for v in b.values())]
-        return [str(v) for v in values if isinstance(v, (str, int, float)) and not isinstance(v, bool)]
-
-
-def run_python(provider: Mapping[str, Any], ctx: Context) -> Any:
-    func = provider_function(str(provider["module"]), str(provider["func"]))
-    arguments = substitute(dict(provider.get("arguments") or {}), ctx.names)
-    params = inspect.signature(func).parameters
-    if "configuration" in params:
-        arguments["configuration"] = dict(ctx.configuration)
-    if "secrets" in params:
-        merged: dict[str, Any] = {}
-        for block in provider.get("secrets") or []:
-            merged.update(ctx.secrets.get(block, {}))
-        arguments["secrets"] = {**merged, **ctx.base_secrets}
-    return func(**arguments)
-
-
-def run_http(provider: Mapping[str, Any], ctx: Context) -> dict[str, Any]:
-    url = str(substitute(provider["url"], ctx.names))
-    method = str(provider.get("method", "GET")).upper()
-    headers = {str(k): str(v) for k, v in substitute(dict(provider.get("headers") or {}), ctx.names).items()}
-    arguments = substitute(provider.get("arguments"), ctx.names)
-    timeout = provider.get("timeout", DEFAULT_HTTP_TIMEOUT_S)
-    timeout = httpx.Timeout(timeout[1], connect=timeout[0]) if isinstance(timeout, list) else float(timeout)
-    kwargs: dict[str, Any] = {"headers": headers}
-    if arguments is not None:
-        kwargs["params" if method == "GET" else "json"] = arguments
-    refusal = ctx.egress.refusal(url) if ctx.egress is not None else None
-    if refusal is not None:
-        raise ActivityFailed(f"{method} {url}: refused: {refusal}")
-    try:
-        with httpx.Client(timeout=timeout, trust_env=False, transport=ctx.transport, follow_redirects=False,
-                          verify=bool(provider.get("verify_tls", True))) as http, \
-                http.stream(method, url, **kwargs) as response:
-            raw, truncated = _read_bounded(response, MAX_HTTP_BODY_BYTES)
-    except httpx.HTTPError as exc:
-        raise ActivityFailed(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
-    output = {"status": response.status_code, "headers": dict(response.headers),
-              "body": _body(raw, truncated, response.encoding or "utf-8")}
-    if truncated:
-        output["truncated"] = True  # the body holds the first MAX_HTTP_BODY_BYTES bytes only
-    expected = provider.get("expected_status")
-    if expected is not None:
-        allowed = expected if isinstance(expected, list) else [expected]
-        if response.status_code not in allowed:
-            raise ActivityFailed(f"{method} {url}: HTTP {response.status_code}, expected {allowed}")
-    return output
-
-
-def _read_bounded(response: httpx.Response, limit: int) -> tuple[bytes, bool]:
-    """At most ``limit`` bytes of the body (and whether there was more): a huge answer is never held."""
-    chunks: list[bytes] = []
-    size = 0
-    for chunk in response.iter_bytes():
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            return b"".join(chunks)[:limit], True
-    return b"".join(chunks), False
-
-
-def _body(raw: bytes, truncated: bool, encoding: str) -> Any:
-    text = raw.decode(encoding, errors="replace")
-    if truncated:
-        return text
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-PROVIDERS: dict[str, Callable[[Mapping[str, Any], Context], Any]] = {"python": run_python, "http": run_http}
+Record = dict[str, Any]
 
 
 # ---- the runner ----------------------------------------------------------------------------------
@@ -255,7 +101,7 @@ class _State:
     journal: Journal
     ctx: Context
     fault_ids: list[int] = field(default_factory=list)
-    in_flight: asyncio.Future[dict[str, Any]] | None = None
+    in_flight: dict[asyncio.Future[Record], Record] = field(default_factory=dict)  # -> its journal record
     done: int = 0
     total: int = 0
 
@@ -268,7 +114,7 @@ class ExperimentRunner:
                  revert_faults: FaultReverter | None = None, progress: Progress | None = None,
                  base_configuration: Mapping[str, Any] | None = None,
                  base_secrets: Mapping[str, Any] | None = None, allow_env: bool = True,
-                 egress: HostAllowList | None = None) -> None:
+                 egress: HostAllowList | None = None, allow_process: bool | None = None) -> None:
         self._clock: Clock = clock or MonotonicClock()
         self._transport = http_transport
         self._revert_faults = revert_faults
@@ -277,6 +123,7 @@ class ExperimentRunner:
         self._base_secrets = dict(base_secrets or {})
         self._allow_env = allow_env
         self._egress = egress
+        self._allow_process = allow_env if allow_process is None else allow_process
 
     async def run(self, experiment: Experiment, *, dry_run: bool = False,
                   stop_conditions: Iterable[StopCondition] = (), check_interval_s: float = 1.0,
@@ -284,20 +131,16 @@ class ExperimentRunner:
         """Run (or with ``dry_run`` only walk) ``experiment``; InvalidExperiment before anything runs."""
         if rollback_strategy not in ROLLBACK_STRATEGIES:
             raise InvalidExperiment(f"rollback_strategy: one of {', '.join(ROLLBACK_STRATEGIES)}")
-        validate_experiment(experiment)
+        ctx = self._context(experiment)
         conditions = tuple(stop_conditions)
-        configuration = {**resolve_values(experiment.get("configuration"), "configuration",
-                                          allow_env=self._allow_env),
-                         **self._base_configuration}  # the server's own values win, as its secrets do
-        secrets = resolve_secrets(experiment.get("secrets"), allow_env=self._allow_env)
-        ctx = Context(configuration, secrets, self._transport, dict(self._base_secrets), self._egress)
         state = _State(new_journal(experiment, dry_run, conditions), ctx)
         state.total = num_activities(experiment)
         started = time.monotonic()
         logger.info("experiment %r: started%s", experiment["title"], " (dry run)" if dry_run else "")
         try:
             await self._phases(experiment, state, dry_run, conditions, check_interval_s, rollback_strategy)
-        finally:
+        finally:  # also when cancelled (Ctrl-C): no command outlives the run, nor keeps asyncio.run waiting
+            ctx.commands.stop("the run stopped")
             journal: Journal = redact(state.journal, ctx.secret_values)
             journal["end"] = now_iso()
             journal["duration"] = round(time.monotonic() - started, 3)
@@ -305,6 +148,22 @@ class ExperimentRunner:
             logger.info("experiment %r: %s (deviated=%s) in %.1fs", experiment["title"], journal["status"],
                         journal["deviated"], journal["duration"])
         return journal
+
+    def _context(self, experiment: Experiment) -> Context:
+        """What the activities run with, once the experiment is known to be valid and runnable here."""
+        if not self._allow_env:
+            refuse_environment_lookups(experiment)
+        if not self._allow_process:
+            refuse_process_providers(experiment)
+        validate_experiment(experiment)
+        configuration = {**resolve_values(experiment.get("configuration"), "configuration",
+                                          allow_env=self._allow_env),
+                         **self._base_configuration}  # the server's own values win, as its secrets do
+        secrets = resolve_secrets(experiment.get("secrets"), allow_env=self._allow_env)
+        ctx = Context(configuration, secrets, self._transport, dict(self._base_secrets), self._egress,
+                      self._allow_process)
+        _check_pauses(experiment, ctx.names)
+        return ctx
 
     async def _phases(self, experiment: Experiment, state: _State, dry: bool,
                       conditions: tuple[StopCondition, ...], interval_s: float,
@@ -328,23 +187,20 @@ class ExperimentRunner:
             journal["status"] = "interrupted"
             journal["interruption"] = str(exc)
         if _play_rollbacks(strategy, journal):
-            for activity in experiment.get("rollbacks") or []:
-                journal["rollbacks"].append(await self._activity(activity, experiment, state, dry))
+            await self._play(experiment.get("rollbacks") or [], journal["rollbacks"], experiment, state, dry)
 
     async def _hypothesis(self, experiment: Experiment, state: _State, dry: bool,
                           when: str) -> dict[str, Any] | None:
-        hypothesis = experiment.get("steady-state-hypothesis")
-        if not hypothesis:
-            return None
+        probes = (experiment.get("steady-state-hypothesis") or {}).get("probes") or []
+        if not probes:
+            return None  # as Chaos Toolkit: a hypothesis without probes is not checked
         result: dict[str, Any] = {"steady_state_met": True, "probes": []}
         state.journal["steady_states"][when] = result
-        for probe in hypothesis.get("probes") or []:
-            record = await self._activity(probe, experiment, state, dry)
+        for probe in probes:
+            record = await self._activity(probe, experiment, state, dry, result["probes"])
             met = dry or (record["status"] == "succeeded"
-                          and within_tolerance(resolve_activity(probe, experiment)["tolerance"],
-                                               record["output"]))
+                          and await _judge(probe["tolerance"], record, state.ctx))
             record["tolerance_met"] = met
-            result["probes"].append(record)
             if not met:
                 result["steady_state_met"] = False
                 name = probe.get("name", probe.get("ref"))
@@ -355,7 +211,7 @@ class ExperimentRunner:
 
     async def _guarded_method(self, experiment: Experiment, state: _State, dry: bool,
                               conditions: tuple[StopCondition, ...], interval_s: float) -> StopTrip | None:
-        method = self._method(experiment, state, dry)
+        method = self._play(experiment["method"], state.journal["run"], experiment, state, dry)
         if dry or not conditions:
             await method
             return None
@@ -371,18 +227,46 @@ class ExperimentRunner:
         await asyncio.gather(work, return_exceptions=True)
         return watcher.result()
 
-    async def _method(self, experiment: Experiment, state: _State, dry: bool) -> None:
-        for activity in experiment["method"]:
-            state.journal["run"].append(await self._activity(activity, experiment, state, dry))
+    async def _play(self, activities: Sequence[Mapping[str, Any]], records: list[Record],
+                    experiment: Experiment, state: _State, dry: bool) -> None:
+        """One phase's activities in order; background ones run concurrently and are joined at its end
+        (cancelled with it: an abort settles what they started, see :meth:`_abort`)."""
+        background: list[asyncio.Task[Record]] = []
+        try:
+            for activity in activities:
+                run = self._activity(activity, experiment, state, dry, records)
+                if resolve_activity(activity, experiment).get("background"):
+                    background.append(asyncio.ensure_future(run))
+                    await asyncio.sleep(0)  # let it start (and take its place in the journal) first
+                else:
+                    await run
+        except asyncio.CancelledError:
+            for task in background:
+                task.cancel()
+            raise
+        except InterruptExecution:
+            await asyncio.gather(*background, return_exceptions=True)
+            raise
+        outcomes = await asyncio.gather(*background, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def _abort(self, state: _State) -> list[dict[str, Any]]:
-        """After a trip: let the activity in flight finish (its faults count), then revert every fault."""
-        if state.in_flight is not None and not state.in_flight.done():
-            done, _ = await asyncio.wait({state.in_flight}, timeout=ABORT_DRAIN_S)
-            if done:
-                record = state.in_flight.result()
-                state.journal["run"].append(record)
-                state.fault_ids += _fault_ids(record.get("output"))  # it finished after the trip
+        """After a trip: kill the commands running (local commands inject no fault the run tracks), let the
+        other activities in flight finish (their faults count), then revert every fault."""
+        pending = dict(state.in_flight)
+        state.ctx.commands.stop("the run was aborted by a stop condition")
+        if pending:
+            done, _ = await asyncio.wait(pending, timeout=ABORT_DRAIN_S)
+            for future, record in pending.items():
+                if future in done:
+                    _settle(record, future.result(), state)  # it finished after the trip
+                else:
+                    record.update(status="failed", exception=[f"still running {ABORT_DRAIN_S:g}s after the "
+                                                              "run was aborted\n"])
+            state.in_flight.clear()
+        state.ctx.commands.resume()  # the rollbacks' commands run
         ids = sorted(set(state.fault_ids))
         if not ids:
             return []
@@ -397,34 +281,87 @@ class ExperimentRunner:
         return [redact(_jsonable(r), secrets) for r in results]
 
     async def _activity(self, activity: Mapping[str, Any], experiment: Experiment, state: _State,
-                        dry: bool) -> dict[str, Any]:
+                        dry: bool, records: list[Record]) -> Record:
+        """Run one activity (its pauses on the clock, its provider in a worker thread); its record joins
+        ``records`` when it starts, as Chaos Toolkit's do, and is filled in when it ends."""
         resolved = resolve_activity(activity, experiment)
-        pauses = resolved.get("pauses") or {}
+        pauses = _pauses(resolved, state.ctx.names)
         if not dry and pauses.get("before"):
-            await self._clock.sleep(float(pauses["before"]))
+            await self._clock.sleep(pauses["before"])
+        record: Record = {"activity": dict(resolved), "output": None, "start": now_iso(), "status": "running"}
+        records.append(record)
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[dict[str, Any]] = loop.run_in_executor(
-            None, _execute, resolved, state.ctx, dry)
-        state.in_flight = future
-        record = await asyncio.shield(future)
-        state.in_flight = None
-        state.fault_ids += _fault_ids(record.get("output"))
-        state.done += 1
+        future: asyncio.Future[Record] = loop.run_in_executor(None, _execute, resolved, state.ctx, dry)
+        state.in_flight[future] = record
+        result = await asyncio.shield(future)
+        del state.in_flight[future]
+        _settle(record, result, state)
         if self._progress is not None:
             self._progress(state.done, state.total, str(resolved.get("name")))
         if record.get("interrupted"):
             raise InterruptExecution(record.get("exception", [""])[-1].strip())
         if not dry and pauses.get("after"):
-            await self._clock.sleep(float(pauses["after"]))
+            await self._clock.sleep(pauses["after"])
         return record
 
 
 def run_experiment(experiment: Experiment, **kwargs: Any) -> Journal:
     """Synchronous wrapper: ``ExperimentRunner().run(experiment, **kwargs)`` on a fresh event loop."""
     runner_keys = {"clock", "http_transport", "revert_faults", "progress", "base_configuration",
-                   "base_secrets", "allow_env", "egress"}
+                   "base_secrets", "allow_env", "egress", "allow_process"}
     runner = ExperimentRunner(**{k: v for k, v in kwargs.items() if k in runner_keys})
     return asyncio.run(runner.run(experiment, **{k: v for k, v in kwargs.items() if k not in runner_keys}))
+
+
+async def _judge(tolerance: Any, record: Record, ctx: Context) -> bool:
+    """Whether a probe's output meets its tolerance. A tolerance that is itself a probe is run with the
+    output as its ``value``: a python or http one gets it as the ``value`` argument and is met when it
+    succeeds with a truthy answer (Chaos Toolkit's rule); a process one gets it as its last argument (a
+    string as it is, anything else as JSON) and is met when the command exits 0. A tolerance that cannot be
+    judged fails the probe's record (status, exception), never the run."""
+    try:
+        if not (isinstance(tolerance, Mapping) and tolerance.get("type") == "probe"):
+            return within_tolerance(tolerance, record["output"])
+        judge = {**tolerance, "provider": _with_value(tolerance["provider"], record["output"])}
+        verdict = await asyncio.get_running_loop().run_in_executor(None, _execute, judge, ctx, False)
+    except Exception as exc:
+        problem = "".join(traceback.format_exception_only(type(exc), exc))
+        record["status"], record["exception"] = "failed", [redact(f"tolerance: {problem}", ctx.secret_values)]
+        logger.error("probe %r: its tolerance cannot be judged: %s", record["activity"].get("name"),
+                     redact(f"{type(exc).__name__}: {exc}", ctx.secret_values))
+        return False
+    if verdict["status"] != "succeeded":
+        return False
+    if tolerance["provider"].get("type") == "process":
+        return isinstance(verdict["output"], Mapping) and verdict["output"].get("status") == 0
+    return bool(verdict["output"])
+
+
+def _with_value(provider: Mapping[str, Any], value: Any) -> dict[str, Any]:
+    """A tolerance probe's provider given the probe's output (see :func:`_judge`)."""
+    if provider.get("type") == "process":
+        arg = value if isinstance(value, str) else json.dumps(value, default=str)
+        return {**provider, "arguments": [*(provider.get("arguments") or []), arg]}
+    return {**provider, "arguments": {**(provider.get("arguments") or {}), "value": value}}
+
+
+def _check_pauses(experiment: Experiment, names: Mapping[str, Any]) -> None:
+    """Every pause, its ``${name}`` resolved, is a number of seconds >= 0 (refused before anything runs)."""
+    for where, activity in iter_activities(experiment):
+        for key, value in substitute(dict(activity.get("pauses") or {}), names).items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise InvalidExperiment(f"{where}.pauses.{key}: {value!r} is not a number of seconds >= 0")
+
+
+def _pauses(activity: Mapping[str, Any], names: Mapping[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in substitute(dict(activity.get("pauses") or {}), names).items()}
+
+
+def _settle(record: Record, result: Record, state: _State) -> None:
+    """An activity's outcome into its journal record (and its fault ids into the run's)."""
+    record.update(result)
+    state.fault_ids += _fault_ids(result.get("output"))
+    state.done += 1
 
 
 # ---- helpers -------------------------------------------------------------------------------------

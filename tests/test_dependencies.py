@@ -54,11 +54,12 @@ def test_every_third_party_import_is_a_declared_dependency() -> None:
     assert undeclared == {}, f"imported but not in pyproject.toml's dependencies: {undeclared}"
 
 
-def test_only_the_offline_benchmark_and_the_ray_backend_need_an_extra() -> None:
+def test_only_the_offline_benchmark_the_ray_backend_and_chaos_discover_need_an_extra() -> None:
     """transformers (dev) is the offline benchmark's reference, imported where that benchmark runs; ray
-    (the ``ray`` extra) is imported only when ``[fleet] backend = "ray"`` joins a cluster."""
+    (the ``ray`` extra) is imported only when ``[fleet] backend = "ray"`` joins a cluster; chaoslib (dev, with
+    Chaos Toolkit) only by ``chaos discover`` and to check an experiment with chaoslib's own validator too."""
     required, _ = declared()
     distributions = importlib.metadata.packages_distributions()
     optional = {m for m in imported_modules()
                 if not {d.lower().replace("_", "-") for d in distributions.get(m, [m])} & required}
-    assert optional == {"transformers", "ray"}
+    assert optional == {"transformers", "ray", "chaoslib"}

@@ -37,6 +37,7 @@ from controlplane.client import TOKEN_ENV, ActiveFault, FaultKind, FleetView, as
 from controlplane.config import load_config
 
 LOCAL_COMMANDS = frozenset({"up", "simulate", "hash-password", "admin"})  # they never talk to the API
+CLI_TOKEN_SECRET = "controlplane_cli_token"  # `chaos run`: the operator's token, among the secrets redacted
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -168,6 +169,11 @@ def _chaos_run(args: argparse.Namespace) -> int:
     os.environ.setdefault("CONTROLPLANE_URL", args.url)  # chaos.ctk's fallback when the experiment has none
     if args.token:
         os.environ[TOKEN_ENV] = args.token  # never into the experiment's configuration (it is journaled)
+    token = os.environ.get(TOKEN_ENV)
+    # Redacted from the journal like the experiment's own secrets; under a key chaos.ctk does not read, so
+    # an experiment's `controlplane_token` still wins over $CONTROLPLANE_TOKEN, as under `chaos run`.
+    # Process providers never see it: their commands start without the environment's secrets.
+    redacted = {CLI_TOKEN_SECRET: token} if token else {}
     experiment = load_experiment(args.experiment)
     validate_experiment(experiment)  # before the progress bar: a refusal is one line
     with client(args) as api:
@@ -185,7 +191,7 @@ def _chaos_run(args: argparse.Namespace) -> int:
                 bar.set_postfix_str(name[:30])
                 bar.update(done - bar.n)
 
-            runner = ExperimentRunner(progress=progress)
+            runner = ExperimentRunner(progress=progress, base_secrets=redacted)
             journal = asyncio.run(runner.run(experiment, dry_run=args.dry_run, stop_conditions=conditions,
                                              check_interval_s=args.check_interval,
                                              rollback_strategy=args.rollback_strategy))

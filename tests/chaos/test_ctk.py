@@ -1,14 +1,18 @@
 """The Chaos Toolkit extension sends its token only to the control plane: every call is a path on the
 configured URL, and a path that would leave it (an absolute URL, ``//host``) is refused before a byte goes
-out. Two real loopback servers stand for the control plane and for a host the token must never reach."""
+out. Two real loopback servers stand for the control plane and for a host the token must never reach.
+Chaos Toolkit's own ``chaos discover`` lists the extension's actions and probes."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -69,3 +73,24 @@ def test_a_path_that_would_leave_the_control_plane_is_refused_before_sending(
     with pytest.raises(ctk.ControlPlaneError, match="not a path on the control plane"):
         ctk._call("GET", target, {ctk.URL_KEY: plane}, {ctk.TOKEN_KEY: TOKEN})
     assert Recording.seen == []  # neither server saw a request, so the token went nowhere
+
+
+CHAOS = Path(sys.executable).parent / "chaos"  # Chaos Toolkit's CLI, installed with the dev extras
+
+
+def test_chaos_discover_lists_our_actions_and_probes(tmp_path: Path) -> None:
+    done = subprocess.run([str(CHAOS), "--no-version-check", "--settings", str(tmp_path / "settings.yaml"),
+                           "discover", "--no-system-info", "--no-install", "llm-sre-controlplane"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Discovery outcome saved in ./discovery.json" in done.stdout + done.stderr
+    discovery = json.loads((tmp_path / "discovery.json").read_text())
+    assert discovery["extension"]["name"] == "chaos.ctk" and discovery["system"] is None
+    listed = [(a["type"], a["name"]) for a in discovery["activities"]]
+    assert listed == [("action", name) for name in ctk.ACTIONS] + [("probe", name) for name in ctk.PROBES]
+    assert {a["mod"] for a in discovery["activities"]} == {"chaos.ctk"}
+    inject = discovery["activities"][0]
+    assert inject["doc"].startswith("Inject a fault") and inject["return_type"] == "mapping"
+    assert inject["arguments"][:3] == [{"name": "kind", "type": "string"},
+                                       {"name": "duration_s", "default": 30.0, "type": "number"},
+                                       {"name": "selector", "default": "COUNT(1)", "type": "string"}]

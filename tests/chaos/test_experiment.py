@@ -254,18 +254,27 @@ def test_configuration_env_and_secrets_are_substituted_and_secrets_never_journal
 
 @pytest.mark.parametrize(("patch", "message"), [
     ({"title": ""}, "title: required"),
-    ({"method": []}, "method: required"),
+    ({"description": ""}, "description: required"),
+    ({"method": None}, "method: required"),
+    ({"steady-state-hypothesis": {"probes": []}}, "steady-state-hypothesis.title: required"),
     ({"method": [{"type": "action", "name": "x", "provider": {"type": "python", "module": "no.such.mod",
                                                                 "func": "f"}}]}, "method[0].provider.module"),
     ({"method": [py("x", "kill_one", arguments={"nope": 1})]}, "method[0].provider.arguments"),
     ({"method": [{"ref": "missing"}]}, "method[0].ref: no activity named 'missing'"),
-    ({"method": [{"type": "action", "name": "x", "provider": {"type": "process", "path": "ls"}}]},
-     "method[0].provider.type: must be python or http"),
-    ({"steady-state-hypothesis": {"probes": [py("p", "ready_replicas", "probe")]}},
+    ({"method": [{"type": "action", "name": "x", "provider": {"type": "shell", "path": "ls"}}]},
+     "method[0].provider.type: one of python, process, http"),
+    ({"method": [{"type": "action", "name": "x", "provider": {"type": "process", "path": "ls",
+                                                                "arguments": "-l /"}}]},
+     "method[0].provider.arguments: a command line would run through a shell"),
+    ({"steady-state-hypothesis": {"title": "t", "probes": [py("p", "ready_replicas", "probe")]}},
      "steady-state-hypothesis.probes[0].tolerance: required"),
-    ({"steady-state-hypothesis": {"probes": [py("p", "ready_replicas", "probe",
-                                                tolerance={"type": "range", "range": [1]})]}},
+    ({"steady-state-hypothesis": {"title": "t", "probes": [py("p", "ready_replicas", "probe",
+                                                              tolerance={"type": "range", "range": [1]})]}},
      "tolerance.range: two numbers"),
+    ({"controls": [{"name": "log", "provider": {"type": "python", "module": MOD}}]},
+     "controls: not run by this runner"),
+    ({"method": [py("x", "kill_one", pauses={"after": "${wait}"})], "configuration": {"wait": "soon"}},
+     "method[0].pauses.after: 'soon' is not a number of seconds"),
 ])
 def test_malformed_experiments_are_refused_naming_the_place(patch: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidExperiment, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -302,6 +311,25 @@ def test_a_server_refuses_foreign_modules_and_environment_lookups(monkeypatch: p
     exp = experiment(secrets={"cp": {"controlplane_token": {"type": "env", "key": "EXP_TEST_TOKEN"}}})
     with pytest.raises(InvalidExperiment, match=r"secrets\.cp\.controlplane_token: environment lookups"):
         run_experiment(exp, allow_env=False)
+    assert STATE["calls"] == []
+
+
+@pytest.mark.parametrize("block", ["secrets", "configuration"])
+def test_a_server_refuses_environment_lookups_at_any_depth_whether_the_variable_is_set_or_not(
+        monkeypatch: pytest.MonkeyPatch, block: str) -> None:
+    exp = experiment(**{block: {"a": {"b": {"c": {"type": "env", "key": "EXP_TEST_PROBED"}}}}})
+    answers = []
+    for present in (False, True):  # the answer must not tell a caller whether the server has the variable
+        if present:
+            monkeypatch.setenv("EXP_TEST_PROBED", "here")
+        else:
+            monkeypatch.delenv("EXP_TEST_PROBED", raising=False)
+        with pytest.raises(InvalidExperiment) as refused:
+            check_python_modules(exp, [MOD])
+        answers.append(str(refused.value))
+        with pytest.raises(InvalidExperiment, match="environment lookups are not allowed here"):
+            run_experiment(exp, allow_env=False)
+    assert answers == [f"{block}.a.b.c: environment lookups are not allowed here"] * 2
     assert STATE["calls"] == []
 
 

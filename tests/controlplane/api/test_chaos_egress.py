@@ -65,8 +65,9 @@ def test_configured_hosts_are_reached_and_no_other(tmp_path: Path) -> None:
         headers = {"Authorization": f"Bearer {tokens.issue('op', Role.OPERATOR)}"}
         with TestClient(create_api(services)) as client:
             started = client.post("/api/v1/chaos/experiments", headers=headers, json={"experiment": {
-                "title": "egress", "method": [probe("configured", f"http://{configured}/status"),
-                                              probe("other", f"http://{other}/status")]}})
+                "title": "egress", "description": "one allowed host, one not",
+                "method": [probe("configured", f"http://{configured}/status"),
+                           probe("other", f"http://{other}/status")]}})
             assert started.status_code == 202, started.text
             path = f"/api/v1/chaos/experiments/{started.json()['id']}"
             deadline = time.monotonic() + 30

@@ -129,7 +129,7 @@ def test_no_token_leaves_through_experiments_logs_files_or_children(running: Run
             # 2. A run that points the extension elsewhere (in its configuration, and with a Host header
             # naming the outside host) and probes hosts that are not allowed.
             started = operator.post("/api/v1/chaos/experiments", json={"experiment": {
-                "title": "exfiltration attempts",
+                "title": "exfiltration attempts", "description": "point the extension and http probes away",
                 "configuration": {"controlplane_url": outside},  # the server's own URL wins
                 "method": [ctk_probe("faults", "active_faults"),
                            http_probe("outside", f"{outside}/steal"),
