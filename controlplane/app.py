@@ -20,6 +20,7 @@ import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import uvicorn
 
@@ -27,7 +28,7 @@ from chaos.catalogue import default_catalogue
 from chaos.drills import DrillRunner
 from chaos.expiry import ExpiryGuards
 from chaos.safety import FaultManager
-from controlplane.alerts.delegation import delegated_rules_path
+from controlplane.alerts.delegation import delegated_rules_path, write_rule_file
 from controlplane.alerts.engine import (
     AlertEngine,
     alert_delegation,
@@ -37,7 +38,9 @@ from controlplane.alerts.engine import (
 )
 from controlplane.api.auth import ADMIN_PASSWORD_ENV, FIRST_ADMIN_NAME, ensure_users, parse_users
 from controlplane.api.factory import Services, create_api
-from controlplane.auth import Auditor, TokenAuthority
+from controlplane.api.process_metrics import STATE_PATH
+from controlplane.api.state_metrics import ActiveFaultCount
+from controlplane.auth import Auditor, Role, TokenAuthority
 from controlplane.autoscale.loop import Autoscaler
 from controlplane.config import Config, ConfigError
 from controlplane.console import ConsoleProcess, start_console, stop_console
@@ -54,16 +57,20 @@ from controlplane.lab.hosts import LabHosts
 from controlplane.replicas import ReplicaLoad
 from controlplane.schedules.scheduler import DrillScheduler, drill_scheduler
 from controlplane.store.database import Store
-from controlplane.store.files import private_dir
+from controlplane.store.files import create_private, private_dir
 from controlplane.store.retention import Retention
-from controlplane.telemetry.base import Regex, Telemetry, TelemetryError
-from controlplane.telemetry.prometheus_server import PrometheusServer
+from controlplane.telemetry.base import HTTP_REQUESTS, Regex, Telemetry, TelemetryError
+from controlplane.telemetry.prometheus_server import GuardedPage, PrometheusServer
+from controlplane.telemetry.recording_rules import rule_file as recording_rule_file
+from controlplane.telemetry.recording_rules import rule_file_path
 from controlplane.telemetry.select import select_source
 from inference.environment import child_environment
 
 logger = logging.getLogger(__name__)
 
 ADMIN_TOKEN_ENV = "CONTROLPLANE_ADMIN_TOKEN"
+SCRAPE_TOKEN_NAME = "prometheus-scrape"  # the viewer token Prometheus shows /metrics/state; new at each start
+SCRAPE_TOKEN_FILE = "scrape.token"  # in Prometheus' state folder, 0600
 GATEWAY_READY_TIMEOUT_S = 60.0
 
 
@@ -94,8 +101,9 @@ def build(config: Config) -> ControlPlane:
                                  secret=fleet_secret, reserved_ports=config.listener_ports)
     backend = replica_backend(config.fleet, state)  # joins the Ray cluster when [fleet] backend = "ray"
     fleet = Fleet(config.fleet, backend, store, secret=fleet_secret,
-                  reserved_ports=config.listener_ports | {g.admin_port for g in gateways.gateways.values()})
-    prometheus = _prometheus(config, rule_switches(store), gateways.admin_addresses)
+                  reserved_ports=config.listener_ports | {g.admin_port for g in gateways.gateways.values()},
+                  tracing=config.gateway.tracing())
+    prometheus = _prometheus(config, rule_switches(store), gateways.admin_addresses, tokens)
     telemetry = select_source(config.telemetry, prometheus.url if prometheus else None, fleet.endpoints)
     fleet.error_rate = replica_error_rate(telemetry)
     loads = LoadCache(telemetry)
@@ -128,27 +136,45 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _prometheus(config: Config, switches: Mapping[str, bool],
-                gateways: list[str]) -> PrometheusServer | None:
+def _prometheus(config: Config, switches: Mapping[str, bool], gateways: list[str],
+                tokens: TokenAuthority) -> PrometheusServer | None:
     if config.prometheus.enabled == "off":
         return None
     api = config.api
-    server = PrometheusServer(config.prometheus, config.state_path / "prometheus",
+    delegation = alert_delegation(config.alerts, config.state_path, switches)
+    recording = rule_file_path(config.state_path)  # the dashboard's quantiles (deploy/grafana/)
+    write_rule_file(recording, recording_rule_file())
+    state = config.state_path / "prometheus"
+    state_page = GuardedPage(STATE_PATH, state / SCRAPE_TOKEN_FILE)  # the control plane's state: viewer only
+    server = PrometheusServer(config.prometheus, state,
                               static_jobs={"controlplane": [f"{api.host}:{api.port}"], "gateway": gateways},
-                              **alert_delegation(config.alerts, config.state_path, switches))
+                              guarded_pages={"controlplane": state_page},
+                              rule_files=[recording, *delegation.pop("rule_files", [])], **delegation)
     if not server.is_available():
         if config.prometheus.enabled == "on":
             raise RuntimeError("unavailable: prometheus binary not found (install Debian's prometheus)")
         logger.warning("prometheus binary not found: using the in-process scraper for telemetry")
         return None
+    write_scrape_token(tokens, state_page.credentials_file)
     return server
+
+
+def write_scrape_token(tokens: TokenAuthority, path: Path) -> None:
+    """A new viewer token for Prometheus' scrape of ``/metrics/state``, in a file only this user may read
+    (Prometheus reads it at each scrape); the previous start's token is revoked. The secret is neither
+    logged nor printed."""
+    tokens.revoke(SCRAPE_TOKEN_NAME)
+    secret = tokens.issue(SCRAPE_TOKEN_NAME, Role.VIEWER)
+    private_dir(path.parent)
+    path.unlink(missing_ok=True)
+    create_private(path, secret.encode("ascii"))
 
 
 def replica_error_rate(telemetry: Telemetry) -> Callable[[str], float | None]:
     """A replica's share of 5xx answers to inference requests over the telemetry window."""
     def rate(replica_id: str) -> float | None:
         try:
-            per_status = telemetry.rate("http_requests_total", by=("status_code",), match={
+            per_status = telemetry.rate(HTTP_REQUESTS, by=("status_code",), match={
                 "replica": replica_id, "path": Regex("/v1/(chat/)?completions")})
         except TelemetryError:
             return None
@@ -223,9 +249,10 @@ async def _start(cp: ControlPlane, running: _Running, api_socket: socket.socket)
     running.fleet = True
     # On Ray, the node faults act on the cluster; the lab, when this machine has one, brings hosts back.
     cluster = fleet_cluster(cp.fleet.backend, LabHosts.find())
+    ledger = ActiveFaultCount(cp.store)  # the ledger, counted as it is written: /metrics/state reads no SQL
     chaos = running.chaos = FaultManager(
         default_catalogue(admin_tokens=cp.fleet.admin_token, link=cp.gateways.links, cluster=cluster),
-        cp.store, guards=ExpiryGuards(environment=child_environment))
+        ledger, guards=ExpiryGuards(environment=child_environment))
     leftovers = await chaos.revert_leftovers()  # a crash mid-drill leaves nothing paused or partitioned
     if leftovers:
         logger.warning("reverted %d faults left active by an earlier control plane", len(leftovers))
@@ -242,7 +269,8 @@ async def _start(cp: ControlPlane, running: _Running, api_socket: socket.socket)
         alerts.on_rules_changed = rule_file_writer(delegated_rules_path(cfg.state_path), cp.prometheus.reload)
     services = Services(cp.fleet, cp.store, TokenAuthority(cp.store), Auditor(cp.store), cp.telemetry,
                         chaos, alerts=alerts, drills=drills, feed=cp.feed, gateways=cp.gateways,
-                        experiment_hosts=tuple(cfg.chaos.experiment_hosts), api=cfg.api)
+                        experiment_hosts=tuple(cfg.chaos.experiment_hosts), api=cfg.api,
+                        active_faults=ledger)
     services.autoscaler = running.autoscaler = Autoscaler(cfg.autoscaler, cp.fleet, cp.telemetry, cp.store)
     schedules = services.schedules = drill_scheduler(cfg.drills, cp.store, drills,
                                                      loop=asyncio.get_running_loop())

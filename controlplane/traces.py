@@ -35,6 +35,7 @@ class TraceRecord:
     resumes: int = 0  # mid-stream continuations on another replica
     error: str | None = None
     api_key_id: str | None = None  # a hash prefix of the client key, never the key
+    trace_id: str | None = None  # the OpenTelemetry trace (32 hex digits) when it was exported and sampled
 
 
 class TraceSampler:

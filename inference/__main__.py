@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from inference.config import EngineConfig
+from inference.config import EngineConfig, TracingConfig
 from inference.sampling_params import SamplingParams
 from inference.secret_options import secret_option
 from inference.server import ServerConfig
@@ -78,7 +78,8 @@ def _serve(args: argparse.Namespace) -> int:
                           max_waiting_tokens=args.max_waiting_tokens, max_body_bytes=args.max_body_bytes,
                           drain_timeout_s=args.drain_timeout,
                           ready_deadline_s=args.ready_deadline, stall_seconds=args.stall_seconds)
-    return run(args.model, _engine_config(args), server)
+    tracing = TracingConfig(args.otlp_traces_endpoint, args.otlp_sample_ratio)
+    return run(args.model, _engine_config(args), server, tracing)
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -104,6 +105,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ready-deadline", type=float, default=_default(ServerConfig, "ready_deadline_s"))
     p.add_argument("--stall-seconds", type=float, default=_default(ServerConfig, "stall_seconds"))
     p.add_argument("--num-threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--otlp-traces-endpoint", default="", metavar="URL",
+                   help="export OpenTelemetry spans of every request over OTLP/HTTP to this URL, e.g. "
+                        "http://127.0.0.1:4318/v1/traces (default: off)")
+    p.add_argument("--otlp-sample-ratio", type=float, default=_default(TracingConfig, "sample_ratio"),
+                   help="share of new traces sampled; a request with a traceparent follows its parent")
     p.add_argument("--cpus", type=cpu_list, default=None,
                    help="run on these CPUs only, e.g. 2-3 or 0,4 (default: wherever the scheduler puts it)")
 

@@ -34,6 +34,7 @@ class _Add:
     params: SamplingParams
     priority: int
     arrival_time: float
+    keep_logprobs: bool = True
 
 
 @dataclass(slots=True)
@@ -100,15 +101,16 @@ class AsyncEngine:
 
     # ---- requests ------------------------------------------------------------------------------
     async def generate(self, request_id: str, prompt: Seq[int], params: SamplingParams, *,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """Stream outputs of one request; closing the iterator early aborts the request."""
+                       priority: int = 0, keep_logprobs: bool = True) -> AsyncIterator[RequestOutput]:
+        """Stream outputs of one request; closing the iterator early aborts the request.
+        ``keep_logprobs``: the finished output carries every token's logprobs (off for streams)."""
         if not self.is_alive:
             raise EngineDeadError("engine loop is not running")
         self.engine.validate_prompt(prompt)
         loop = asyncio.get_running_loop()
         q: _Stream = asyncio.Queue()
         self._streams[request_id] = (loop, q)
-        self._inbox.put(_Add(request_id, list(prompt), params, priority, self.engine.clock()))
+        self._inbox.put(_Add(request_id, list(prompt), params, priority, self.engine.clock(), keep_logprobs))
         finished = False
         try:
             while True:
@@ -179,8 +181,8 @@ class AsyncEngine:
             if item.request_id not in self._streams:  # cancelled before it reached the engine
                 return
             try:
-                self.engine.add_request(item.request_id, item.prompt, item.params,
-                                        priority=item.priority, arrival_time=item.arrival_time)
+                self.engine.add_request(item.request_id, item.prompt, item.params, priority=item.priority,
+                                        arrival_time=item.arrival_time, keep_logprobs=item.keep_logprobs)
             except ValueError as exc:
                 self._send(item.request_id, exc)
         elif isinstance(item, _Abort):

@@ -1,7 +1,9 @@
-"""Engine configuration: one typed home for every engine knob, with defaults that run out of the box."""
+"""Engine configuration: one typed home for every engine knob, with defaults that run out of the box;
+and the replica's trace export settings (:class:`TracingConfig`, which the gateway shares)."""
 
 from __future__ import annotations
 
+import urllib.parse
 from dataclasses import dataclass
 
 KV_CACHE_DTYPES = ("auto", "int8")
@@ -49,3 +51,45 @@ class EngineConfig:
 def _positive(name: str, value: int) -> None:
     if not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+
+
+@dataclass(slots=True, frozen=True)
+class TracingConfig:
+    """OpenTelemetry trace export (OTLP over HTTP/protobuf); off while ``endpoint`` is empty.
+
+    ``endpoint`` is the collector's traces URL (``http://collector:4318/v1/traces``); a URL without a path
+    gets OTLP's ``/v1/traces``. ``sample_ratio`` is the share of new traces kept: at a replica, a request
+    that arrives with a W3C ``traceparent`` follows its parent's decision instead, so a sampled gateway
+    span's replica spans are sampled too (the gateway trusts a client's "sampled" flag no further than
+    the ratio: :func:`inference.tracing.start_provider`).
+    """
+
+    endpoint: str = ""
+    sample_ratio: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name, reason in tracing_problems(self.endpoint, self.sample_ratio):
+            raise ValueError(f"{name}: {reason}")
+
+    @property
+    def is_enabled(self) -> bool:
+        return bool(self.endpoint)
+
+    @property
+    def traces_url(self) -> str:
+        """Where spans are POSTed: the endpoint, with ``/v1/traces`` when it names no path."""
+        url = urllib.parse.urlsplit(self.endpoint)
+        return self.endpoint if url.path not in ("", "/") else self.endpoint.rstrip("/") + "/v1/traces"
+
+
+def tracing_problems(endpoint: str, sample_ratio: float) -> list[tuple[str, str]]:
+    """(setting, reason) for each bad trace export setting, named as the gateway's config names them."""
+    problems = []
+    url = urllib.parse.urlsplit(endpoint)
+    if endpoint and (url.scheme not in ("http", "https") or not url.hostname):
+        problems.append(("otlp_traces_endpoint", f"must be an http(s) URL such as "
+                                                 f"http://127.0.0.1:4318/v1/traces, got {endpoint!r}"))
+    if isinstance(sample_ratio, bool) or not isinstance(sample_ratio, (int, float)) \
+            or not 0.0 <= sample_ratio <= 1.0:
+        problems.append(("otlp_sample_ratio", f"must be in [0, 1], got {sample_ratio!r}"))
+    return problems

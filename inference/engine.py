@@ -26,7 +26,7 @@ from inference.model_runner import ModelRunner, plan_cache
 from inference.models.default import ensure_default_model
 from inference.models.loader import load_model
 from inference.npu_attention import make_npu_decode_kernel
-from inference.output import Clock, RequestMetrics, RequestOutput, TextAssembler
+from inference.output import Clock, RequestMetrics, RequestOutput, TextAssembler, TokenLogprob
 from inference.sampler import SamplingRow
 from inference.sampling_params import InvalidParameterError, SamplingParams
 from inference.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -67,6 +67,9 @@ class _Request:
     metrics: RequestMetrics
     detokenizer: IncrementalDetokenizer
     text: TextAssembler
+    # With SamplingParams.logprobs and ``keep_logprobs``: one per output token, for the finished output. A
+    # streamed request sends each token's in its own output and keeps none (up to 20 alternatives a token).
+    logprobs: list[TokenLogprob] | None = None
 
 
 def resolve_model(model: str, state_dir: Path | None = None) -> Path:
@@ -111,6 +114,7 @@ class LLMEngine:
         self.requests: dict[str, _Request] = {}
         self._by_seq: dict[int, _Request] = {}  # the same requests, by sequence id
         self.step_stats: deque[StepStat] = deque(maxlen=4096)
+        self.record_prefill_chunks = False  # per request, for traces (inference.tracing); off: no work
         self._seq_ids = itertools.count()
         logger.info("engine ready: model=%s device=%s dtype=%s kv_blocks=%d block_size=%d max_model_len=%d",
                     self.model_path, self.device.torch_device, self.dtype, layout.num_blocks,
@@ -126,7 +130,9 @@ class LLMEngine:
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | Seq[int], params: SamplingParams, *,
-                    priority: int = 0, arrival_time: float | None = None) -> None:
+                    priority: int = 0, arrival_time: float | None = None, keep_logprobs: bool = True) -> None:
+        """Queue a request. ``keep_logprobs``: the finished output carries every token's logprobs (a
+        non-streamed answer); off, each output carries only its new tokens' (a stream)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
         tokens = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -134,7 +140,8 @@ class LLMEngine:
         arrival = self.clock() if arrival_time is None else arrival_time
         seq = Sequence(next(self._seq_ids), tokens, params, arrival, priority)
         detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids=tokens)
-        request = _Request(request_id, seq, RequestMetrics(arrival), detokenizer, TextAssembler(params.stop))
+        request = _Request(request_id, seq, RequestMetrics(arrival), detokenizer, TextAssembler(params.stop),
+                           [] if params.logprobs is not None and keep_logprobs else None)
         self.requests[request_id] = request
         self._by_seq[seq.seq_id] = request
         self.scheduler.add(seq)
@@ -173,11 +180,13 @@ class LLMEngine:
         if out.is_empty:
             return []
         rows = self._begin(out, start)
-        sampled = self.runner.run(out, rows)
+        sampled, logprobs = self.runner.run(out, rows)
         self.scheduler.update_after_step(out, sampled)
         now = self.clock()
-        outputs = [self._postprocess(self._by_seq[item.seq.seq_id], token, now)
-                   for item, token in zip(out.scheduled, sampled) if token is not None]
+        if self.record_prefill_chunks:
+            self._record_prefill_chunks(out, start, now)
+        outputs = [self._postprocess(self._by_seq[item.seq.seq_id], token, logprob, now)
+                   for item, token, logprob in zip(out.scheduled, sampled, logprobs) if token is not None]
         self._record_step(out, start, now)
         return outputs
 
@@ -196,17 +205,27 @@ class LLMEngine:
         p = seq.params
         early = seq.num_output_tokens < p.min_tokens and not p.ignore_eos
         banned = self.eos_token_ids if early else frozenset()
-        return SamplingRow(p, seq.num_output_tokens + p.output_offset, banned)
+        if not p.has_penalties:
+            return SamplingRow(p, seq.num_output_tokens + p.output_offset, banned)
+        # A resumed stream's prompt ends with the ``output_offset`` tokens it output elsewhere: penalties
+        # count them as output, so the continuation samples what the undisturbed run would have.
+        num_prompt = seq.num_prompt_tokens - min(p.output_offset, seq.num_prompt_tokens)
+        return SamplingRow(p, seq.num_output_tokens + p.output_offset, banned, seq.token_ids, num_prompt,
+                           seq.seq_id)
 
-    def _postprocess(self, req: _Request, token: int, now: float) -> RequestOutput:
+    def _postprocess(self, req: _Request, token: int, logprob: TokenLogprob | None,
+                     now: float) -> RequestOutput:
         m = req.metrics
         if m.first_token_time is None:
             m.first_token_time = now
         m.last_token_time = now
+        if req.logprobs is not None and logprob is not None:
+            req.logprobs.append(logprob)
+        new_logprobs = None if logprob is None else [logprob]
         delta, reason = self._append_text(req, token)
         if reason is not None:
-            return self._finish(req, reason, now, new_tokens=[token], delta=delta)
-        return self._output(req, [token], delta, finished=False, reason=None)
+            return self._finish(req, reason, now, new_tokens=[token], delta=delta, new_logprobs=new_logprobs)
+        return self._output(req, [token], delta, finished=False, reason=None, new_logprobs=new_logprobs)
 
     def _append_text(self, req: _Request, token: int) -> tuple[str, FinishReason | None]:
         """Detokenize ``token`` and decide whether the request stops here."""
@@ -222,20 +241,34 @@ class LLMEngine:
         return delta, None
 
     def _finish(self, req: _Request, reason: FinishReason, now: float, *, delta: str = "",
-                new_tokens: list[int] | None = None, error: str | None = None) -> RequestOutput:
+                new_tokens: list[int] | None = None, error: str | None = None,
+                new_logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
         self.scheduler.finish(req.seq, reason)
         del self.requests[req.request_id]
         del self._by_seq[req.seq.seq_id]
         req.metrics.finished_time = now
         if not req.text.stopped:
             delta += req.text.push(req.detokenizer.flush())[0] + req.text.flush()
-        return self._output(req, new_tokens or [], delta, finished=True, reason=reason.value, error=error)
+        return self._output(req, new_tokens or [], delta, finished=True, reason=reason.value, error=error,
+                            new_logprobs=new_logprobs)
 
     def _output(self, req: _Request, new_tokens: list[int], delta: str, *, finished: bool,
-                reason: str | None, error: str | None = None) -> RequestOutput:
+                reason: str | None, error: str | None = None,
+                new_logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
         seq = req.seq
+        if seq.params.logprobs is not None and new_logprobs is None:
+            new_logprobs = []
         return RequestOutput(req.request_id, seq.prompt_token_ids, seq.output_token_ids, new_tokens,
-                             req.text.text[:req.text.emitted], delta, finished, reason, req.metrics, error)
+                             req.text.text[:req.text.emitted], delta, finished, reason, req.metrics, error,
+                             new_logprobs, req.logprobs if finished else None)
+
+    def _record_prefill_chunks(self, out: SchedulerOutput, start: float, end: float) -> None:
+        """The prompt chunks this step computed, per request, for its trace (before its first token)."""
+        for item in out.scheduled:
+            metrics = self._by_seq[item.seq.seq_id].metrics
+            if metrics.first_token_time is None:
+                chunks = metrics.prefill_chunks = metrics.prefill_chunks or []
+                chunks.append((start, end, item.num_new_tokens))
 
     def _record_step(self, out: SchedulerOutput, start: float, end: float) -> None:
         decode = sum(1 for s in out.scheduled if s.num_new_tokens == 1)

@@ -2,8 +2,10 @@
 
 Engine state (queue lengths, KV usage, prefix-cache and preemption counters) is read at scrape time by a
 collector, so the page always agrees with the engine; per-request histograms are observed when a request
-finishes. Every series carries ``model_name`` plus our ``replica`` and ``zone`` labels. Non-vLLM metrics
-use plain names (no ``:``).
+finishes. Every series carries vLLM's labels, ``model_name`` and ``engine`` (the engine's index within the
+server: always ``"0"``, one engine per replica), plus our ``replica`` and ``zone``. The vLLM series and
+their buckets follow vLLM's documented list (kept in ``tests/replica/data/vllm_metrics.json``); the
+project's own metrics carry the ``llmsre_`` prefix (:data:`inference.runtime_metrics.NAMESPACE`).
 """
 
 from __future__ import annotations
@@ -16,13 +18,18 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from inference.output import RequestOutput
-from inference.runtime_metrics import register_runtime_metrics
+from inference.runtime_metrics import NAMESPACE, register_runtime_metrics
 
 # Like vLLM: no `_created` series (they double the page and Prometheus ignores them in text format).
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
 
-LABELS = ("model_name", "replica", "zone")
+LABELS = ("model_name", "engine", "replica", "zone")
+ENGINE_INDEX = "0"  # vLLM numbers the engines of one server from 0; a replica runs one
 FINISH_REASONS = ("stop", "length", "abort")
+# Why the server refuses a request before it starts (``observe_rejected``); exported at 0 from start-up.
+REJECT_REASONS = ("unauthorized", "body_too_large", "invalid", "prompt_too_long", "draining",
+                  "device_failure", "injected_error", "queue_full", "queue_tokens_full",
+                  "client_disconnected")
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -31,6 +38,15 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                            60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
+
+# The project's own series on the replica's page.
+KV_BLOCKS_IN_USE = f"{NAMESPACE}kv_cache_blocks_in_use"
+DEVICE_MEMORY_USED = f"{NAMESPACE}device_memory_used_bytes"
+DEVICE_MEMORY_TOTAL = f"{NAMESPACE}device_memory_total_bytes"
+DEVICE_UTILIZATION = f"{NAMESPACE}device_utilization_ratio"
+HTTP_REQUESTS = f"{NAMESPACE}http_requests"  # the page shows it with prometheus_client's ``_total``
+REJECTED_REQUESTS = f"{NAMESPACE}rejected_requests"
 
 
 def buckets_1_2_5(maximum: int) -> tuple[float, ...]:
@@ -71,7 +87,7 @@ class CacheConfigInfo:
 
 
 class _EngineCollector(Collector):
-    def __init__(self, read: Callable[[], EngineGauges], labels: tuple[str, str, str],
+    def __init__(self, read: Callable[[], EngineGauges], labels: tuple[str, ...],
                  info: CacheConfigInfo) -> None:
         self.read = read
         self.labels = list(labels)
@@ -85,19 +101,22 @@ class _EngineCollector(Collector):
                           g.num_waiting)
         yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                           g.kv_cache_usage)
+        # vLLM's name for it before 0.9, still read by older dashboards (its own example's earlier revisions).
+        yield self._gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage. "
+                          "DEPRECATED: use vllm:kv_cache_usage_perc.", g.kv_cache_usage)
         yield self._counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of "
                             "queried tokens.", g.prefix_cache_queries)
         yield self._counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
                             "tokens.", g.prefix_cache_hits)
         yield self._counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.",
                             g.num_preemptions)
-        yield self._gauge("kv_cache_blocks_in_use", "KV-cache blocks referenced by sequences now (0 when "
+        yield self._gauge(KV_BLOCKS_IN_USE, "KV-cache blocks referenced by sequences now (0 when "
                           "idle: a block still held then has leaked).", g.kv_blocks_in_use)
-        yield self._gauge("device_memory_used_bytes", "Device memory in use by this replica.",
+        yield self._gauge(DEVICE_MEMORY_USED, "Device memory in use by this replica.",
                           g.device_memory_used)
-        yield self._gauge("device_memory_total_bytes", "Device memory in total.", g.device_memory_total)
+        yield self._gauge(DEVICE_MEMORY_TOTAL, "Device memory in total.", g.device_memory_total)
         if g.device_utilization is not None:
-            yield self._gauge("device_utilization_ratio", "Device busy share since the last scrape "
+            yield self._gauge(DEVICE_UTILIZATION, "Device busy share since the last scrape "
                               "(CPU: cores used by this process).", g.device_utilization)
         yield self._cache_info()
 
@@ -125,7 +144,7 @@ class ReplicaMetrics:
     def __init__(self, *, model_name: str, replica: str, zone: str, max_model_len: int,
                  read_engine: Callable[[], EngineGauges], cache_info: CacheConfigInfo) -> None:
         self.registry = CollectorRegistry()
-        self.label_values = (model_name, replica, zone)
+        self.label_values = (model_name, ENGINE_INDEX, replica, zone)
         self.registry.register(_EngineCollector(read_engine, self.label_values, cache_info))
         register_runtime_metrics(self.registry)
         r = self.registry
@@ -145,6 +164,11 @@ class ReplicaMetrics:
                               "seconds.", TTFT_BUCKETS)
         self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in "
                              "seconds.", ITL_BUCKETS)
+        # vLLM's older name for the inter-token latency, still read by older dashboards: the same values.
+        self.tpot = histogram("vllm:time_per_output_token_seconds", "Histogram of time per output token in "
+                              "seconds. DEPRECATED: use vllm:inter_token_latency_seconds.", ITL_BUCKETS)
+        self.request_tpot = histogram("vllm:request_time_per_output_token_seconds", "Histogram of "
+                                      "time_per_output_token_seconds per request.", ITL_BUCKETS)
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in "
                              "seconds.", REQUEST_LATENCY_BUCKETS)
         self.queue = histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING "
@@ -153,49 +177,81 @@ class ReplicaMetrics:
                                  "phase for request.", REQUEST_LATENCY_BUCKETS)
         self.decode = histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE "
                                 "phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.inference = histogram("vllm:request_inference_time_seconds", "Histogram of time spent in "
+                                   "RUNNING phase for request.", REQUEST_LATENCY_BUCKETS)
         self.request_prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens "
                                                "processed.", token_buckets)
         self.request_generation_tokens = histogram("vllm:request_generation_tokens", "Number of generation "
                                                    "tokens processed.", token_buckets)
         self.iteration_tokens = histogram("vllm:iteration_tokens_total", "Histogram of number of tokens "
                                           "per engine_step.", ITERATION_TOKEN_BUCKETS)
-        self.http_requests = Counter("http_requests", "HTTP requests by path and status code.",
+        self.max_num_generation_tokens = histogram("vllm:request_max_num_generation_tokens", "Histogram of "
+                                                   "maximum number of requested generation tokens.",
+                                                   token_buckets)
+        self.params_n = histogram("vllm:request_params_n", "Histogram of the n request parameter.",
+                                  PARAMS_N_BUCKETS)
+        self.params_max_tokens = histogram("vllm:request_params_max_tokens", "Histogram of the max_tokens "
+                                           "request parameter.", token_buckets)
+        self.http_requests = Counter(HTTP_REQUESTS, "HTTP requests by path and status code.",
                                      [*LABELS, "path", "status_code"], registry=r)
-        self.rejected_requests = counter("rejected_requests", "Requests refused before they started, by "
+        self.rejected_requests = counter(REJECTED_REQUESTS, "Requests refused before they started, by "
                                          "reason.", ("reason",))
         self._create_series()
+        # The per-token and per-step series, labelled once: ``labels()`` hashes and locks on every call, and
+        # these are observed on the event loop for every token the replica streams.
+        lv = self.label_values
+        self._ttft_series = self.ttft.labels(*lv)
+        self._itl_series = self.itl.labels(*lv)
+        self._tpot_series = self.tpot.labels(*lv)
+        self._iteration_series = self.iteration_tokens.labels(*lv)
 
     def _create_series(self) -> None:
         """Export every vLLM series at 0 from start-up, as vLLM does, so a quiet replica shows zeros."""
         lv = self.label_values
-        for metric in (self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e, self.queue,
-                       self.prefill, self.decode, self.request_prompt_tokens, self.request_generation_tokens,
-                       self.iteration_tokens):
+        for metric in (self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.tpot,
+                       self.request_tpot, self.e2e, self.queue, self.prefill, self.decode, self.inference,
+                       self.request_prompt_tokens, self.request_generation_tokens, self.iteration_tokens,
+                       self.max_num_generation_tokens, self.params_n, self.params_max_tokens):
             metric.labels(*lv)
         for reason in FINISH_REASONS:
             self.request_success.labels(*lv, reason)
+        for reason in REJECT_REASONS:
+            self.rejected_requests.labels(*lv, reason)
         for path in ("/v1/completions", "/v1/chat/completions"):  # so a rate sees the first requests
             for status in ("200", "500", "503"):
                 self.http_requests.labels(*lv, path, status)
 
     def observe_token(self, first: bool, seconds_since_previous: float) -> None:
-        (self.ttft if first else self.itl).labels(*self.label_values).observe(seconds_since_previous)
+        if first:
+            self._ttft_series.observe(seconds_since_previous)
+            return
+        self._itl_series.observe(seconds_since_previous)
+        self._tpot_series.observe(seconds_since_previous)  # the deprecated name: the same observation
 
-    def observe_finished(self, out: RequestOutput) -> None:
+    def observe_finished(self, out: RequestOutput, *, max_tokens: int, n: int = 1) -> None:
+        """A request that ended without error, with the ``max_tokens`` and ``n`` it asked for."""
         lv = self.label_values
         m = out.metrics
+        num_generated = len(out.output_token_ids)
         self.prompt_tokens.labels(*lv).inc(len(out.prompt_token_ids))
-        self.generation_tokens.labels(*lv).inc(len(out.output_token_ids))
+        self.generation_tokens.labels(*lv).inc(num_generated)
         self.request_success.labels(*lv, out.finish_reason or "unknown").inc()
         self.e2e.labels(*lv).observe(m.e2e_time)
         self.queue.labels(*lv).observe(m.queue_time)
         self.prefill.labels(*lv).observe(m.prefill_time)
         self.decode.labels(*lv).observe(m.decode_time)
+        self.inference.labels(*lv).observe(m.prefill_time + m.decode_time)
+        # As vLLM: (e2e - TTFT) over the tokens after the first; a request of one token or none counts 0.
+        per_token = (m.e2e_time - m.ttft) / (num_generated - 1) if num_generated > 1 else 0.0
+        self.request_tpot.labels(*lv).observe(max(per_token, 0.0))
         self.request_prompt_tokens.labels(*lv).observe(len(out.prompt_token_ids))
-        self.request_generation_tokens.labels(*lv).observe(len(out.output_token_ids))
+        self.request_generation_tokens.labels(*lv).observe(num_generated)
+        self.max_num_generation_tokens.labels(*lv).observe(max_tokens)
+        self.params_n.labels(*lv).observe(n)
+        self.params_max_tokens.labels(*lv).observe(max_tokens)
 
     def observe_step(self, num_tokens: int) -> None:
-        self.iteration_tokens.labels(*self.label_values).observe(num_tokens)
+        self._iteration_series.observe(num_tokens)
 
     def observe_http(self, path: str, status_code: int) -> None:
         self.http_requests.labels(*self.label_values, path, str(status_code)).inc()

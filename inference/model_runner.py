@@ -2,7 +2,8 @@
 
 The runner owns the paged KV cache (one :class:`KVCacheStore` per attention layer) and binds it to the
 model's attention layers. ``run`` takes the scheduler's plan and returns one sampled token (or ``None``
-for a prefill chunk that does not reach the end of its sequence) per scheduled sequence.
+for a prefill chunk that does not reach the end of its sequence) per scheduled sequence, with its
+log-probabilities where the request asked for them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from inference.attention import (
 )
 from inference.kv_quant import GatherWorkspace, Int8KVCacheStore, KVCacheStore
 from inference.models.llama import LlamaForCausalLM
+from inference.output import TokenLogprob
 from inference.sampler import Sampler, SamplingRow
 from inference.scheduler import ScheduledSeq, SchedulerOutput
 from inference.sequence import Sequence
@@ -105,14 +107,16 @@ class ModelRunner:
         self.logits_hook: LogitsHook | None = None  # tests compare logits with a reference model
 
     @torch.inference_mode()
-    def run(self, out: SchedulerOutput, rows: list[SamplingRow]) -> list[int | None]:
+    def run(self, out: SchedulerOutput,
+            rows: list[SamplingRow]) -> tuple[list[int | None], list[TokenLogprob | None]]:
         """``rows`` holds sampling parameters for the scheduled items that sample, in order."""
         batch = self.prepare(out.scheduled)
         with attention_context(batch.context):
             hidden = self.model(batch.input_ids, batch.positions)
         tokens: list[int | None] = [None] * len(out.scheduled)
+        logprobs: list[TokenLogprob | None] = [None] * len(out.scheduled)
         if not batch.sample_rows:
-            return tokens
+            return tokens, logprobs
         logits = self.model.compute_logits(hidden[batch.sample_rows]).float()
         if self.logits_hook is not None:
             self.logits_hook([out.scheduled[i] for i in batch.sample_items], logits)
@@ -120,9 +124,10 @@ class ModelRunner:
         # decodes by context length).
         row_of = dict(zip((i for i, s in enumerate(out.scheduled) if s.samples), rows, strict=True))
         laid_out = [row_of[i] for i in batch.sample_items]
-        for item, token in zip(batch.sample_items, self.sampler(logits, laid_out), strict=True):
-            tokens[item] = token
-        return tokens
+        sampled = self.sampler(logits, laid_out)
+        for item, token, logprob in zip(batch.sample_items, sampled.token_ids, sampled.logprobs, strict=True):
+            tokens[item], logprobs[item] = token, logprob
+        return tokens, logprobs
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> PreparedBatch:
         """Lay out prefill chunks first, then decodes sorted by context length (see DecodeGroup)."""

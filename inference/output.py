@@ -1,4 +1,5 @@
-"""What the engine hands back per request: tokens, text (stop strings applied) and stage timings."""
+"""What the engine hands back per request: tokens, their log-probabilities when asked for, text (stop
+strings applied) and stage timings."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ class RequestMetrics:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     detokenize_seconds: float = 0.0
+    # (start, end, tokens) of each step that computed part of the prompt, when the engine records them
+    # (LLMEngine.record_prefill_chunks, set while traces are exported)
+    prefill_chunks: list[tuple[float, float, int]] | None = None
 
     @property
     def queue_time(self) -> float:
@@ -44,6 +48,16 @@ def _span(start: float | None, end: float | None) -> float:
     return 0.0 if start is None or end is None else max(end - start, 0.0)
 
 
+@dataclass(slots=True, frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability and its most likely alternatives (most likely first), from
+    the model's raw distribution; ``top`` holds as many as the request asked for."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(slots=True)
 class RequestOutput:
     request_id: str
@@ -56,6 +70,10 @@ class RequestOutput:
     finish_reason: str | None
     metrics: RequestMetrics
     error: str | None = None
+    # With ``SamplingParams.logprobs``: those of ``new_token_ids``, and (in the finished output of a request
+    # added with ``keep_logprobs``, the default; a stream's keeps none) those of every output token.
+    new_logprobs: list[TokenLogprob] | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)

@@ -1,8 +1,10 @@
 """OpenAI request bodies to engine inputs, and engine outputs to OpenAI response bodies.
 
 Requests are validated here with one error type, :class:`InvalidParameterError`, whose ``param`` names
-the offending field, so the server can answer 400 in the OpenAI error shape. Responses are plain dicts
-(cheap to serialize on the hot path); the ``timings`` extension field carries the stage timings.
+the offending field, so the server can answer 400 in the OpenAI error shape; which fields are honoured,
+refused or extensions is :mod:`inference.openai_fields`'s to say. Responses are plain dicts (cheap to
+serialize on the hot path); the ``timings`` extension field carries the stage timings, and ``logprobs``
+(when asked for) the shape of :mod:`inference.logprobs`.
 """
 
 from __future__ import annotations
@@ -13,25 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from inference.output import RequestOutput
-from inference.sampling_params import InvalidParameterError, SamplingParams
+from inference.logprobs import TokenStrings, chat_logprobs, completion_logprobs, num_chars
+from inference.openai_fields import KNOWN_FIELDS, REFUSED, refusal
+from inference.output import RequestOutput, TokenLogprob
+from inference.sampling_params import MAX_LOGPROBS, InvalidParameterError, SamplingParams
 
-UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions", "logit_bias")
 COMPLETION_DEFAULT_MAX_TOKENS = 16
-# The request fields OpenAI documents (accepted; those this server does not act on are ignored, or refused
-# above when they would change the answer) and this server's extensions. Anything else is a 400 naming it,
-# as OpenAI answers: a misspelt parameter must not be silently dropped.
-OPENAI_FIELDS = frozenset({
-    "model", "prompt", "messages", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs",
-    "top_logprobs", "max_tokens", "max_completion_tokens", "n", "presence_penalty", "seed", "stop", "stream",
-    "stream_options", "suffix", "temperature", "top_p", "user", "tools", "tool_choice", "functions",
-    "function_call", "parallel_tool_calls", "response_format", "metadata", "store", "service_tier",
-    "modalities", "audio", "prediction", "reasoning_effort", "web_search_options", "verbosity",
-    "prompt_cache_key", "safety_identifier",
-})
-EXTENSION_FIELDS = frozenset({"top_k", "ignore_eos", "min_tokens", "priority", "return_token_ids",
-                              "output_offset"})
-KNOWN_FIELDS = OPENAI_FIELDS | EXTENSION_FIELDS
 # A client may pick a scheduling priority only within the gateway's classes (interactive 0, standard 1,
 # batch 2); values outside are clamped, so that no request jumps ahead of the readiness probes.
 MIN_PRIORITY, MAX_PRIORITY = 0, 2
@@ -72,12 +61,14 @@ def parse_chat(body: Any, render: Callable[[list[dict[str, Any]]], str]) -> Pars
 def _object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidParameterError("body", "must be a JSON object")
+    # Anything unknown is a 400 naming it, as OpenAI answers: a misspelt parameter must not be dropped.
     unknown = sorted(set(body) - KNOWN_FIELDS)
     if unknown:
         raise InvalidParameterError(unknown[0][:64], "unrecognized request argument")
-    for name in UNSUPPORTED:
-        if body.get(name) not in (None, False, [], {}):
-            raise InvalidParameterError(name, "is not supported by this server")
+    for name in REFUSED:
+        reason = refusal(name, body.get(name))
+        if reason is not None:
+            raise InvalidParameterError(name, reason)
     return body
 
 
@@ -98,13 +89,14 @@ def _parse(body: dict[str, Any], kind: str, prompt: str | list[int], *,
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise InvalidParameterError("priority", f"must be an integer, got {priority!r}")
     priority = min(max(priority, MIN_PRIORITY), MAX_PRIORITY)
-    params = _sampling(body, max_tokens if max_tokens is not None else default_max_tokens)
+    params = _sampling(body, kind, max_tokens if max_tokens is not None else default_max_tokens)
     return ParsedRequest(kind, model, prompt, params, stream, _bool(options, "include_usage", False),
                          priority, max_tokens is not None or default_max_tokens is not None,
                          _bool(body, "return_token_ids", False))
 
 
-def _sampling(body: dict[str, Any], max_tokens: Any) -> SamplingParams:
+def _sampling(body: dict[str, Any], kind: str, max_tokens: Any) -> SamplingParams:
+    logprobs = _chat_logprobs(body) if kind == "chat" else _completion_logprobs(body)
     top_k = body.get("top_k")
     stop = body.get("stop")
     if stop is None:
@@ -125,12 +117,37 @@ def _sampling(body: dict[str, Any], max_tokens: Any) -> SamplingParams:
         "ignore_eos": _bool(body, "ignore_eos", False),
         "min_tokens": body.get("min_tokens", 0),
         "output_offset": body.get("output_offset", 0),
+        "presence_penalty": _number(body, "presence_penalty", 0.0),
+        "frequency_penalty": _number(body, "frequency_penalty", 0.0),
+        "repetition_penalty": _number(body, "repetition_penalty", 1.0),
+        "logprobs": logprobs,
     }
-    for name in ("max_tokens", "top_k", "min_tokens", "seed", "output_offset"):
+    for name in ("max_tokens", "top_k", "min_tokens", "seed", "output_offset", "logprobs"):
         value = values[name]
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise InvalidParameterError(name, f"must be an integer, got {value!r}")
     return SamplingParams(**values)
+
+
+def _completion_logprobs(body: dict[str, Any]) -> Any:
+    """/v1/completions: ``logprobs`` is how many alternatives per token (0 for the chosen token's only)."""
+    if body.get("top_logprobs") is not None:
+        raise InvalidParameterError("top_logprobs", "is a /v1/chat/completions field; on /v1/completions "
+                                                    "logprobs (an integer) says how many alternatives")
+    return body.get("logprobs")
+
+
+def _chat_logprobs(body: dict[str, Any]) -> Any:
+    """/v1/chat/completions: ``logprobs`` (true or false) and ``top_logprobs`` alternatives per token."""
+    wanted = _bool(body, "logprobs", False)
+    top = body.get("top_logprobs")
+    if top is not None and not wanted:
+        raise InvalidParameterError("top_logprobs", "needs logprobs: true")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int)):
+        raise InvalidParameterError("top_logprobs", f"must be an integer, got {top!r}")
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        raise InvalidParameterError("top_logprobs", f"must be between 0 and {MAX_LOGPROBS}, got {top!r}")
+    return (top or 0) if wanted else None
 
 
 def _number(body: dict[str, Any], name: str, default: float) -> float:
@@ -207,13 +224,35 @@ def usage(out: RequestOutput) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": out.metrics.num_cached_tokens}}
 
 
+@dataclass(slots=True)
+class LogprobsView:
+    """One response's ``logprobs`` objects, chunk after chunk, in the endpoint's shape (completions'
+    ``text_offset`` runs on across chunks)."""
+
+    ctx: ResponseContext
+    strings: TokenStrings
+    text_offset: int = 0
+
+    def __call__(self, logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
+        """The object for these tokens; None when the request did not ask for logprobs."""
+        if logprobs is None:
+            return None
+        entries = self.strings.entries(logprobs)
+        if self.ctx.kind == "chat":
+            return chat_logprobs(entries)
+        shown = completion_logprobs(entries, self.text_offset)
+        self.text_offset += sum(num_chars(e.token) for e in entries)
+        return shown
+
+
 def stream_chunk(ctx: ResponseContext, delta: str, finish_reason: str | None, *,
-                 first: bool = False) -> dict[str, Any]:
+                 first: bool = False, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     if ctx.kind == "chat":
         d: dict[str, Any] = {"role": "assistant", "content": delta} if first else {"content": delta}
-        choice: dict[str, Any] = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish_reason}
+        choice: dict[str, Any] = {"index": 0, "delta": d, "logprobs": logprobs,
+                                  "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     return {"id": ctx.request_id, "object": ctx.chunk_object, "created": ctx.created, "model": ctx.model,
             "choices": [choice]}
 
@@ -223,13 +262,14 @@ def usage_chunk(ctx: ResponseContext, out: RequestOutput) -> dict[str, Any]:
             "choices": [], "usage": usage(out)}
 
 
-def full_response(ctx: ResponseContext, out: RequestOutput) -> dict[str, Any]:
+def full_response(ctx: ResponseContext, out: RequestOutput, *,
+                  logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     if ctx.kind == "chat":
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": out.text},
-                                  "logprobs": None, "finish_reason": out.finish_reason}
+                                  "logprobs": logprobs, "finish_reason": out.finish_reason}
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": out.finish_reason}
+        choice = {"index": 0, "text": out.text, "logprobs": logprobs, "finish_reason": out.finish_reason}
         obj = "text_completion"
     return {"id": ctx.request_id, "object": obj, "created": ctx.created, "model": ctx.model,
             "choices": [choice], "usage": usage(out)}

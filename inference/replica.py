@@ -16,7 +16,7 @@ from types import FrameType
 import uvicorn
 
 from inference.async_engine import AsyncEngine
-from inference.config import EngineConfig
+from inference.config import EngineConfig, TracingConfig
 from inference.engine import LLMEngine
 from inference.faults import ReplicaFaults
 from inference.metrics import CacheConfigInfo, ReplicaMetrics
@@ -25,7 +25,8 @@ from inference.server import Replica, ServerConfig, crash_now, create_app, engin
 logger = logging.getLogger(__name__)
 
 
-def build_replica(model: str, engine_config: EngineConfig, server_config: ServerConfig) -> Replica:
+def build_replica(model: str, engine_config: EngineConfig, server_config: ServerConfig,
+                  tracing: TracingConfig | None = None) -> Replica:
     engine = LLMEngine(model, engine_config)
     aengine = AsyncEngine(engine)
     faults = ReplicaFaults(crash=crash_now)
@@ -37,7 +38,15 @@ def build_replica(model: str, engine_config: EngineConfig, server_config: Server
                              read_engine=engine_gauges(aengine, engine.device), cache_info=info)
     aengine.before_step.append(faults.apply_before_step)
     aengine.after_step.append(lambda e: metrics.observe_step(e.step_stats[-1].num_tokens))
-    return Replica(aengine, server_config, faults, metrics, name, device_kind=engine.device.kind)
+    replica = Replica(aengine, server_config, faults, metrics, name, device_kind=engine.device.kind)
+    if tracing is not None and tracing.is_enabled:
+        from inference.tracing import ReplicaTracing, start_provider
+
+        provider = start_provider(tracing, service_name="llm-sre-replica", attributes={
+            "service.instance.id": server_config.replica_id, "cloud.availability_zone": server_config.zone})
+        replica.tracing = ReplicaTracing(provider, clock=engine.clock)
+        engine.record_prefill_chunks = True
+    return replica
 
 
 class DrainingServer(uvicorn.Server):
@@ -67,9 +76,10 @@ class DrainingServer(uvicorn.Server):
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
-def run(model: str, engine_config: EngineConfig, server_config: ServerConfig) -> int:
+def run(model: str, engine_config: EngineConfig, server_config: ServerConfig,
+        tracing: TracingConfig | None = None) -> int:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    replica = build_replica(model, engine_config, server_config)
+    replica = build_replica(model, engine_config, server_config, tracing)
     replica.engine.start()
     app = create_app(replica)
     config = uvicorn.Config(app, host=server_config.host, port=server_config.port, log_level="warning",
@@ -86,4 +96,6 @@ def run(model: str, engine_config: EngineConfig, server_config: ServerConfig) ->
         server.run()
     finally:
         replica.engine.stop()
+        if replica.tracing is not None:
+            replica.tracing.shutdown()  # the spans still buffered go out before the process exits
     return 0

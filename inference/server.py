@@ -9,6 +9,7 @@ every refusal is a plain HTTP error in the OpenAI shape, never an error frame in
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -18,7 +19,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -27,9 +28,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from inference.async_engine import AsyncEngine, EngineDeadError
 from inference.engine import PromptTooLongError
 from inference.faults import FaultSpec, ReplicaFaults
+from inference.logprobs import TokenStrings
 from inference.metrics import EngineGauges, ReplicaMetrics
 from inference.output import RequestOutput
 from inference.protocol import (
+    LogprobsView,
     ParsedRequest,
     ResponseContext,
     error_body,
@@ -42,6 +45,9 @@ from inference.protocol import (
 from inference.sampling_params import InvalidParameterError, SamplingParams
 from inference.spec import document_openai
 from inference.strict_json import BadJson, parse_strict
+
+if TYPE_CHECKING:  # the SDK is imported only when traces are exported (inference.replica)
+    from inference.tracing import ReplicaTracing, RequestTrace
 
 logger = logging.getLogger(__name__)
 
@@ -108,10 +114,16 @@ class Replica:
     draining: bool = False
     started_at: float = field(default_factory=time.time)
     device_kind: str = "cpu"
+    tracing: ReplicaTracing | None = None  # OpenTelemetry spans (--otlp-traces-endpoint); None: off
 
     @property
     def tokenizer(self) -> Any:
         return self.engine.engine.tokenizer
+
+    @functools.cached_property
+    def token_strings(self) -> TokenStrings:
+        """Token id -> its string in ``logprobs``, cached for the replica's life."""
+        return TokenStrings(self.engine.engine.tokenizer.token_bytes)
 
     async def drain(self) -> int:
         """Refuse new work, let in-flight requests finish within the timeout; return how many were cut."""
@@ -393,10 +405,15 @@ async def _readiness_problem(replica: Replica) -> str | None:
 async def _serve(request: Request, replica: Replica, parsed: ParsedRequest) -> Response:
     tokens = _admit(replica, parsed)
     ctx = ResponseContext.new(parsed.kind, replica.model_name)
-    run = _Run(replica, ctx, parsed)
-    stream = replica.engine.generate(ctx.request_id, tokens, parsed.params, priority=parsed.priority)
+    run = _Run(replica, ctx, parsed, LogprobsView(ctx, replica.token_strings))
+    if replica.tracing is not None:
+        run.trace = replica.tracing.begin(request.headers, parsed, ctx)
+    # A stream sends each token's logprobs as it goes: only a non-streamed answer needs them all at the end.
+    stream = replica.engine.generate(ctx.request_id, tokens, parsed.params, priority=parsed.priority,
+                                     keep_logprobs=not parsed.stream)
     if parsed.stream:
-        return StreamingResponse(run.sse(stream), media_type="text/event-stream",
+        chunks = run.sse(stream) if run.trace is None else run.trace.wrap(run.sse(stream))
+        return StreamingResponse(chunks, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     task = asyncio.ensure_future(run.collect(stream))
     while not task.done():
@@ -415,8 +432,10 @@ class _Run:
     replica: Replica
     ctx: ResponseContext
     parsed: ParsedRequest
+    logprobs: LogprobsView
     serialize_seconds: float = 0.0
     previous_token_time: float | None = None
+    trace: RequestTrace | None = None  # while traces are exported
 
     def observe(self, out: RequestOutput) -> None:
         m = out.metrics
@@ -427,7 +446,9 @@ class _Run:
                 self.replica.metrics.observe_token(False, m.last_token_time - self.previous_token_time)
             self.previous_token_time = m.last_token_time
         if out.finished and out.error is None:
-            self.replica.metrics.observe_finished(out)
+            self.replica.metrics.observe_finished(out, max_tokens=self.parsed.params.max_tokens)
+        if self.trace is not None:
+            self.trace.seen(out)
 
     def timings(self, out: RequestOutput) -> dict[str, Any]:
         m = out.metrics
@@ -457,11 +478,14 @@ class _Run:
                 final = out
         except EngineDeadError as exc:
             raise HTTPError(503, str(exc), type_="service_unavailable", code="engine_dead") from exc
+        finally:  # the spans are written however it ends: finished, engine dead, cancelled by a disconnect
+            if self.trace is not None:
+                self.trace.end()
         assert final is not None
         if final.error:
             raise HTTPError(500, final.error, type_="server_error", code="device_failure")
         started = time.perf_counter()
-        body = full_response(self.ctx, final)
+        body = full_response(self.ctx, final, logprobs=self.logprobs(final.logprobs))
         if self.parsed.return_token_ids:
             body["choices"][0]["token_ids"] = final.output_token_ids
             body["prompt_token_ids"] = final.prompt_token_ids
@@ -477,9 +501,11 @@ class _Run:
                 if out.error:
                     yield self.encode(error_body(out.error, type_="server_error", code="device_failure"))
                     return
-                if out.delta_text or out.finished or first or self.parsed.return_token_ids:
+                if (out.delta_text or out.finished or first or out.new_logprobs
+                        or self.parsed.return_token_ids):
                     reason = out.finish_reason if out.finished else None
-                    chunk = stream_chunk(self.ctx, out.delta_text, reason, first=first)
+                    chunk = stream_chunk(self.ctx, out.delta_text, reason, first=first,
+                                         logprobs=self.logprobs(out.new_logprobs))
                     if self.parsed.return_token_ids:
                         self.add_token_ids(chunk, out, first=first)
                     first = False

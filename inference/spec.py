@@ -16,11 +16,16 @@ from typing import Annotated, Any, Literal
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
+from inference.openai_fields import REFUSED
 from inference.protocol import MAX_PRIORITY, MIN_PRIORITY
-from inference.sampling_params import MAX_STOP_STRINGS
+from inference.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS, PENALTY_RANGE
 
-IGNORED = "accepted for compatibility and ignored"
-UNSUPPORTED = "not supported: only absent, null, false or empty is accepted"
+IDENTIFIER = "accepted: an identifier that does not change the answer (not stored)"
+
+
+def _refused(name: str) -> Any:
+    """The field's spec: null, or only the values that ask for nothing; anything else is a 400."""
+    return Field(None, description=f"refused unless it asks for nothing: {REFUSED[name][1]}")
 
 
 # ---- errors ----------------------------------------------------------------------------------------
@@ -48,6 +53,10 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = Field(None, description="a last chunk with the usage, choices empty")
 
 
+class TextFormat(BaseModel):
+    type: Literal["text"]
+
+
 class SamplingFields(BaseModel):
     """The fields both endpoints share: sampling, streaming and this server's extensions."""
 
@@ -71,32 +80,35 @@ class SamplingFields(BaseModel):
     return_token_ids: bool | None = Field(None, description="extension: token ids in every choice, prompt "
                                                             "ids in the first chunk")
     output_offset: int = Field(0, ge=0, description="extension: tokens already produced elsewhere (resume)")
-    user: Any = Field(None, description=IGNORED)
-    frequency_penalty: Any = Field(None, description=IGNORED)
-    presence_penalty: Any = Field(None, description=IGNORED)
-    best_of: Any = Field(None, description=IGNORED)
-    metadata: Any = Field(None, description=IGNORED)
-    store: Any = Field(None, description=IGNORED)
-    service_tier: Any = Field(None, description=IGNORED)
-    response_format: Any = Field(None, description=IGNORED)
-    tool_choice: Any = Field(None, description=IGNORED)
-    function_call: Any = Field(None, description=IGNORED)
-    parallel_tool_calls: Any = Field(None, description=IGNORED)
-    modalities: Any = Field(None, description=IGNORED)
-    audio: Any = Field(None, description=IGNORED)
-    prediction: Any = Field(None, description=IGNORED)
-    reasoning_effort: Any = Field(None, description=IGNORED)
-    web_search_options: Any = Field(None, description=IGNORED)
-    verbosity: Any = Field(None, description=IGNORED)
-    prompt_cache_key: Any = Field(None, description=IGNORED)
-    safety_identifier: Any = Field(None, description=IGNORED)
-    logprobs: Literal[False, 0] | None = Field(None, description=UNSUPPORTED)
-    top_logprobs: Literal[False, 0] | None = Field(None, description=UNSUPPORTED)
-    echo: Literal[False] | None = Field(None, description=UNSUPPORTED)
-    suffix: Literal[False] | None = Field(None, description=UNSUPPORTED)
-    logit_bias: dict[str, Any] | None = Field(None, max_length=0, description=UNSUPPORTED)
-    tools: list[Any] | None = Field(None, max_length=0, description=UNSUPPORTED)
-    functions: list[Any] | None = Field(None, max_length=0, description=UNSUPPORTED)
+    presence_penalty: float | None = Field(None, ge=-PENALTY_RANGE, le=PENALTY_RANGE,
+                                           description="subtracted once from each output token's logit")
+    frequency_penalty: float | None = Field(None, ge=-PENALTY_RANGE, le=PENALTY_RANGE,
+                                            description="subtracted per occurrence in the output")
+    repetition_penalty: float | None = Field(None, gt=0, description="extension (vLLM's): divides positive "
+                                             "and multiplies negative logits of prompt and output tokens")
+    user: Any = Field(None, description=IDENTIFIER)
+    metadata: Any = Field(None, description=IDENTIFIER)
+    prompt_cache_key: Any = Field(None, description=IDENTIFIER)
+    safety_identifier: Any = Field(None, description=IDENTIFIER)
+    best_of: Literal[1] | None = _refused("best_of")
+    echo: Literal[False] | None = _refused("echo")
+    suffix: Literal[""] | None = _refused("suffix")
+    logit_bias: Annotated[dict[str, Any], Field(max_length=0)] | None = _refused("logit_bias")
+    tools: Annotated[list[Any], Field(max_length=0)] | None = _refused("tools")
+    tool_choice: Literal["none"] | None = _refused("tool_choice")
+    parallel_tool_calls: None = _refused("parallel_tool_calls")
+    functions: Annotated[list[Any], Field(max_length=0)] | None = _refused("functions")
+    function_call: Literal["none"] | None = _refused("function_call")
+    response_format: TextFormat | None = _refused("response_format")
+    store: Literal[False] | None = _refused("store")
+    service_tier: Literal["auto", "default"] | None = _refused("service_tier")
+    modalities: Annotated[list[Literal["text"]], Field(min_length=1, max_length=1)] | None = \
+        _refused("modalities")
+    audio: None = _refused("audio")
+    prediction: None = _refused("prediction")
+    reasoning_effort: None = _refused("reasoning_effort")
+    verbosity: None = _refused("verbosity")
+    web_search_options: None = _refused("web_search_options")
 
 
 class CompletionRequest(SamplingFields):
@@ -104,6 +116,8 @@ class CompletionRequest(SamplingFields):
 
     prompt: (Text | TokenIds | Annotated[list[Text], Field(min_length=1, max_length=1)]
              | Annotated[list[TokenIds], Field(min_length=1, max_length=1)])
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description=(
+        "log-probabilities of each token and of this many alternatives (the model's raw distribution)"))
 
 
 class TextPart(BaseModel):
@@ -122,6 +136,10 @@ class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``: the messages, rendered with the model's chat template."""
 
     messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool | None = Field(None, description="log-probabilities of each output token (the model's "
+                                                    "raw distribution)")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="alternatives per token; "
+                                                                              "needs logprobs: true")
 
 
 # ---- responses -------------------------------------------------------------------------------------
@@ -136,10 +154,31 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] = Field(description="the most likely tokens and the chosen one")
+    text_offset: list[int]
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobEntry(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprobEntry] | None
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
     token_ids: list[int] | None = Field(None, description="with return_token_ids")
 
@@ -152,7 +191,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None
     token_ids: list[int] | None = Field(None, description="with return_token_ids")
 
@@ -185,7 +224,7 @@ class ChatCompletionResponse(BaseModel):
 class CompletionDelta(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
     token_ids: list[int] | None = Field(None, description="with return_token_ids")
 
@@ -198,7 +237,7 @@ class ChatDelta(BaseModel):
 class ChatDeltaChoice(BaseModel):
     index: int
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None
     token_ids: list[int] | None = Field(None, description="with return_token_ids")
 

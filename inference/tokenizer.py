@@ -19,6 +19,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as BackendTokenizer
+from tokenizers import decoders
 
 from inference.models.config import (
     CONFIG_FILE,
@@ -44,6 +45,42 @@ MAX_PENDING_TOKENS = 8
 REPLACEMENT_CHAR = "\ufffd"
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, reversed: each printable stand-in character -> its byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(others)}}
+
+
+_BYTE_OF = _byte_level_alphabet()
+
+
+def _word_boundary_mark(decoder: Any) -> str | None:
+    """SentencePiece's word-boundary mark ("▁") when the decoder turns it back into a space (Llama-2,
+    Mistral: ``Replace("▁", " ")`` in a sequence, or ``Metaspace``); None for other vocabularies."""
+    if decoder is None:
+        return None
+    spec = json.loads(decoder.__getstate__())
+    for step in spec.get("decoders") or [spec]:
+        if step.get("type") == "Metaspace":
+            return str(step.get("replacement") or "▁")
+        mark = (step.get("pattern") or {}).get("String")
+        if step.get("type") == "Replace" and step.get("content") == " " and isinstance(mark, str):
+            return mark
+    return None
+
+
+def _fallback_byte(piece: str) -> bytes | None:
+    """The byte of a SentencePiece byte-fallback piece ``<0xNN>``; None for any other piece."""
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        try:
+            return bytes([int(piece[3:5], 16)])
+        except ValueError:
+            return None
+    return None
+
+
 class ChatTemplateError(ValueError):
     """The chat template refused the messages (its ``raise_exception``) or failed while rendering."""
 
@@ -61,6 +98,8 @@ class Tokenizer:
         self._prepend_bos = prepend_bos and self.bos_token_id is not None
         self.chat_template = chat_template
         self._template = None if chat_template is None else _compile_template(chat_template, folder)
+        self._is_byte_level = isinstance(backend.decoder, decoders.ByteLevel)
+        self._word_mark = None if self._is_byte_level else _word_boundary_mark(backend.decoder)
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> Tokenizer:
@@ -84,6 +123,22 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return _token_id(self._backend, token)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for, which may be part of a UTF-8 character (for logprobs)."""
+        piece = self._backend.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if token_id in self._backend.get_added_tokens_decoder():
+            return piece.encode()
+        if self._is_byte_level and all(c in _BYTE_OF for c in piece):
+            return bytes(_BYTE_OF[c] for c in piece)
+        byte = _fallback_byte(piece)
+        if byte is not None:
+            return byte
+        if self._word_mark is not None:  # the raw piece: decoding it alone strips its leading space
+            return piece.replace(self._word_mark, " ").encode()
+        return self.decode([token_id], skip_special_tokens=False).encode()
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Text -> ids, with the tokenizer's BOS when ``add_special_tokens``.

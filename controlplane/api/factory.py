@@ -33,6 +33,7 @@ from controlplane.api.process_metrics import process_metrics_router
 from controlplane.api.schedules import schedules_router
 from controlplane.api.simulations import simulator_router
 from controlplane.api.spec import document
+from controlplane.api.state_metrics import ControlPlaneState, StateSources
 from controlplane.api.throttle import LoginThrottle
 from controlplane.auth import Auditor, Principal, Role, TokenAuthority, install, public, require
 from controlplane.autoscale.loop import Autoscaler
@@ -83,6 +84,9 @@ class Services:
     feed: EndpointsFeed | None = None  # with gateways: the routes the gateway processes call
     gateways: Gateways | None = None
     experiment_hosts: tuple[str, ...] = ()  # chaos.experiment_hosts: more hosts experiments may request
+    # the faults the ledger holds active, counted as the fault manager writes it (state_metrics'
+    # ActiveFaultCount, the ledger ``chaos`` writes through): /metrics/state never reads the store
+    active_faults: Callable[[], int] | None = None
     api: ApiConfig = field(default_factory=ApiConfig)  # the body cap and the login backoff
 
 
@@ -120,7 +124,9 @@ def create_api(services: Services) -> FastAPI:
         app.include_router(gateways_router(services.feed, services.gateways, services.store,
                                            services.auditor))
 
-    app.include_router(process_metrics_router())  # GET /metrics: this process's asyncio tasks
+    state = StateSources(services.fleet, services.autoscaler, services.drills, services.active_faults)
+    # GET /metrics (public: runtime gauges) and GET /metrics/state (viewer: the state beside them)
+    app.include_router(process_metrics_router(ControlPlaneState(state)))
 
     @app.get("/health", tags=["meta"], dependencies=[Depends(public)])
     async def health() -> dict[str, str]:

@@ -251,7 +251,7 @@ def gateway_counters(url: str) -> dict[str, float]:
     page = httpx.get(f"{url}/metrics", timeout=5, trust_env=False).text
     totals = {"retries": 0.0, "resumes": 0.0, "rejected": 0.0}
     for family in text_string_to_metric_families(page):
-        name = family.name.removeprefix("gateway_")
+        name = family.name.removeprefix("llmsre_gateway_")
         if name in totals:
             totals[name] += sum(s.value for s in family.samples if s.name.endswith("_total"))
     return totals

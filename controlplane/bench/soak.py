@@ -9,7 +9,7 @@ mix of streamed, non-streamed, cancelled and invalid requests (``serve --mix``).
 seconds it injects a fault drawn from the catalogue (a seeded draw among the kinds this control plane
 offers) into one replica through the chaos API; each fault reverts by its own duration. Every
 ``--sample-s`` seconds it records the RSS and open file descriptors of every process (control plane,
-gateways, replicas, Prometheus), their asyncio tasks (``process_asyncio_tasks`` on each ``/metrics``),
+gateways, replicas, Prometheus), their asyncio tasks (``llmsre_asyncio_tasks`` on each ``/metrics``),
 each replica's KV blocks in use, the store's size and row counts and Prometheus' head series. Once the
 load has stopped and the replicas have drained, it reads every replica's KV blocks in use once more.
 
@@ -55,6 +55,8 @@ from controlplane.errors import ControlPlaneError
 from inference.bench.report import read_jsonl
 from inference.environment import child_environment
 from inference.launcher import free_port
+from inference.metrics import KV_BLOCKS_IN_USE
+from inference.runtime_metrics import ASYNCIO_TASKS
 
 START_TIMEOUT_S = 300.0  # `controlplane up` to every replica ready, on a busy 2-core machine
 STOP_TIMEOUT_S = 120.0
@@ -223,8 +225,8 @@ class Sampler:
             gateways = client.gateways()
         auth = {"Authorization": f"Bearer {self.cp.token}"}
         processes = [_process("control-plane", self.cp.process.pid,
-                              self.metrics(f"{self.cp.api}/metrics", auth).get("process_asyncio_tasks"))]
-        gateway_tasks = self.metrics(f"{self.cp.gateway}/metrics").get("process_asyncio_tasks")
+                              self.metrics(f"{self.cp.api}/metrics", auth).get(ASYNCIO_TASKS))]
+        gateway_tasks = self.metrics(f"{self.cp.gateway}/metrics").get(ASYNCIO_TASKS)
         for g in gateways:
             if g.pid is not None:  # with one gateway process, the data port's /metrics is its own
                 processes.append(_process(f"gateway {g.name}", g.pid, gateway_tasks if len(gateways) == 1
@@ -235,9 +237,9 @@ class Sampler:
             if r.pid is None or r.state in ("stopped", "crashed"):
                 continue
             page = self.metrics(f"{r.url}/metrics")
-            processes.append(_process(f"replica {r.replica_id}", r.pid, page.get("process_asyncio_tasks")))
-            if "kv_cache_blocks_in_use" in page:
-                kv[r.replica_id] = int(page["kv_cache_blocks_in_use"])
+            processes.append(_process(f"replica {r.replica_id}", r.pid, page.get(ASYNCIO_TASKS)))
+            if KV_BLOCKS_IN_USE in page:
+                kv[r.replica_id] = int(page[KV_BLOCKS_IN_USE])
                 running[r.replica_id] = int(page.get("vllm:num_requests_running", 0))
         processes += [_process("prometheus", pid, None) for pid in _prometheus_pids(self.cp.process.pid)]
         return Sample(t=round(time.time() - self.load_start_wall, 3), wall=time.time(),
@@ -424,7 +426,7 @@ def drain(sampler: Sampler, client: ControlPlaneClient) -> dict[str, int | None]
         busy = {rid: page.get("vllm:num_requests_running", 0) + page.get("vllm:num_requests_waiting", 0)
                 for rid, page in pages.items()}
         if (pages and not any(busy.values())) or time.monotonic() > deadline:
-            return {rid: None if "kv_cache_blocks_in_use" not in page else int(page["kv_cache_blocks_in_use"])
+            return {rid: None if KV_BLOCKS_IN_USE not in page else int(page[KV_BLOCKS_IN_USE])
                     for rid, page in pages.items()}
         time.sleep(1.0)
 

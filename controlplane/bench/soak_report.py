@@ -4,7 +4,7 @@ processes, no network; :mod:`controlplane.bench.soak` runs the soak and hands it
 Targets (each a :class:`Verdict`: pass, fail, or not judged with the reason):
 
 - ``kv_blocks_after_drain``: once the load has stopped and every replica has drained, every replica's
-  ``kv_cache_blocks_in_use`` is 0 (a block still referenced then has leaked).
+  ``llmsre_kv_cache_blocks_in_use`` is 0 (a block still referenced then has leaked).
 - ``rss_growth``: per process, the resident set grows by less than :data:`MAX_RSS_GROWTH` over the last
   two thirds of its life in the run (the first third is warm-up: caches, the KV pool, the allocator's
   arenas). Growth compares the median of the first and of the last :data:`EDGE_SAMPLES` samples of that

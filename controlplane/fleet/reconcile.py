@@ -58,6 +58,7 @@ from controlplane.fleet.registry import (
     replica_row,
 )
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
+from inference.config import TracingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +86,10 @@ class Fleet:
                  clock: Callable[[], float] = time.monotonic,
                  ready_probe: Callable[[ReplicaEndpoint], Any] | None = None,
                  error_rate: Callable[[str], float | None] = lambda _: None,
-                 reserved_ports: frozenset[int] = frozenset()) -> None:
+                 reserved_ports: frozenset[int] = frozenset(),
+                 tracing: TracingConfig | None = None) -> None:
         self.config = config
+        self.tracing = tracing or TracingConfig()  # trace export, passed to every replica it starts
         self.reserved_ports = reserved_ports  # the control plane's own listeners: never given to a replica
         self.backend = backend
         self.store = store
@@ -398,7 +401,7 @@ class Fleet:
         host = "" if self.backend.places_replicas else HOST  # placed: the backend says where, later
         return ReplicaSpec(replica_id, zone, host, port or self._free_port(), model, generation,
                            self.admin_token(replica_id), self.config.replica_threads,
-                           self.config.max_num_seqs, self.config.drain_timeout_s)
+                           self.config.max_num_seqs, self.config.drain_timeout_s, self.tracing)
 
     def _free_port(self) -> int:
         used = {r.spec.port for r in self.replicas.values()} | self.reserved_ports

@@ -1,6 +1,6 @@
 """One request as the gateway sees it: its parameters (:class:`RequestParams`) and its stream assembled
 from one or more upstream streams (:class:`StreamAssembly`), with the arithmetic of resuming a broken
-stream on another replica without losing or repeating a token."""
+stream on another replica without losing or repeating a token, or the log-probabilities of any."""
 
 from __future__ import annotations
 
@@ -13,6 +13,15 @@ from typing import Any
 
 from controlplane.gateway.errors import bad_request
 from controlplane.gateway.routing import prompt_block_hashes
+from inference.logprobs import (
+    LogprobEntry,
+    MalformedLogprobs,
+    chat_logprobs,
+    completion_logprobs,
+    num_chars,
+    read_chat_logprobs,
+    read_completion_logprobs,
+)
 from inference.protocol import COMPLETION_DEFAULT_MAX_TOKENS
 
 logger = logging.getLogger(__name__)
@@ -20,7 +29,8 @@ logger = logging.getLogger(__name__)
 
 PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
 # Fields a continuation carries over from the original request (besides prompt, limits and offsets).
-CARRIED_FIELDS = ("model", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+CARRIED_FIELDS = ("model", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "presence_penalty",
+                  "frequency_penalty", "repetition_penalty")
 
 CHARS_PER_TOKEN = 4  # prompt-size estimate for token rate limits (the gateway has no tokenizer)
 AFFINITY_UNITS = 16 * 256  # prefix affinity hashes the first 256 blocks of a prompt at most
@@ -55,6 +65,16 @@ def _prompt_units(kind: str, body: dict[str, Any]) -> tuple[Sequence[int], bool]
     return str(prompt).encode(), False
 
 
+def _num_logprobs(kind: str, body: dict[str, Any]) -> int | None:
+    """Alternatives per token the client asked for (None: no logprobs): completions' ``logprobs``, or
+    chat's ``top_logprobs`` once ``logprobs`` is true."""
+    if kind == "chat":
+        top = body.get("top_logprobs")
+        return (top if _is_int(top) else 0) if body.get("logprobs") is True else None
+    value = body.get("logprobs")
+    return value if _is_int(value) else None
+
+
 def _is_deterministic(body: dict[str, Any]) -> bool:
     """Greedy or seeded: a continuation regenerates exactly what an undisturbed run would."""
     temperature = body.get("temperature")
@@ -75,6 +95,7 @@ class RequestParams:
     min_tokens: int
     output_offset: int
     hold: int  # characters a replica holds back for stop strings (max stop length - 1)
+    num_logprobs: int | None  # alternatives per token in logprobs; None: the client wants none
     is_deterministic: bool
     block_hashes: tuple[int, ...]
     num_tokens_estimate: int  # prompt + max_tokens, for the token rate limit
@@ -110,6 +131,7 @@ class RequestParams:
                    min_tokens=_int_or_zero(body.get("min_tokens")),
                    output_offset=_int_or_zero(body.get("output_offset")),
                    hold=max((len(s) for s in _stop_strings(body.get("stop"))), default=1) - 1,
+                   num_logprobs=_num_logprobs(kind, body),
                    is_deterministic=_is_deterministic(body),
                    block_hashes=tuple(prompt_block_hashes(units)),
                    num_tokens_estimate=prompt_estimate + (max_tokens or CHAT_MAX_TOKENS_ESTIMATE))
@@ -129,6 +151,8 @@ class RequestParams:
             body["max_tokens"] = self.max_tokens - num_done
         if self.min_tokens:
             body["min_tokens"] = max(self.min_tokens - num_done, 0)
+        if self.num_logprobs is not None:  # a chat goes on as a completion: its logprobs spelt so
+            body["logprobs"] = self.num_logprobs
         return body
 
 
@@ -137,6 +161,25 @@ def _int_or_zero(value: Any) -> int:
 
 
 # ---- one request's stream, assembled from one or more upstream streams --------------------------
+class BadEvent(ValueError):
+    """An upstream chunk the assembly cannot read (malformed logprobs, or not one entry per token id): the
+    replica's fault, which the gateway turns into an ``UpstreamError`` and resumes elsewhere."""
+
+
+def _first_choice(event: dict[str, Any]) -> tuple[dict[str, Any] | None, list[int]]:
+    """An upstream chunk's choice (None in the usage chunk) and its token ids; :class:`BadEvent` when
+    they are not what a replica sends."""
+    choices = event.get("choices")
+    if not choices:
+        return None, []
+    if not isinstance(choices, list) or not isinstance(choices[0], dict):
+        raise BadEvent(f"choices: a list of objects expected, got {choices!r:.80}")
+    ids = choices[0].get("token_ids") or []
+    if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
+        raise BadEvent(f"token_ids: a list of integers expected, got {ids!r:.80}")
+    return choices[0], list(ids)
+
+
 def _choice_text(choice: dict[str, Any]) -> str:
     if "text" in choice:
         return str(choice.get("text") or "")
@@ -155,6 +198,8 @@ class StreamAssembly:
         self.params = params
         self.prompt_ids: list[int] | None = None
         self.token_ids: list[int] = []
+        # One per token id, for the non-streamed body only: a stream sends each token's as it goes.
+        self.logprobs: list[LogprobEntry] = []
         self.text: list[str] = []
         self.num_chars = 0
         self.checkpoints: list[tuple[int, int]] = [(0, 0)]
@@ -169,32 +214,55 @@ class StreamAssembly:
         self._produced = (0, 0)  # what the current upstream stream produced
         self._skip = (0, 0)  # regenerated tokens and characters still to drop
         self._sent_first = False
+        self._logprob_chars = 0  # completions' text_offset of the next token
 
     @property
     def is_finished(self) -> bool:
         return self.finish_reason is not None
 
     def accept(self, event: dict[str, Any]) -> list[dict[str, Any]]:
-        """One upstream chunk in; the client chunks it releases out."""
+        """One upstream chunk in; the client chunks it releases out. :class:`BadEvent` when the chunk cannot
+        be read, before it changed anything: the stream can go on elsewhere from the chunk before."""
+        choice, ids = _first_choice(event)
+        entries = [] if choice is None else self._entries(choice, len(ids))
         if self.meta is None:
             self.meta = {k: event.get(k) for k in ("id", "created", "model")}
         if event.get("timings"):
             self.timings = event["timings"]
-        choices = event.get("choices")
-        if not choices:
+        if choice is None:
             self.upstream_usage = event.get("usage") or self.upstream_usage
             return []
         if self.prompt_ids is None and isinstance(event.get("prompt_token_ids"), list):
             self.prompt_ids = list(event["prompt_token_ids"])
-        choice = choices[0]
-        ids, text = self._fresh(list(choice.get("token_ids") or []), _choice_text(choice))
+        text = _choice_text(choice)
+        skipped = len(ids)
+        ids, text = self._fresh(ids, text)
+        entries = entries[skipped - len(ids):]
         self.token_ids.extend(ids)
+        if not self.params.stream:
+            self.logprobs.extend(entries)
         self.text.append(text)
         self.num_chars += len(text)
         reason = choice.get("finish_reason")
         if reason:
             self.finish_reason = reason
-        return self._client_chunks(ids, text, reason)
+        return self._client_chunks(ids, text, reason, entries)
+
+    def _entries(self, choice: dict[str, Any], num_tokens: int) -> list[LogprobEntry]:
+        """The logprobs of a choice's ``num_tokens`` tokens, whichever endpoint's shape they came in."""
+        shown = choice.get("logprobs")
+        if self.params.num_logprobs is None or shown is None:
+            return []
+        try:
+            if "delta" in choice:
+                entries = read_chat_logprobs(shown)
+            else:
+                entries = read_completion_logprobs(shown, self.params.num_logprobs)
+        except MalformedLogprobs as exc:
+            raise BadEvent(str(exc)) from exc
+        if len(entries) != num_tokens:  # stitching pairs each token with its own entry
+            raise BadEvent(f"logprobs for {len(entries)} tokens in a chunk of {num_tokens} token ids")
+        return entries
 
     def _fresh(self, ids: list[int], text: str) -> tuple[list[int], str]:
         """Records checkpoints; drops what a continuation regenerated up to the point already sent."""
@@ -210,12 +278,14 @@ class StreamAssembly:
         self._skip = (self._skip[0] - drop_ids, self._skip[1] - drop_chars)
         return ids[drop_ids:], text[drop_chars:]
 
-    def _client_chunks(self, ids: list[int], text: str, reason: str | None) -> list[dict[str, Any]]:
+    def _client_chunks(self, ids: list[int], text: str, reason: str | None,
+                       entries: list[LogprobEntry]) -> list[dict[str, Any]]:
         first = not self._sent_first
-        if not (text or reason or first or (self.params.wants_token_ids and ids)):
+        if not (text or reason or first or entries or (self.params.wants_token_ids and ids)):
             return []
         self._sent_first = True
         chunk = self._chunk([self._choice(ids, text, reason, first=first)])
+        chunk["choices"][0]["logprobs"] = self._shown_logprobs(entries)
         if first and self.params.wants_token_ids:
             chunk["prompt_token_ids"] = self.prompt_ids
         if reason:
@@ -232,6 +302,16 @@ class StreamAssembly:
         if self.params.wants_token_ids:
             choice["token_ids"] = ids
         return choice
+
+    def _shown_logprobs(self, entries: list[LogprobEntry]) -> dict[str, Any] | None:
+        """The client's ``logprobs`` object for these tokens, in its endpoint's shape."""
+        if self.params.num_logprobs is None:
+            return None
+        if self.params.kind == "chat":
+            return chat_logprobs(entries)
+        shown = completion_logprobs(entries, self._logprob_chars)
+        self._logprob_chars += sum(num_chars(e.token) for e in entries)
+        return shown
 
     def _chunk(self, choices: list[dict[str, Any]], *, obj: str | None = None) -> dict[str, Any]:
         meta = self.meta or {}
@@ -258,7 +338,7 @@ class StreamAssembly:
     def finish_locally(self, reason: str) -> None:
         """Every token was delivered but the finish chunk was lost: finish without a replica."""
         self.finish_reason = reason
-        self._client_chunks([], "", reason)
+        self._client_chunks([], "", reason, [])
 
     def usage(self) -> dict[str, Any]:
         """The whole request's usage: the original prompt, every completion token of every stream."""
@@ -304,6 +384,8 @@ class StreamAssembly:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason}
             obj = "text_completion"
+        self._logprob_chars = 0
+        choice["logprobs"] = self._shown_logprobs(self.logprobs)
         body = self._chunk([choice], obj=obj)
         body["usage"] = self.usage()
         if self.params.wants_token_ids:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from inference.config import TracingConfig, tracing_problems
+
 ROUTING_POLICIES = ("score", "round-robin", "least-request", "power-of-two")
 
 
@@ -30,9 +32,19 @@ class GatewayConfig:
     drain_timeout_s: float = 10.0  # at stop, streams in flight get this long to finish
     trace_sample_rate: float = 0.01  # traces kept below the running P95 (all above it are kept)
     trace_max_rows: int = 100_000
+    # OpenTelemetry spans over OTLP/HTTP (controlplane/gateway/tracing.py), from the gateway and, passed on
+    # as flags, from the replicas the control plane starts. Empty: off, at no cost per request.
+    otlp_traces_endpoint: str = ""
+    # Share of requests traced. A client's traceparent names the trace and its "not sampled" is followed,
+    # but its "sampled" is not trusted (any client could force every export): such a request is kept at
+    # this ratio too. The replicas follow the gateway's decision, which each upstream traceparent carries.
+    otlp_sample_ratio: float = 1.0
     # The CPU slice each gateway asks the kernel for (Linux 6.12+, controlplane/gateway/cpu_slice.py): short,
     # so that it takes its CPU back from batch work as soon as a client's bytes arrive. 0: kernel default.
     cpu_slice_ms: float = 0.1
+
+    def tracing(self) -> TracingConfig:
+        return TracingConfig(self.otlp_traces_endpoint, self.otlp_sample_ratio)
 
 
 def gateway_problems(cfg: GatewayConfig) -> list[tuple[str, str]]:
@@ -58,4 +70,6 @@ def gateway_problems(cfg: GatewayConfig) -> list[tuple[str, str]]:
     ):
         if not ok:
             problems.append((f"gateway.{key}", reason))
+    problems.extend((f"gateway.{key}", reason)
+                    for key, reason in tracing_problems(cfg.otlp_traces_endpoint, cfg.otlp_sample_ratio))
     return problems

@@ -16,7 +16,8 @@ Non-streaming requests run as streams too, assembled at the end.
 Transport failures become an :class:`UpstreamError` in one place (:meth:`Gateway._send`, :class:`Upstream`);
 refusals are :class:`GatewayError` s in the OpenAI error shape. See :mod:`controlplane.gateway.upstream_http`,
 :mod:`controlplane.gateway.liveness`, :mod:`controlplane.gateway.health_checks`,
-:mod:`controlplane.gateway.toxics` (link faults) and :mod:`controlplane.gateway.server`. """
+:mod:`controlplane.gateway.toxics` (link faults), :mod:`controlplane.gateway.tracing` (OpenTelemetry
+spans) and :mod:`controlplane.gateway.server`. """
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from controlplane.gateway.admission import OutlierDetector, RateLimiter, RetryBudget, shed_limit
-from controlplane.gateway.assembly import RequestParams, StreamAssembly
+from controlplane.gateway.assembly import BadEvent, RequestParams, StreamAssembly
+from controlplane.gateway.catalog import served_models
 from controlplane.gateway.config import GatewayConfig
 from controlplane.gateway.errors import GatewayError, UpstreamError
 from controlplane.gateway.health_checks import ActiveChecks
@@ -51,9 +53,11 @@ from controlplane.gateway.request import (
     read_body,
     request_priority,
     stage_seconds,
+    tried_header,
 )
 from controlplane.gateway.routing import Candidate, Router, routable
 from controlplane.gateway.toxics import LinkToxics
+from controlplane.gateway.tracing import CLIENT_DISCONNECTED, GatewayTracing
 from controlplane.gateway.upstream import DONE_EVENT, EventStreamResponse, Upstream, open_stream, sse_event
 from controlplane.gateway.upstream_http import (
     HttpxStreams,
@@ -68,10 +72,8 @@ from inference.protocol import error_body
 logger = logging.getLogger(__name__)
 
 REPLICA_HEADER = "x-replica-id"
-TRIED_HEADER = "x-gateway-tried"  # replicas tried first that failed before the first byte (when any)
 
 MAX_RESUMES = 3  # mid-stream continuations per request
-MODELS_TIMEOUT_S = 5.0
 
 Clock = Callable[[], float]
 EventSink = Callable[[str, str, str], None]  # (kind, replica_id, detail)
@@ -98,6 +100,7 @@ class Gateway:
         self.outliers = OutlierDetector(config.eject_after_failures)
         self.toxics = LinkToxics(clock=clock)  # link faults injected by chaos (chaos.faults.link)
         self.liveness = Liveness(config.stall_timeout_s, on_event=self._emit)  # stalled: routed around
+        self.tracing: GatewayTracing | None = None  # OpenTelemetry spans, from start() when configured
         self._inflight: dict[str, int] = defaultdict(int)
         self._client = self._new_client(transport)
         self.checks = ActiveChecks(client=self._client, endpoints=endpoints, outliers=self.outliers,
@@ -119,12 +122,17 @@ class Gateway:
 
     # ---- lifecycle ----
     async def start(self) -> None:
-        """Start the active health checks (idempotent)."""
+        """Start the active health checks and the trace export when configured (idempotent)."""
         self.checks.start()
+        if self.tracing is None and self.config.otlp_traces_endpoint:  # its exporter thread starts here
+            self.tracing = GatewayTracing.start(self.config.tracing())
 
     async def stop(self) -> None:
-        """Stop the health checks and close every upstream connection."""
+        """Stop the health checks and the trace export and close every upstream connection."""
         await self.checks.stop()
+        if self.tracing is not None:  # exports what is buffered (bounded), off the event loop
+            tracing, self.tracing = self.tracing, None  # a start() after this one starts a new provider
+            await asyncio.to_thread(tracing.shutdown)
         self.liveness.stop()
         await self._streams.aclose()
         await self._client.aclose()
@@ -160,6 +168,8 @@ class Gateway:
             job.priority = request_priority(request)
             job.params = RequestParams.parse(kind, await read_body(request, self.config.max_body_bytes))
             job.assembly = StreamAssembly(job.params)
+            if self.tracing is not None:
+                job.spans = self.tracing.begin(request.headers, job)
             self._admit(job)
             self.budget.record_request()
             body = job.params.upstream_body(PRIORITIES[job.priority])
@@ -220,6 +230,7 @@ class Gateway:
             if suspects and routable(candidates, exclude=job.failed | suspects):
                 avoid = job.failed | suspects
             decision = self.router.pick(candidates, block_hashes=job.params.block_hashes, exclude=avoid)
+            job.spans.routed(decision)
             if not decision.is_routed:
                 break
             if last is not None and budgeted and not last.is_silence and not self.budget.try_spend():
@@ -231,8 +242,9 @@ class Gateway:
             logger.debug("[%s] request %s -> %s (%s)", endpoint.replica_id, job.request_id,
                          decision.replica_id, decision.scores)
             try:
-                upstream = await self._attempt(endpoint, path, body)
+                upstream = await self._attempt(endpoint, path, body, job.spans.attempt(endpoint, path))
             except UpstreamError as exc:
+                job.spans.failed(exc)
                 job.failed.add(endpoint.replica_id)
                 self._record_failure(exc)
                 if not exc.is_retryable:
@@ -246,15 +258,16 @@ class Gateway:
                                code="no_replica", headers={"Retry-After": str(self.config.retry_after_s)})
         raise last.to_client(self.config.retry_after_s) from last
 
-    async def _attempt(self, endpoint: ReplicaEndpoint, path: str, body: dict[str, Any]) -> Upstream:
-        """Send to one replica and wait for its first event; counted in flight until closed."""
+    async def _attempt(self, endpoint: ReplicaEndpoint, path: str, body: dict[str, Any],
+                       headers: dict[str, str] | None) -> Upstream:
+        """Send to one replica (with its traceparent) and wait for its first event; in flight until closed."""
         self._acquire(endpoint.replica_id)
         upstream: Upstream | None = None
         try:
             if self.toxics:
                 await self._through_toxics(endpoint.replica_id)
             async with self.liveness.watching(endpoint.replica_id):
-                response = await self._send(endpoint, path, body)
+                response = await self._send(endpoint, path, body, headers)
                 upstream = Upstream(endpoint, response, self._release)
                 await upstream.prime(self.config.first_byte_timeout_s)
             self.liveness.heard(endpoint.replica_id)
@@ -273,13 +286,14 @@ class Gateway:
         if delay > 0:
             await asyncio.sleep(delay)
 
-    async def _send(self, endpoint: ReplicaEndpoint, path: str, body: dict[str, Any]) -> StreamResponse:
+    async def _send(self, endpoint: ReplicaEndpoint, path: str, body: dict[str, Any],
+                    headers: dict[str, str] | None) -> StreamResponse:
         # A replica answers with its status line as soon as it accepts a stream, before any token: no
         # answer within the stall timeout means it is not serving (partitioned, stopped), whatever its queue.
         cfg = self.config
         return await open_stream(self._streams, endpoint, path, body,
                                  wait_s=min(cfg.first_byte_timeout_s, cfg.stall_timeout_s),
-                                 refusal_timeout_s=cfg.first_byte_timeout_s)
+                                 refusal_timeout_s=cfg.first_byte_timeout_s, headers=headers)
 
     def _acquire(self, replica_id: str) -> None:
         self._inflight[replica_id] += 1
@@ -320,6 +334,7 @@ class Gateway:
                         yield batch
                 break
             except UpstreamError as exc:
+                job.spans.failed(exc)
                 self._record_failure(exc)
                 if job.assembly.is_finished:
                     break  # broken after the last token: nothing is lost
@@ -338,7 +353,10 @@ class Gateway:
                 if self.toxics and self.toxics.reset_due(upstream.replica_id, opened):
                     raise UpstreamError(upstream.replica_id, "broken", "link reset (link-abort fault)")
                 self.liveness.heard(upstream.replica_id)
-                batch += assembly.accept(event)
+                try:
+                    batch += assembly.accept(event)
+                except BadEvent as exc:  # the replica's fault: resumed elsewhere like a broken stream
+                    raise UpstreamError(upstream.replica_id, "bad_event", str(exc)) from exc
                 if event.get("choices"):
                     job.replica = upstream.endpoint
                 if job.first_token_at is None and assembly.token_ids:
@@ -352,6 +370,7 @@ class Gateway:
                 raise UpstreamError(upstream.replica_id, "closed", "[DONE] before the last token")
             self.outliers.record_success(upstream.replica_id)
             self.liveness.heard(upstream.replica_id)
+            job.spans.relayed()
         finally:
             await upstream.aclose()
 
@@ -372,6 +391,7 @@ class Gateway:
         logger.warning("[%s] resuming %s", exc.replica_id, detail)
         self.metrics.resumes.labels(exc.replica_id, exc.reason).inc()
         self._emit("resumed", exc.replica_id, detail)
+        job.spans.resuming(exc, len(assembly.token_ids))
         return await self._open(job, path, body, budgeted=False)
 
     def _streaming_response(self, job: Job) -> Response:
@@ -382,10 +402,10 @@ class Gateway:
             await stream.aclose()
             if job.upstream is not None:
                 await job.upstream.aclose()
-            self._finish(job, 200, "client disconnected")
+            self._finish(job, 200, CLIENT_DISCONNECTED)
 
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                   REPLICA_HEADER: job.upstream.replica_id, **_tried(job)}
+                   REPLICA_HEADER: job.upstream.replica_id, **tried_header(job)}
         return EventStreamResponse(stream, on_close=close, headers=headers)
 
     async def _event_stream(self, job: Job) -> AsyncGenerator[bytes, None]:
@@ -421,7 +441,7 @@ class Gateway:
                 await job.upstream.aclose()
         self._finish(job, 200, None)
         rid = job.replica.replica_id if job.replica else ""
-        return JSONResponse(job.assembly.full_response(), headers={REPLICA_HEADER: rid, **_tried(job)})
+        return JSONResponse(job.assembly.full_response(), headers={REPLICA_HEADER: rid, **tried_header(job)})
 
     # ---- traces ----
     def _finish(self, job: Job, status: int, error: str | None) -> None:
@@ -432,7 +452,7 @@ class Gateway:
         e2e = max(self.clock() - job.started, 0.0)
         assembly = job.assembly
         if assembly is not None and status == 200 and not assembly.is_finished and error is None:
-            error = "client disconnected"
+            error = CLIENT_DISCONNECTED
         stages = stage_seconds(assembly.timings if assembly else None)
         gateway_s = max(e2e - sum(v for v in stages.values() if v is not None), 0.0)
         ttft = None if job.first_token_at is None else job.first_token_at - job.started
@@ -443,10 +463,9 @@ class Gateway:
             self.metrics.overhead.observe(gateway_s)
             if ttft is not None and job.params is not None and job.params.stream:
                 self.metrics.ttft.observe(ttft)
-        self._emit_trace(job_trace(job, status=status, error=error, e2e=e2e, gateway_s=gateway_s,
-                                     ttft=ttft, stages=stages, replica=replica))
-
-    def _emit_trace(self, trace: TraceRecord) -> None:
+        trace = job_trace(job, status=status, error=error, e2e=e2e, gateway_s=gateway_s, ttft=ttft,
+                          stages=stages, replica=replica)
+        job.spans.finish(trace)
         try:
             self._on_trace(trace)
         except Exception:
@@ -459,22 +478,8 @@ class Gateway:
             self._authenticate(request)
         except GatewayError as exc:
             return exc.response()
-        pool = routable(self._candidates())
-        pages = await asyncio.gather(*(self._models_of(c.endpoint) for c in pool))
-        seen: dict[str, dict[str, Any]] = {}
-        for models in pages:
-            for model in models:
-                seen.setdefault(str(model.get("id")), model)
-        return JSONResponse({"object": "list", "data": list(seen.values())})
-
-    async def _models_of(self, endpoint: ReplicaEndpoint) -> list[dict[str, Any]]:
-        try:
-            response = await self._client.get(f"{endpoint.base_url}/v1/models", timeout=MODELS_TIMEOUT_S)
-            data = response.json().get("data", []) if response.status_code == 200 else []
-        except (httpx.HTTPError, ValueError, AttributeError) as exc:
-            logger.info("[%s] /v1/models failed: %s", endpoint.replica_id, exc)
-            return []
-        return [m for m in data if isinstance(m, dict)]
+        data = await served_models(self._client, [c.endpoint for c in routable(self._candidates())])
+        return JSONResponse({"object": "list", "data": data})
 
     def health(self) -> dict[str, Any]:
         """The gateway's own liveness, with what it routes to."""
@@ -493,8 +498,3 @@ class Gateway:
         self.metrics.readmissions.labels(replica_id).inc()
         logger.warning("[%s] re-admitted: %s", replica_id, why)
         self._emit("readmitted", replica_id, why)
-
-
-def _tried(job: Job) -> dict[str, str]:
-    """The replicas that failed this request before its first byte, for the client to see."""
-    return {TRIED_HEADER: ",".join(sorted(job.failed))} if job.failed else {}

@@ -13,11 +13,13 @@ from fastapi import Request
 
 from controlplane.gateway.assembly import RequestParams, StreamAssembly
 from controlplane.gateway.errors import bad_request, too_large
+from controlplane.gateway.tracing import NO_SPANS, RequestSpans
 from controlplane.gateway.upstream import Upstream
 from controlplane.replicas import ReplicaEndpoint
 from controlplane.traces import TraceRecord
 
 PRIORITY_HEADER = "x-priority"
+TRIED_HEADER = "x-gateway-tried"  # replicas tried first that failed before the first byte (when any)
 PRIORITIES = {"interactive": 0, "standard": 1, "batch": 2}  # header class -> the replica's priority field
 DEFAULT_PRIORITY = "standard"
 PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -41,6 +43,7 @@ class Job:
     retries: int = 0
     first_token_at: float | None = None
     done: bool = False  # its trace was emitted
+    spans: RequestSpans = NO_SPANS  # its OpenTelemetry spans (controlplane.gateway.tracing)
 
     @property
     def endpoint(self) -> str:
@@ -110,4 +113,9 @@ def job_trace(job: Job, *, status: int, error: str | None, e2e: float, gateway_s
         gateway_s=gateway_s, queue_s=stages["queue"], prefill_s=stages["prefill"],
         decode_s=stages["decode"], detokenize_s=stages["detokenize"], serialize_s=stages["serialize"],
         retries=job.retries, resumes=assembly.num_resumes if assembly else 0, error=error,
-        api_key_id=job.key_id)
+        api_key_id=job.key_id, trace_id=job.spans.trace_id)
+
+
+def tried_header(job: Job) -> dict[str, str]:
+    """The replicas that failed this request before its first byte, for the client to see."""
+    return {TRIED_HEADER: ",".join(sorted(job.failed))} if job.failed else {}

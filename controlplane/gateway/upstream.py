@@ -205,13 +205,16 @@ def sse_event(payload: dict[str, Any]) -> bytes:
 
 
 async def open_stream(streams: StreamClient, endpoint: ReplicaEndpoint, path: str, body: dict[str, Any], *,
-                      wait_s: float, refusal_timeout_s: float) -> StreamResponse:
-    """POST and wait for the status line (at most ``wait_s``); transport failures and refusals become
-    :class:`UpstreamError`, a refusal carrying the replica's OpenAI-shaped body."""
+                      wait_s: float, refusal_timeout_s: float,
+                      headers: Mapping[str, str] | None = None) -> StreamResponse:
+    """POST (with ``headers``: a traceparent) and wait for the status line (at most ``wait_s``);
+    transport failures and refusals become :class:`UpstreamError`, a refusal carrying the replica's
+    OpenAI-shaped body."""
     rid = endpoint.replica_id
     try:
         async with asyncio.timeout(wait_s):
-            response = await streams.post(endpoint.host, endpoint.port, path, orjson.dumps(body))
+            response = await streams.post(endpoint.host, endpoint.port, path, orjson.dumps(body),
+                                          headers=headers)
     except TimeoutError as exc:
         raise UpstreamError(rid, "timeout", f"no response within {wait_s:g}s") from exc
     except TransportError as exc:

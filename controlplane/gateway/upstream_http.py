@@ -54,7 +54,8 @@ class StreamResponse(Protocol):
 
 
 class StreamClient(Protocol):
-    async def post(self, host: str, port: int, path: str, body: bytes) -> StreamResponse: ...
+    async def post(self, host: str, port: int, path: str, body: bytes, *,
+                   headers: Mapping[str, str] | None = None) -> StreamResponse: ...
 
     async def aclose(self) -> None: ...
 
@@ -255,9 +256,11 @@ class UpstreamPool:
         self._clock = clock
         self.opened = 0  # connections opened so far (reuse shows as requests >> opened)
 
-    async def post(self, host: str, port: int, path: str, body: bytes) -> StreamResponse:
+    async def post(self, host: str, port: int, path: str, body: bytes, *,
+                   headers: Mapping[str, str] | None = None) -> StreamResponse:
+        extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items()) if headers else ""
         head = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-                f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\n\r\n").encode("latin-1")
+                f"Accept: text/event-stream\r\n{extra}Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
         reused = self._take_idle((host, port))
         if reused is not None:
             try:
@@ -361,9 +364,10 @@ class HttpxStreams:
     def __init__(self, client: httpx.AsyncClient) -> None:
         self._client = client
 
-    async def post(self, host: str, port: int, path: str, body: bytes) -> StreamResponse:
+    async def post(self, host: str, port: int, path: str, body: bytes, *,
+                   headers: Mapping[str, str] | None = None) -> StreamResponse:
         request = self._client.build_request("POST", f"http://{host}:{port}{path}", content=body,
-                                             headers={"content-type": "application/json"})
+                                             headers={"content-type": "application/json", **(headers or {})})
         try:
             return _HttpxResponse(await self._client.send(request, stream=True))
         except httpx.HTTPError as exc:

@@ -39,7 +39,7 @@ from controlplane.store.rows import StorePragmas
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_MS = 5_000
 WAL_SUFFIXES = ("-wal", "-shm")  # SQLite's files next to the database in WAL mode
 DEFAULT_LIMIT = 500
@@ -122,7 +122,20 @@ _SCHEMA_V2 = (
     "CREATE INDEX IF NOT EXISTS records_key ON records (collection, key, id)",
     "CREATE INDEX IF NOT EXISTS records_ts ON records (collection, ts)",
 )
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_V1, _SCHEMA_V2)
+
+
+def _add_column(table: str, column: str, declaration: str) -> Callable[[sqlite3.Connection], None]:
+    """ALTER TABLE ... ADD COLUMN, made idempotent as the other steps are (SQLite has no IF NOT EXISTS)."""
+    def add(conn: sqlite3.Connection) -> None:
+        if column not in {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+    return add
+
+
+# Version 3: a request's OpenTelemetry trace id, so that the console names the trace of a slow request.
+_SCHEMA_V3 = (_add_column("traces", "trace_id", "TEXT"),)
+_MIGRATIONS: tuple[tuple[str | Callable[[sqlite3.Connection], None], ...], ...] = (
+    _SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3)
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -186,7 +199,10 @@ class SqliteDatabase:
                                  f"control plane's ({SCHEMA_VERSION}); upgrade the control plane")
             for statements in _MIGRATIONS[version:]:
                 for statement in statements:
-                    conn.execute(statement)
+                    if isinstance(statement, str):
+                        conn.execute(statement)
+                    else:
+                        statement(conn)
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 log.info("store %s: schema migrated from version %s to %s", self.path, version,

@@ -29,7 +29,7 @@ RATE_WINDOW_SCRAPES = 4  # a rate window spans at least this many scrape interva
 # Metric names the composite queries read (vLLM's names, as the replicas export them).
 REQUEST_SUCCESS = "vllm:request_success_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
-HTTP_REQUESTS = "http_requests_total"
+HTTP_REQUESTS = "llmsre_http_requests_total"
 TTFT = "vllm:time_to_first_token_seconds"
 ITL = "vllm:inter_token_latency_seconds"
 E2E = "vllm:e2e_request_latency_seconds"

@@ -4,14 +4,16 @@ Where it sits: ``controlplane up`` (``app.py``) starts one :class:`PrometheusSer
 when ``[telemetry] source = "prometheus"``; the fleet's changes reach it as targets, and the control plane
 reads it back through :class:`~controlplane.telemetry.prometheus.PrometheusSource` (in PromQL). It writes
 ``prometheus.yml`` (a ``replicas`` job fed by file-based service discovery, plus static jobs for the control
-plane's and the gateway's own metrics), rewrites ``targets/replicas.json`` atomically whenever the fleet
-changes (Prometheus picks the change up within seconds), starts the binary, waits for ``/-/ready`` and
-always stops it again. The lifecycle API (``/-/reload``, ``/-/quit``) stays off, so that no local process
-can stop or reconfigure it over HTTP; :meth:`PrometheusServer.reload` sends SIGHUP and waits for
-Prometheus' reload metrics to confirm. It starts with none of the control plane's secrets in its
-environment. Its state folder holds::
+plane's and the gateway's own metrics; a target's labels win over what its page says of itself), rewrites
+``targets/replicas.json`` atomically whenever the fleet changes (Prometheus picks the change up within
+seconds), starts the binary, waits for ``/-/ready`` and always stops it again. The lifecycle API
+(``/-/reload``, ``/-/quit``) stays off, so that no local process can stop or reconfigure it over HTTP;
+:meth:`PrometheusServer.reload` sends SIGHUP and waits for Prometheus' reload metrics to confirm. It
+starts with none of the control plane's secrets in its environment: a job whose page needs a token (the
+control plane's ``/metrics/state``, a :class:`GuardedPage`) names a 0600 file holding it, which Prometheus
+reads at each scrape. Its state folder holds::
 
-    prometheus.yml  targets/replicas.json  data/ (TSDB)  prometheus.log  prometheus.pid
+    prometheus.yml  targets/replicas.json  data/ (TSDB)  prometheus.log  prometheus.pid  scrape.token
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -49,6 +52,8 @@ RELOAD_TIMEOUT_S = 10.0
 RELOADED_AT = "prometheus_config_last_reload_success_timestamp_seconds"
 RELOAD_OK = "prometheus_config_last_reload_successful"
 LOG_TAIL_LINES = 20
+# What a replica's page repeats of its target's labels; Prometheus renames those to exported_<name>.
+ECHOED_LABELS = "exported_(replica|zone)"
 
 
 class PrometheusError(TelemetryError):
@@ -62,15 +67,26 @@ class PrometheusUnavailable(PrometheusError):
         super().__init__(UNAVAILABLE)
 
 
+@dataclass(frozen=True, slots=True)
+class GuardedPage:
+    """A static job's page that needs a bearer token: its path, and the file (0600, written by whoever
+    holds the token) that Prometheus reads the token from at each scrape; the token is never in the config."""
+
+    metrics_path: str
+    credentials_file: Path
+
+
 class PrometheusServer:
     """One Prometheus child process with a generated configuration, following the fleet by file SD.
 
     ``static_jobs`` maps a job name to ``host:port`` targets scraped at ``/metrics`` (the control plane,
-    the gateway); ``rule_files`` are loaded as recording/alerting rules.
+    the gateway), or at the page ``guarded_pages`` names for that job, with its token; ``rule_files`` are
+    loaded as recording/alerting rules.
     """
 
     def __init__(self, config: PrometheusConfig, state_dir: Path, *,
                  static_jobs: Mapping[str, Sequence[str]] | None = None,
+                 guarded_pages: Mapping[str, GuardedPage] | None = None,
                  rule_files: Sequence[Path] = (), alertmanagers: Sequence[str] = (),
                  ready_timeout_s: float = READY_TIMEOUT_S,
                  stop_timeout_s: float = STOP_TIMEOUT_S) -> None:
@@ -79,6 +95,7 @@ class PrometheusServer:
         self.config = config
         self.state_dir = Path(state_dir)
         self.static_jobs = {name: list(targets) for name, targets in (static_jobs or {}).items()}
+        self.guarded_pages = dict(guarded_pages or {})
         self.rule_files = [Path(p) for p in rule_files]
         self.alertmanagers = [_alertmanager_target(url) for url in alertmanagers]  # (scheme, host:port, path)
         self.ready_timeout_s = ready_timeout_s
@@ -153,10 +170,16 @@ class PrometheusServer:
         lines += [
             "scrape_configs:",
             f"  - job_name: {quote(REPLICAS_JOB)}",
-            "    honor_labels: true  # the replica's own replica/zone labels win over the target's",
+            "    # The fleet's view of a target (replica, zone, model) is the authority. A replica echoes",
+            "    # replica and zone on its page for scrapers without discovery; Prometheus renames those",
+            "    # to exported_*, dropped here, so each series carries each label once.",
+            "    honor_labels: false",
             "    file_sd_configs:",
             f"      - files: [{quote(str(self.targets_path))}]",
             f"        refresh_interval: {FILE_SD_REFRESH}",
+            "    metric_relabel_configs:",
+            "      - action: labeldrop",
+            f"        regex: {quote(ECHOED_LABELS)}",
         ]
         for name, targets in sorted(self.static_jobs.items()):
             lines += [
@@ -164,6 +187,14 @@ class PrometheusServer:
                 "    static_configs:",
                 f"      - targets: [{', '.join(quote(t) for t in targets)}]",
             ]
+            page = self.guarded_pages.get(name)
+            if page is not None:
+                lines += [
+                    f"    metrics_path: {quote(page.metrics_path)}",
+                    "    authorization:",
+                    "      type: Bearer",
+                    f"      credentials_file: {quote(str(page.credentials_file))}",
+                ]
         return "\n".join(lines) + "\n"
 
     def update_targets(self, endpoints: Sequence[ReplicaEndpoint]) -> None:

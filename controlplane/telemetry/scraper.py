@@ -13,8 +13,8 @@ numbers agree with :class:`controlplane.telemetry.prometheus.PrometheusSource`:
   instant queries at once, while its old samples still count in rates until they leave the window.
 
 Series whose newest sample is older than the rings' horizon (``ring_size * interval_s``) are dropped.
-Target labels (``replica``, ``zone``, ``model``, ``instance``, ``job``) are added where a sample lacks
-them, like ``honor_labels: true``.
+Target labels (``replica``, ``zone``, ``model``, ``instance``, ``job``) win over the same labels on a
+page, as in the generated Prometheus configuration (``honor_labels: false``, echoes dropped).
 """
 
 from __future__ import annotations
@@ -317,7 +317,7 @@ class ScraperSource(Telemetry):
         samples: list[tuple[str, dict[str, str], float]] = []
         if text is not None:
             try:
-                samples = [(s.name, {**target, **s.labels}, s.value)
+                samples = [(s.name, {**s.labels, **target}, s.value)
                            for family in text_string_to_metric_families(text) for s in family.samples]
             except ValueError as exc:
                 logger.warning("replica %s: unparsable /metrics page: %s", endpoint.replica_id, exc)

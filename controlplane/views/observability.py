@@ -72,6 +72,7 @@ class Trace:
     retries: int = 0
     resumes: int = 0
     error: str | None = None
+    trace_id: str | None = None  # OpenTelemetry trace id, when the gateway exported the request's spans
 
     @property
     def serialization_s(self) -> float:

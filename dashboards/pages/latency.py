@@ -249,6 +249,7 @@ def _slowest(traces: tuple[Trace, ...]) -> list[Any]:
                 "serialization",
                 "tokens",
                 "retries/resumes",
+                "trace id",
             )
         ]
     )
@@ -270,6 +271,7 @@ def _slowest(traces: tuple[Trace, ...]) -> list[Any]:
                     html.Td(ms(t.serialization_s)),
                     html.Td(f"{t.prompt_tokens}→{t.output_tokens}"),
                     html.Td(f"{t.retries}/{t.resumes}"),
+                    html.Td(t.trace_id or "–", className="trace-id"),
                 ],
                 className="trace-row",
             )

@@ -3,11 +3,14 @@
 - Core objects (Deployment, Service, PodDisruptionBudget, ConfigMap, PVC, Namespace) against Kubernetes
   1.33's own OpenAPI schemas, strictly (unknown fields refused), with ``kubernetes-validate``; so are the
   pod templates inside the RayCluster, as PodTemplates.
-- The custom resources (RayCluster, ServiceMonitor) have no schema there: they are checked against schemas
-  written here (``schemas/``: the fields and types of the CRDs that the manifests use) and by structure.
+- The custom resources (RayCluster, ServiceMonitor, PrometheusRule) have no schema there: they are checked
+  against schemas written here (``schemas/``: the fields and types of the CRDs that the manifests use) and
+  by structure.
 - Then what would break at run time though every object is valid: a worker group per fleet zone, pinned
   to that zone and labelled for placement; the control plane's config loads and points at the head's
-  Ray Client port; every selector finds its pods; the ServiceMonitor finds the replicas' ports.
+  Ray Client port; every selector finds its pods; the ServiceMonitors find the replicas', the gateways'
+  and the control plane's pages under the job names the Grafana dashboard filters on, and the
+  PrometheusRule holds the recording rules ``controlplane up`` loads.
 """
 
 from __future__ import annotations
@@ -22,14 +25,21 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from controlplane.api.process_metrics import STATE_PATH
 from controlplane.config import load_config
 from controlplane.fleet.backends.ray_thread import ZONE_LABEL
+from controlplane.telemetry.prometheus_server import REPLICAS_JOB
+from controlplane.telemetry.recording_rules import prometheus_rule, rule_file
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "deploy" / "kuberay"
 SCHEMAS = Path(__file__).parent / "schemas"
 KUBERNETES_VERSION = "1.33.0"
-CUSTOM = {"RayCluster": "raycluster.schema.json", "ServiceMonitor": "servicemonitor.schema.json"}
+CUSTOM = {"RayCluster": "raycluster.schema.json", "ServiceMonitor": "servicemonitor.schema.json",
+          "PrometheusRule": "prometheusrule.schema.json"}
+DASHBOARD = ROOT / "deploy" / "grafana" / "llmsre-fleet.json"
+# The jobs `controlplane up`'s own Prometheus scrapes (app.py), which the dashboard's panels filter on.
+JOBS = {REPLICAS_JOB, "gateway", "controlplane"}
 
 
 def documents() -> list[tuple[str, dict[str, Any]]]:
@@ -144,16 +154,62 @@ def test_every_service_and_budget_selects_pods_that_exist() -> None:
             f"PodDisruptionBudget {budget['metadata']['name']} selects no pod"
 
 
+def monitored(monitor: dict[str, Any]) -> dict[str, Any]:
+    """The one Service a ServiceMonitor selects."""
+    (service,) = [s for s in of_kind("Service") if
+                  all(s["metadata"].get("labels", {}).get(k) == v
+                      for k, v in monitor["spec"]["selector"]["matchLabels"].items())]
+    return service
+
+
 def test_the_service_monitor_scrapes_every_replica_port_of_the_replica_hosts() -> None:
-    (monitor,) = of_kind("ServiceMonitor")
-    service = next(s for s in of_kind("Service") if
-                   all(s["metadata"].get("labels", {}).get(k) == v
-                       for k, v in monitor["spec"]["selector"]["matchLabels"].items()))
+    monitor = named("ServiceMonitor", "llmsre-replicas")
+    service = monitored(monitor)
     assert service["spec"]["clusterIP"] == "None"
     named_ports = {p["name"] for p in service["spec"]["ports"]}
     assert {e["port"] for e in monitor["spec"]["endpoints"]} == named_ports
     assert all(e["path"] == "/metrics" for e in monitor["spec"]["endpoints"])
     assert service["metadata"]["namespace"] in monitor["spec"]["namespaceSelector"]["matchNames"]
+
+
+def test_the_service_monitors_name_their_jobs_as_the_dashboard_filters_them() -> None:
+    jobs: dict[str, dict[str, Any]] = {}
+    for monitor in of_kind("ServiceMonitor"):
+        service = monitored(monitor)
+        assert service["metadata"]["namespace"] in monitor["spec"]["namespaceSelector"]["matchNames"]
+        ports = {p["name"] for p in service["spec"]["ports"]}
+        assert {e["port"] for e in monitor["spec"]["endpoints"]} <= ports, monitor["metadata"]["name"]
+        # the Prometheus operator names the job after the Service's label that jobLabel names
+        jobs[service["metadata"]["labels"][monitor["spec"]["jobLabel"]]] = monitor
+    assert set(jobs) == JOBS
+    filtered = set(re.findall(r'job=\\?"([^"\\]+)', DASHBOARD.read_text()))
+    assert filtered and filtered <= JOBS
+
+
+def test_the_replicas_up_series_carry_their_zone() -> None:
+    for endpoint in named("ServiceMonitor", "llmsre-replicas")["spec"]["endpoints"]:
+        assert endpoint["honorLabels"] is True  # the page names its replica: no discovery here knows it
+        assert {"sourceLabels": ["__meta_kubernetes_pod_label_llmsre_zone"], "targetLabel": "zone"} \
+            in endpoint["relabelings"]
+    for cluster in of_kind("RayCluster"):
+        for group in cluster["spec"]["workerGroupSpecs"]:
+            assert group["template"]["metadata"]["labels"]["llmsre/zone"] == group["groupName"]
+
+
+def test_the_control_planes_state_is_scraped_with_a_viewer_token_from_the_secret() -> None:
+    (endpoint,) = named("ServiceMonitor", "llmsre-controlplane")["spec"]["endpoints"]
+    assert endpoint["path"] == STATE_PATH
+    assert endpoint["authorization"] == {"type": "Bearer",
+                                         "credentials": {"name": "llmsre-secrets", "key": "metrics-token"}}
+    assert "metrics-token=" in (MANIFESTS / "controlplane.yaml").read_text()  # how to create it
+
+
+def test_the_prometheus_rule_holds_the_rules_controlplane_up_loads() -> None:
+    text = (MANIFESTS / "recording-rules.yaml").read_text()
+    regenerate = "regenerate: python -m controlplane.telemetry.recording_rules --kubernetes"
+    assert text == prometheus_rule(), regenerate
+    (rule,) = of_kind("PrometheusRule")
+    assert rule["spec"] == yaml.safe_load(rule_file())
 
 
 def test_the_gateways_watch_the_control_planes_service() -> None:

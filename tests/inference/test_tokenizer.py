@@ -213,3 +213,45 @@ def test_invalid_bytes_do_not_hold_the_stream_forever(tokenizer: Tokenizer) -> N
     chunks = _stream(tokenizer, lone_continuation * (MAX_PENDING_TOKENS + 1))
     assert chunks[MAX_PENDING_TOKENS] != ""
     assert "".join(chunks) == tokenizer.decode(lone_continuation * (MAX_PENDING_TOKENS + 1))
+
+
+# --- logprob token strings ------------------------------------------------------------------------
+
+def _sentencepiece_folder(tmp_path: Path) -> Path:
+    """A Llama-2 style vocabulary (Unigram, "▁" word marks, byte fallback, the Strip decoder) built here."""
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as Backend
+
+    pieces = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), "▁", "▁hello", "▁world", ",",
+              "▁hé", "l", "o", "▁the", "▁end", "."]
+    scores = [(piece, -1.0 if piece.startswith("▁") else -5.0) for piece in pieces]
+    backend = Backend(models.Unigram(scores, unk_id=0, byte_fallback=True))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    backend.add_special_tokens([AddedToken("<s>", special=True), AddedToken("</s>", special=True)])
+    backend.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}))
+    return tmp_path
+
+
+def test_sentencepiece_token_bytes_join_into_the_text_they_decode_to(tmp_path: Path) -> None:
+    """Logprobs show each token's own bytes: "▁hello" is " hello" (decoding it alone strips the space), and
+    byte-fallback pieces are their bytes, so the tokens of an output join into its text."""
+    tokenizer = Tokenizer.from_folder(_sentencepiece_folder(tmp_path))
+    prompt = tokenizer.encode("hello")
+    output = tokenizer.encode(" world, héllo ✓ the end.", add_special_tokens=False)
+    pieces = [tokenizer.token_bytes(t) for t in output]
+    assert pieces[:2] == [b" world", b","] and b"\xe2" in pieces  # ✓ is three byte-fallback pieces
+
+    text = "".join(_stream(tokenizer, output, prompt_ids=prompt))
+    assert b"".join(pieces).decode() == text == " world, héllo ✓ the end."
+    assert tokenizer.token_bytes(prompt[0]) == b"<s>" and tokenizer.token_bytes(prompt[1]) == b" hello"
+
+
+def test_byte_level_token_bytes_join_into_the_text_they_decode_to(tokenizer: Tokenizer) -> None:
+    prompt = tokenizer.encode("The answer is", add_special_tokens=False)
+    output = tokenizer.encode(" 42 🤖 done.", add_special_tokens=False)
+    text = "".join(_stream(tokenizer, output, prompt_ids=prompt))
+    assert b"".join(tokenizer.token_bytes(t) for t in output).decode() == text == " 42 🤖 done."

@@ -56,6 +56,7 @@ def _assert_labelled(samples: list[Sample], replica: ReplicaProcess) -> None:
     assert samples
     for sample in samples:
         assert sample.labels["model_name"] == MODEL, sample
+        assert sample.labels["engine"] == "0", sample  # vLLM's engine index: one engine per replica
         assert sample.labels["replica"] == replica.replica_id, sample
         assert sample.labels["zone"] == replica.zone, sample
 
@@ -146,12 +147,13 @@ def test_refusals_are_counted_by_status_and_by_reason(start_fresh: StartFresh) -
         return (metric_value(after, name, **labels) or 0.0) - (metric_value(before, name, **labels) or 0.0)
 
     assert statuses == [429, 429, 429] and unauthorized.status_code == 401
-    assert delta("http_requests_total", path="/v1/completions", status_code="429") == 2
-    assert delta("http_requests_total", path="/v1/chat/completions", status_code="429") == 1
-    assert delta("http_requests_total", path="/v1/completions", status_code="401") == 1
-    assert delta("http_requests_total", path="/v1/completions", status_code="200") == 2  # the two streams
-    assert delta("rejected_requests_total", reason="queue_full") == 3
-    assert delta("rejected_requests_total", reason="unauthorized") == 1
+    assert delta("llmsre_http_requests_total", path="/v1/completions", status_code="429") == 2
+    assert delta("llmsre_http_requests_total", path="/v1/chat/completions", status_code="429") == 1
+    assert delta("llmsre_http_requests_total", path="/v1/completions", status_code="401") == 1
+    # the two streams
+    assert delta("llmsre_http_requests_total", path="/v1/completions", status_code="200") == 2
+    assert delta("llmsre_rejected_requests_total", reason="queue_full") == 3
+    assert delta("llmsre_rejected_requests_total", reason="unauthorized") == 1
 
 
 def test_kv_blocks_in_use_return_to_zero_when_streams_end_and_tasks_are_counted(
@@ -175,6 +177,6 @@ def test_kv_blocks_in_use_return_to_zero_when_streams_end_and_tasks_are_counted(
         raise AssertionError("a request still runs after its client left")
 
     samples = settled()
-    assert metric_value(samples, "kv_cache_blocks_in_use") == 0
-    tasks = metric_value(samples, "process_asyncio_tasks")
+    assert metric_value(samples, "llmsre_kv_cache_blocks_in_use") == 0
+    tasks = metric_value(samples, "llmsre_asyncio_tasks")
     assert tasks is not None and tasks >= 1  # at least the task serving /metrics

@@ -10,8 +10,10 @@ listens once it knows (:meth:`ReplicaBackend.location`) and how its nodes fare (
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
+
+from inference.config import TracingConfig
 
 
 @dataclass(slots=True, frozen=True)
@@ -26,6 +28,14 @@ class ReplicaSpec:
     threads: int = 1
     max_num_seqs: int = 64
     drain_timeout_s: float = 30.0
+    # The gateway's OTLP settings ([gateway] otlp_*), so that the replica's spans join the gateway's traces
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+
+    def tracing_args(self) -> list[str]:
+        """``inference serve``'s trace export flags (none while export is off)."""
+        t = self.tracing
+        return ["--otlp-traces-endpoint", t.endpoint, "--otlp-sample-ratio", f"{t.sample_ratio:g}"] \
+            if t.is_enabled else []
 
 
 @dataclass(slots=True, frozen=True)

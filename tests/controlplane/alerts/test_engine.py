@@ -440,9 +440,9 @@ def test_builtin_queries_on_the_in_process_scraper(clock: FakeClock) -> None:
 
 def _page(requests: int, errors: int, kv: float, waiting: int) -> str:
     ok = requests - errors
-    return (f'http_requests_total{{path="/v1/completions",status_code="200"}} {ok}\n'
-            f'http_requests_total{{path="/v1/completions",status_code="500"}} {errors}\n'
-            f'http_requests_total{{path="/metrics",status_code="200"}} {requests * 3}\n'
+    return (f'llmsre_http_requests_total{{path="/v1/completions",status_code="200"}} {ok}\n'
+            f'llmsre_http_requests_total{{path="/v1/completions",status_code="500"}} {errors}\n'
+            f'llmsre_http_requests_total{{path="/metrics",status_code="200"}} {requests * 3}\n'
             f"vllm:kv_cache_usage_perc {kv}\nvllm:num_requests_waiting {waiting}\n")
 
 

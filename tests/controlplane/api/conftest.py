@@ -25,6 +25,7 @@ from chaos.safety import FaultManager
 from controlplane.alerts.config import AlertsConfig
 from controlplane.alerts.engine import build_engine
 from controlplane.api.factory import Services, create_api
+from controlplane.api.state_metrics import ActiveFaultCount
 from controlplane.auth import Auditor, Role, TokenAuthority
 from controlplane.autoscale.loop import Autoscaler
 from controlplane.config import ApiConfig
@@ -86,7 +87,8 @@ def serve(tmp_path: Path, store: Store, api: ApiConfig) -> Iterator[Served]:
         asyncio.run(fleet.reconcile())
     tokens, auditor = TokenAuthority(store), Auditor(store)
     catalogue = Catalogue([RecordingFault(), RecordingFault(name="kill", takes_down=True)])
-    faults = FaultManager(catalogue, store)
+    ledger = ActiveFaultCount(store)  # as `controlplane up` wires it: /metrics/state counts faults from it
+    faults = FaultManager(catalogue, ledger)
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(PROFILE.to_json()))
     telemetry = busy_telemetry()
@@ -97,7 +99,8 @@ def serve(tmp_path: Path, store: Store, api: ApiConfig) -> Iterator[Served]:
             schedules=scheduler,
             alerts=build_engine(AlertsConfig(), store=store, auditor=auditor, telemetry=None, fleet=fleet),
             drills=DrillService(DrillRunner(FakePort(), faults), store, tmp_path),
-            feed=EndpointsFeed(fleet.endpoints, lambda _: None), gateways=FakeGateways(), api=api)
+            feed=EndpointsFeed(fleet.endpoints, lambda _: None), gateways=FakeGateways(), api=api,
+            active_faults=ledger)
         app = create_api(services)
         with TestClient(app, base_url=URL, raise_server_exceptions=False) as client:
             yield Served(client, app, store, tokens)

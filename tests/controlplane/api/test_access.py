@@ -107,3 +107,16 @@ def test_only_a_gateway_may_report_and_only_for_itself(served: Served) -> None:
     assert served.client.post("/api/v1/gateway/reports", json=report, headers=gateway).status_code == 200
     other = served.client.post("/api/v1/gateway/reports", json={**report, "gateway": "gw-9"}, headers=gateway)
     assert other.status_code == 403
+
+
+def test_the_control_planes_state_page_takes_a_viewer_and_the_public_page_keeps_to_runtime(
+        served: Served) -> None:
+    assert served.client.get("/metrics/state").status_code == 401
+    viewer = {"authorization": f"Bearer {served.token('viewer')}"}
+    as_viewer = served.client.get("/metrics/state", headers=viewer)
+    assert as_viewer.status_code == 200
+    assert "llmsre_fleet_ready_replicas 3.0" in as_viewer.text
+    assert "llmsre_faults_active 0.0" in as_viewer.text
+    public = served.client.get("/metrics")
+    assert public.status_code == 200 and "llmsre_asyncio_tasks" in public.text
+    assert "fleet" not in public.text and "faults" not in public.text and "autoscaler" not in public.text

@@ -5,7 +5,9 @@ the first chunk, ``output_offset``, a usage chunk with ``timings``, ``[DONE]``) 
 deterministic function of the *original* prompt and the absolute output position, so a continuation
 elsewhere produces what the undisturbed stream would have. Like a real detokenizer it holds back the text
 of some tokens (every token divisible by 5 is released together with the next one), which is what makes
-resuming text exact non-trivial. Each replica can be told to refuse, break, stall or error mid-stream.
+resuming text exact non-trivial. Asked for logprobs, it sends each token's (a function of the token), in
+the endpoint's shape. Each replica can be told to refuse, break, stall, error or send malformed logprobs
+mid-stream.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import httpx
 
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
+from inference.logprobs import LogprobEntry, chat_logprobs, completion_logprobs
 
 MODEL = "fake-model"
 
@@ -33,6 +36,25 @@ def piece(token: int) -> str:
 
 def is_held(token: int) -> bool:
     return token % 5 == 0
+
+
+def logprob_of(token: int, num_top: int) -> LogprobEntry:
+    """A token's logprobs: as in greedy decoding, the chosen token is the most likely alternative."""
+    value = -0.25 * (token % 8) - 0.125
+    top = [(piece(token), value), *((f"<alt{k}>", value - 1.0 - k) for k in range(num_top - 1))]
+    return LogprobEntry(piece(token), value, tuple(top[:num_top]))
+
+
+def num_logprobs(kind: str, body: dict[str, Any]) -> int | None:
+    """Alternatives per token the request asks for; None: no logprobs."""
+    if kind == "chat":
+        return int(body.get("top_logprobs") or 0) if body.get("logprobs") is True else None
+    value = body.get("logprobs")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# Malformed in either shape: a chat entry without its token, a completion token that is not a string.
+MALFORMED_LOGPROBS = {"content": [{"logprob": -1.0}], "tokens": [None], "token_logprobs": [-1.0]}
 
 
 def encode(kind: str, body: dict[str, Any]) -> list[int]:
@@ -52,6 +74,8 @@ class Behaviour:
     stall_after: int | None = None  # tokens, then nothing (once)
     hang_after: int | None = None  # every stream from now on: tokens, then nothing (a hung replica)
     error_frame_after: int | None = None  # tokens, then an error frame (once)
+    bad_logprobs_after: int | None = None  # tokens, then a chunk with ``bad_logprobs`` as logprobs (once)
+    bad_logprobs: Any = field(default_factory=lambda: dict(MALFORMED_LOGPROBS))
     ready: bool = True
     unreachable: bool = False  # connections are refused (a killed process on a port still listed)
     unanswered: bool = False  # connections are accepted and nothing is answered (a stopped process)
@@ -100,9 +124,11 @@ class FakeReplica:
         offset = body.get("output_offset", 0)
         original = prompt[:len(prompt) - offset]
         max_tokens = body.get("max_tokens", 16)
-        cut = {name: self._take(name) for name in ("break_after", "stall_after", "error_frame_after")}
+        cut = {name: self._take(name)
+               for name in ("break_after", "stall_after", "error_frame_after", "bad_logprobs_after")}
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{self.replica_id}"
-        held = ""
+        num_top = num_logprobs(kind, body)
+        held, text_offset = "", 0
         for i in range(max_tokens):
             if i == cut["break_after"]:
                 raise httpx.ReadError("connection reset by peer")
@@ -116,8 +142,15 @@ class FakeReplica:
             last = i == max_tokens - 1
             held += piece(token)
             text, held = ("", held) if is_held(token) and not last else (held, "")
-            yield _data(self._chunk(kind, rid, text, token, prompt if i == 0 else None,
-                                    "length" if last else None))
+            chunk = self._chunk(kind, rid, text, token, prompt if i == 0 else None,
+                                "length" if last else None)
+            if num_top is not None:
+                entry = [logprob_of(token, num_top)]
+                shown = chat_logprobs(entry) if kind == "chat" else completion_logprobs(entry, text_offset)
+                text_offset += len(piece(token))
+                bad = i == cut["bad_logprobs_after"]
+                chunk["choices"][0]["logprobs"] = self.behaviour.bad_logprobs if bad else shown
+            yield _data(chunk)
             await asyncio.sleep(0)
         usage = {"prompt_tokens": len(prompt), "completion_tokens": max_tokens,
                  "total_tokens": len(prompt) + max_tokens, "prompt_tokens_details": {"cached_tokens": 0}}
@@ -157,6 +190,12 @@ class FakeStream(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self.events.aclose()  # type: ignore[attr-defined]
+
+
+def expected_logprobs(kind: str, body: dict[str, Any]) -> list[LogprobEntry]:
+    """The logprobs of the undisturbed output of any fake replica for ``body``."""
+    tokens, _text = expected_completion(kind, body)
+    return [logprob_of(t, num_logprobs(kind, body) or 0) for t in tokens]
 
 
 def expected_completion(kind: str, body: dict[str, Any]) -> tuple[list[int], str]:

@@ -2,7 +2,8 @@
 
 Fifty greedy streams (completions and chats, ``ignore_eos``) run through the gateway at once; once they
 flow, one replica is ``kill -9``-ed, or SIGSTOPped and later continued. The reference is the same fifty
-requests sent straight to the replicas beforehand.
+requests sent straight to the replicas beforehand. The resume arithmetic is checked from every break point
+of a real stream, logprobs and penalties included, and those pass through the gateway unchanged.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import httpx
 import pytest
 
 from controlplane.gateway.assembly import PATHS, RequestParams, StreamAssembly
+from inference.logprobs import LogprobEntry, read_chat_logprobs, read_completion_logprobs
 
 from .conftest import (
     Fleet,
@@ -27,6 +29,7 @@ from .conftest import (
     chat,
     completion,
     run_streams,
+    sse_payloads,
     wait_until,
 )
 
@@ -212,6 +215,7 @@ def test_stopped_replica_is_resumed_around_ejected_and_readmitted(fleet: Fleet, 
 
 # ---- the resume arithmetic against a real replica's detokenizer and stop-string hold-back -------
 RESUME_MAX_TOKENS = 16
+LOGPROB_TOLERANCE = 1e-4  # a prefill and a decode compute the same logits in another order
 
 
 async def _events(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -228,11 +232,22 @@ def _assembled(params: RequestParams, events: list[dict[str, Any]]) -> StreamAss
     return assembly
 
 
+def _close(a: LogprobEntry, b: LogprobEntry) -> bool:
+    """The same logprobs up to rounding (alternatives within rounding of each other may swap places)."""
+    values = [v for _, v in a.top] + [a.logprob]
+    return len(a.top) == len(b.top) and all(abs(x - y) < LOGPROB_TOLERANCE
+                                            for x, y in zip(values, [v for _, v in b.top] + [b.logprob]))
+
+
 def _variant(kind: str, sampling: str, fleet: Fleet) -> dict[str, Any]:
     make = chat if kind == "chat" else completion
     body = make("The river bends near the old mill", max_tokens=RESUME_MAX_TOKENS, ignore_eos=True)
     if sampling == "greedy":
         return body
+    if sampling == "penalties-logprobs":  # greedy; the continuation must count the tokens sent as output
+        logprobs = {"logprobs": True, "top_logprobs": 2} if kind == "chat" else {"logprobs": 2}
+        return {**body, "presence_penalty": 1.0, "frequency_penalty": 0.5, "repetition_penalty": 1.3,
+                "stop": ["@never@matches@"], **logprobs}
     body = {**body, "temperature": 1.0, "seed": 11, "stop": ["@never@matches@"]}  # held back: 14 chars
     if sampling == "seeded-stop":  # a stop string that ends the undisturbed text part of the way
         answer = httpx.post(f"{fleet.replicas['r2'].base_url}{PATHS[kind]}", json=body, timeout=30).json()
@@ -243,7 +258,7 @@ def _variant(kind: str, sampling: str, fleet: Fleet) -> dict[str, Any]:
     return body
 
 
-@pytest.mark.parametrize("sampling", ["greedy", "seeded", "seeded-stop"])
+@pytest.mark.parametrize("sampling", ["greedy", "seeded", "seeded-stop", "penalties-logprobs"])
 @pytest.mark.parametrize("kind", ["completion", "chat"])
 def test_resuming_a_real_stream_after_any_chunk_reproduces_it(fleet: Fleet, kind: str, sampling: str) -> None:
     """What the gateway does after a break, from every possible break point, checked exactly."""
@@ -274,3 +289,35 @@ def test_resuming_a_real_stream_after_any_chunk_reproduces_it(fleet: Fleet, kind
                                                                          whole.finish_reason), f"cut {i}"
         assert cut.usage()["completion_tokens"] == len(whole.token_ids)
         assert cut.usage()["prompt_tokens"] == len(whole.prompt_ids or [])
+        # Every token's logprobs exactly once; a resumed token's computed again on another replica.
+        assert [e.token for e in cut.logprobs] == [e.token for e in whole.logprobs], f"cut {i}"
+        assert all(_close(a, b) for a, b in zip(cut.logprobs, whole.logprobs)), f"cut {i}"
+    if sampling == "penalties-logprobs":
+        assert len(whole.logprobs) == len(whole.token_ids) and all(len(e.top) == 2 for e in whole.logprobs)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_penalties_and_logprobs_pass_through_the_gateway(fleet: Fleet, serve_gateway: ServeGateway, kind: str,
+                                                         streaming: bool) -> None:
+    """The gateway forwards what it does not read itself: its answer is a replica's, logprobs included."""
+    body = _variant(kind, "penalties-logprobs", fleet)
+    body.update(stream=streaming)
+    gw = serve_gateway()
+
+    def logprobs(url: str) -> list[LogprobEntry]:
+        response = httpx.post(f"{url}{PATHS[kind]}", json=body, timeout=30)
+        assert response.status_code == 200, response.text
+        events = [e for e in sse_payloads(response.text) if isinstance(e, dict)] if streaming else [
+            response.json()]
+        params = RequestParams.parse(kind, body)
+        choices = [e["choices"][0] for e in events if e.get("choices")]
+        shown = [c["logprobs"] for c in choices]
+        if kind == "chat":
+            return [e for lp in shown for e in read_chat_logprobs(lp)]
+        return [e for lp in shown for e in read_completion_logprobs(lp, params.num_logprobs or 0)]
+
+    through, direct = logprobs(gw.url), logprobs(fleet.replicas["r0"].base_url)
+    assert len(through) == RESUME_MAX_TOKENS
+    assert [e.token for e in through] == [e.token for e in direct]
+    assert all(_close(a, b) for a, b in zip(through, direct))

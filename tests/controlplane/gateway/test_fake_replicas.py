@@ -22,12 +22,14 @@ from controlplane.gateway.handler import Gateway
 from controlplane.gateway.server import create_gateway_app
 from controlplane.replicas import ReplicaState
 from controlplane.traces import TraceRecord
+from inference.logprobs import LogprobEntry, read_chat_logprobs, read_completion_logprobs
 
 from .fakes import (
     MODEL,
     FakeFleet,
     encode,
     expected_completion,
+    expected_logprobs,
     sse_payloads,
     stream_text,
     stream_token_ids,
@@ -175,6 +177,89 @@ def test_broken_stream_resumes_elsewhere_without_lost_or_duplicated_tokens(
     run(body, fleet)
 
 
+LOGPROBS = {"chat": {"logprobs": True, "top_logprobs": 2}, "completion": {"logprobs": 2}}
+BAD_LOGPROBS: dict[str, dict[str, Any]] = {
+    "chat": {"missing token": {"content": [{"logprob": -1.0}]},
+             "null logprob": {"content": [{"token": "x", "logprob": None, "top_logprobs": []}]},
+             "not an object": "garbage",
+             "not one entry per token": {"content": []}},
+    "completion": {"missing token": {"token_logprobs": [-1.0], "top_logprobs": [{}]},
+                   "null logprob": {"tokens": ["x"], "token_logprobs": [None]},
+                   "not an object": "garbage",
+                   "not one entry per token": {"tokens": ["x", "y"], "token_logprobs": [-1.0, -2.0]}},
+}
+
+
+def shown_logprobs(kind: str, response: httpx.Response, *, stream: bool) -> list[LogprobEntry]:
+    """Every token's logprobs as the client got them, read back in order."""
+    if stream:
+        events = sse_payloads(response.text)
+        choices = [e["choices"][0] for e in events if isinstance(e, dict) and e.get("choices")]
+    else:
+        choices = [response.json()["choices"][0]]
+    if kind == "chat":
+        return [e for c in choices for e in read_chat_logprobs(c["logprobs"])]
+    return [e for c in choices for e in read_completion_logprobs(c["logprobs"], 2)]
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("malformed", list(BAD_LOGPROBS["chat"]))
+def test_malformed_logprobs_from_a_replica_resume_the_stream_elsewhere(kind: str, stream: bool,
+                                                                        malformed: str) -> None:
+    fleet = FakeFleet()
+    fleet["r0"].behaviour.bad_logprobs_after = 7
+    fleet["r0"].behaviour.bad_logprobs = BAD_LOGPROBS[kind][malformed]
+
+    async def body(h: Harness) -> None:
+        request = body_of(kind, stream=stream, return_token_ids=True, **LOGPROBS[kind])
+        response = await h.post(path_of(kind), request)
+        tokens, text = expected_completion(kind, request)
+
+        assert response.status_code == 200, response.text
+        if stream:
+            events = sse_payloads(response.text)
+            assert events[-1] == "[DONE]"
+            got_tokens, got_text = stream_token_ids(events), stream_text(events)
+        else:
+            choice = response.json()["choices"][0]
+            got_tokens = choice["token_ids"]
+            got_text = choice["message"]["content"] if kind == "chat" else choice["text"]
+        assert (got_tokens, got_text) == (tokens, text)
+        # Each token's logprobs exactly once, those of the tokens before the bad chunk included.
+        assert shown_logprobs(kind, response, stream=stream) == expected_logprobs(kind, request)
+        [trace] = h.traces
+        assert (trace.replica_id, trace.status, trace.error, trace.resumes) == ("r1", 200, None, 1)
+        assert ("resumed", "r0") in [e[:2] for e in h.events]
+        metrics = (await h.client.get("/metrics")).text
+        assert 'llmsre_gateway_resumes_total{reason="bad_event",replica="r0"} 1.0' in metrics
+    run(body, fleet)
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+@pytest.mark.parametrize("stream", [True, False])
+def test_malformed_logprobs_from_every_replica_fail_in_the_openai_error_shape(kind: str,
+                                                                              stream: bool) -> None:
+    fleet = FakeFleet()
+    for replica in fleet.replicas.values():
+        replica.behaviour.bad_logprobs_after = 3
+
+    async def body(h: Harness) -> None:
+        response = await h.post(path_of(kind), body_of(kind, stream=stream, **LOGPROBS[kind]))
+
+        if stream:
+            events = sse_payloads(response.text)
+            assert response.status_code == 200 and "[DONE]" not in events
+            error = events[-1]["error"]
+        else:
+            assert response.status_code == 503, response.text
+            error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["type"] == "service_unavailable"
+        assert h.traces[-1].error is not None
+        assert [e[:2] for e in h.events] == [("resumed", "r0"), ("resumed", "r1"), ("resumed", "r2")]
+    run(body, fleet)
+
+
 def test_continuation_starts_at_the_last_released_text_and_carries_sampling() -> None:
     fleet = FakeFleet()
     fleet["r0"].behaviour.break_after = 9
@@ -248,7 +333,7 @@ def test_5xx_before_the_first_byte_is_retried_on_another_replica() -> None:
         assert response.status_code == 200 and response.headers["x-replica-id"] == "r1"
         assert h.traces[-1].retries == 1
         metrics = (await h.client.get("/metrics")).text
-        assert 'gateway_retries_total{reason="status_503",replica="r0"} 1.0' in metrics
+        assert 'llmsre_gateway_retries_total{reason="status_503",replica="r0"} 1.0' in metrics
     run(body, fleet)
 
 
@@ -340,7 +425,7 @@ def test_consecutive_failures_eject_and_the_probe_readmits() -> None:
         await h.gateway.probe_once()
         assert h.gateway.ejected() == set()
         assert ("readmitted", "r0") in [e[:2] for e in h.events]
-        assert 'gateway_ejections_total{replica="r0"} 1.0' in (await h.client.get("/metrics")).text
+        assert 'llmsre_gateway_ejections_total{replica="r0"} 1.0' in (await h.client.get("/metrics")).text
     run(body, fleet, routing="least-request", eject_after_failures=3)  # ties: r0 first
 
 
@@ -374,7 +459,8 @@ def test_a_request_waiting_for_headers_moves_as_soon_as_its_replica_is_found_sil
 
         assert response.headers["x-replica-id"] == "r1" and response.headers["x-gateway-tried"] == "r0"
         metrics = (await h.client.get("/metrics")).text
-        assert 'gateway_retries_total{reason="stall",replica="r0"} 1.0' in metrics  # moved, not timed out
+        # moved, not timed out
+        assert 'llmsre_gateway_retries_total{reason="stall",replica="r0"} 1.0' in metrics
     run(body, fleet, routing="least-request", stall_timeout_s=0.4)
 
 

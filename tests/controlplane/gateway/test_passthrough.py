@@ -134,7 +134,7 @@ def test_replica_refusing_with_503_is_retried_elsewhere(fleet: Fleet, serve_gate
         assert response.headers["x-replica-id"] != "r0"
     assert [t.retries for t in gw.traces] == [1, 1]
     metrics = httpx.get(f"{gw.url}/metrics", timeout=10).text
-    assert 'gateway_retries_total{reason="status_503",replica="r0"} 2.0' in metrics
+    assert 'llmsre_gateway_retries_total{reason="status_503",replica="r0"} 2.0' in metrics
 
 
 def test_saturated_fleet_sheds_batch_first_with_429_before_any_stream(fleet: Fleet,

@@ -3,6 +3,7 @@ bound, concurrent writers, redaction of secrets, and a real ``kill -9`` in the m
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sqlite3
@@ -143,6 +144,24 @@ def test_traces_round_trip_slowest_first_with_filters(store: Store) -> None:
     assert [t.request_id for t in store.slow_traces(limit=10, zone="az-b")] == ["req-2"]
     assert [t.request_id for t in store.slow_traces(limit=10, since=102.0)] == ["req-2", "req-3"]
     assert [t.request_id for t in store.traces(since=102.0, until=103.0)] == ["req-2"]
+
+
+def test_a_version_2_database_gains_the_trace_id_and_keeps_its_traces(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with Store(path) as current:
+        current.add_trace(trace(1))
+    with sqlite3.connect(path) as conn:  # what a version-2 control plane left behind
+        conn.execute("ALTER TABLE traces DROP COLUMN trace_id")
+        conn.execute("PRAGMA user_version = 2")
+    with Store(path) as upgraded:
+        assert upgraded.pragmas().user_version == SCHEMA_VERSION
+        assert upgraded.traces() == [trace(1)]  # the old row, without a trace id
+        upgraded.add_trace(dataclasses.replace(trace(2), trace_id="4bf92f3577b34da6a3ce929d0e0e4736"))
+        assert [t.trace_id for t in upgraded.slow_traces()] == [None, "4bf92f3577b34da6a3ce929d0e0e4736"]
+    with sqlite3.connect(path) as conn:  # migrating again from an older version finds the column there
+        conn.execute("PRAGMA user_version = 1")
+    with Store(path) as again:
+        assert len(again.traces()) == 2
 
 
 def test_trace_bound_deletes_the_oldest(tmp_path: Path) -> None:

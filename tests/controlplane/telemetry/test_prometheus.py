@@ -17,6 +17,7 @@ from controlplane.telemetry.config import PrometheusConfig
 from controlplane.telemetry.prometheus import PrometheusSource
 from controlplane.telemetry.prometheus_server import (
     UNAVAILABLE,
+    GuardedPage,
     PrometheusError,
     PrometheusServer,
     PrometheusUnavailable,
@@ -49,7 +50,8 @@ def test_config_scrapes_replicas_by_file_sd_and_the_static_jobs(tmp_path: Path) 
     assert "  scrape_interval: 2s\n" in text and "  evaluation_interval: 2s\n" in text
     assert f'files: ["{s.targets_path}"]' in text and "refresh_interval: 1s" in text
     assert 'job_name: "gateway"' in text and 'targets: ["127.0.0.1:8000"]' in text
-    assert 'job_name: "controlplane"' in text and "honor_labels: true" in text
+    assert 'job_name: "controlplane"' in text and "honor_labels: false" in text
+    assert 'regex: "exported_(replica|zone)"' in text  # the page's echo of the target's labels
     assert json.loads(s.targets_path.read_text()) == []  # a fresh start scrapes no replica yet
 
 
@@ -101,8 +103,8 @@ def test_queries_are_the_promql_an_sre_would_write() -> None:
         '(rate(vllm:time_to_first_token_seconds_bucket{zone="az-a"}[30s])))')
     assert gauge_query("vllm:kv_cache_usage_perc", by=(), match=None, agg="max") == (
         "max by () (vllm:kv_cache_usage_perc)")
-    assert selector("http_requests_total", {"status_code": Regex("5.."), "path": 'a"b'}) == (
-        'http_requests_total{path="a\\"b",status_code=~"5.."}')
+    assert selector("llmsre_http_requests_total", {"status_code": Regex("5.."), "path": 'a"b'}) == (
+        'llmsre_http_requests_total{path="a\\"b",status_code=~"5.."}')
     assert duration(1.5) == "1500ms" and duration(60) == "60s"
 
 
@@ -212,3 +214,21 @@ def test_reload_by_signal_applies_a_new_job_and_reports_rejected_rules(tmp_path:
             s.reload()
         assert s.is_running
 
+
+
+@pytest.mark.usefixtures("promtool_binary")
+def test_a_guarded_page_is_scraped_with_a_token_file_never_written_into_the_config(tmp_path: Path) -> None:
+    token_file = tmp_path / "scrape.token"
+    token_file.write_text("secret-for-the-test")
+    s = PrometheusServer(prometheus_config(), tmp_path / "prometheus",
+                         static_jobs={"controlplane": ["127.0.0.1:8080"], "gateway": ["127.0.0.1:8000"]},
+                         guarded_pages={"controlplane": GuardedPage("/metrics/state", token_file)})
+
+    text = s.write_config().read_text()
+
+    controlplane = text.split('job_name: "controlplane"')[1].split("job_name:")[0]
+    assert 'metrics_path: "/metrics/state"' in controlplane
+    assert f'authorization:\n      type: Bearer\n      credentials_file: "{token_file}"' in controlplane
+    assert "authorization" not in text.split('job_name: "gateway"')[1].split("job_name:")[0]
+    assert "secret-for-the-test" not in text
+    assert s.validate_config() is True

@@ -72,10 +72,11 @@ class Clock:
         return self.now
 
 
-def page(step: int) -> str:
+def page(step: int, replica: str) -> str:
+    """What ``replica`` exports at ``step`` (its own series: the target's labels are authoritative)."""
     lines = []
     for name, labels, values in SERIES:
-        if values[step] is not None:
+        if values[step] is not None and labels["replica"] == replica:
             body = ",".join(f'{k}="{v}"' for k, v in labels.items())
             lines.append(f"{name}{{{body}}} {values[step]}")
     return "\n".join(lines) + "\n"
@@ -84,9 +85,10 @@ def page(step: int) -> str:
 def scraper_answers(eval_time: float) -> list[dict[Group, float]]:
     clock = Clock()
     step = 0
-    endpoint = ReplicaEndpoint("a", "az-a", "127.0.0.1", 1, ReplicaState.READY, "default")
-    source = ScraperSource(lambda: [endpoint], interval_s=STEP_S, ring_size=100, clock=clock,
-                           wall_clock=clock, fetch=lambda _: page(step))
+    endpoints = [ReplicaEndpoint(rid, "az-a", "127.0.0.1", port, ReplicaState.READY, "default")
+                 for port, rid in enumerate("abc", start=1)]
+    source = ScraperSource(lambda: endpoints, interval_s=STEP_S, ring_size=100, clock=clock,
+                           wall_clock=clock, fetch=lambda e: page(step, e.replica_id))
     try:
         for step in range(NUM_STEPS):
             clock.now = step * STEP_S

@@ -90,6 +90,17 @@ def test_gauge_is_the_latest_value_with_target_labels_filled_in(scraper: Scraper
     assert scraper.gauge("up", by=("replica", "job")) == {("r1", "replicas"): 1.0, ("r2", "replicas"): 1.0}
 
 
+def test_the_targets_labels_win_over_what_a_page_says_of_itself(scraper: ScraperSource, fleet: Fleet,
+                                                                clock: Clock) -> None:
+    """As the generated Prometheus configuration does: a replica started with a stale id or zone (or one
+    answering on another's port) is counted under the target the fleet scrapes."""
+    fleet.pages["r1"]['vllm:num_requests_running{replica="old-id",zone="az-x",model_name="m"}'] = 2
+    tick(scraper, clock)
+
+    assert scraper.gauge("vllm:num_requests_running", by=("replica", "zone", "model_name")) == {
+        ("r1", "az-a", "m"): 2.0}
+
+
 def test_counter_reset_on_replica_restart_is_counted_like_prometheus(scraper: ScraperSource, fleet: Fleet,
                                                                       clock: Clock) -> None:
     fleet.remove("r2")
