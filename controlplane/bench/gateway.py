@@ -52,7 +52,6 @@ from controlplane.bench.report import GatewayBenchResult, LevelResult, MachineNo
 from controlplane.config import STATE_DIR_ENV
 from controlplane.errors import ControlPlaneError
 from controlplane.gateway.config import GatewayConfig
-from controlplane.gateway.cpu_slice import current_slice_ms
 from controlplane.gateway.handler import Gateway
 from controlplane.gateway.process import write_config
 from controlplane.gateway.server import create_gateway_app
@@ -142,11 +141,6 @@ class GatewayProcess:
             return None
         return float(times.user + times.system)
 
-    def cpu_slice(self) -> str:
-        """The CPU slice the gateway process runs with (gateway.cpu_slice_ms), as the kernel reports it."""
-        got = current_slice_ms(self._process.pid) if self._process is not None else None
-        return "kernel default" if got is None else f"{got:g} ms"
-
     def stop(self) -> None:
         process = self._process
         if process is None or process.poll() is not None:
@@ -209,9 +203,6 @@ class GatewayThread:
 
     def cpu_seconds(self) -> float | None:
         return None  # one process with the load client: its CPU time is not the gateway's alone
-
-    def cpu_slice(self) -> str:
-        return "the load client's (a thread of its process)"
 
     def stop(self) -> None:
         if self._server is not None and self._thread is not None:
@@ -313,15 +304,13 @@ def run_gateway_bench(levels: Sequence[int] = DEFAULT_LEVELS,
                                                max_tokens=max_tokens, timeout_s=level_timeout_s)
                             for concurrency, count in zip(levels, counts))
             counters = gateway_counters(stack.urls["gateway"])
-            gateway_slice = stack.gateway.cpu_slice()
             load_after = os.getloadavg()
         note = busy.summary() if control_plane == "busy" else ""
     cpus = os.cpu_count() or 0
     machine = MachineNote(cpus, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cpus,
                           load_before, load_after)
     return GatewayBenchResult(results, machine, gateway_mode, round_size, max_tokens, threads,
-                              REPLICA_MAX_NUM_SEQS, cpu_layout, counters, client_policy, control_plane, note,
-                              gateway_slice)
+                              REPLICA_MAX_NUM_SEQS, cpu_layout, counters, client_policy, control_plane, note)
 
 
 def _counts(levels: Sequence[int], requests_per_level: int | Sequence[int]) -> list[int]:

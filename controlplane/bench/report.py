@@ -155,7 +155,6 @@ class GatewayBenchResult:
     client_policy: str = "default"  # the load client's scheduling policy (see bench.layout.load_thread)
     control_plane: str = "idle"  # idle, or busy: bench.busy ran beside the gateway on its CPUs
     control_plane_note: str = ""  # what the busy control plane did meanwhile
-    gateway_slice: str = "not read"  # the gateway's CPU slice (gateway.cpu_slice_ms) as the kernel reports it
 
     @property
     def outcome(self) -> Outcome:
@@ -179,7 +178,6 @@ def format_report(result: GatewayBenchResult) -> str:
              "neither a warm-up of C per route nor the first C of each round",
              f"CPU layout: {result.layout.describe()}",
              f"load client scheduling: {result.client_policy}{_POLICY_NOTES.get(result.client_policy, '')}",
-             f"gateway CPU slice: {result.gateway_slice} (wakes ahead of longer-sliced work)",
              f"control plane: {result.control_plane}"
              + (f" ({result.control_plane_note})" if result.control_plane_note else ""),
              "",

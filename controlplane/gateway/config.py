@@ -39,9 +39,6 @@ class GatewayConfig:
     # but its "sampled" is not trusted (any client could force every export): such a request is kept at
     # this ratio too. The replicas follow the gateway's decision, which each upstream traceparent carries.
     otlp_sample_ratio: float = 1.0
-    # The CPU slice each gateway asks the kernel for (Linux 6.12+, controlplane/gateway/cpu_slice.py): short,
-    # so that it takes its CPU back from batch work as soon as a client's bytes arrive. 0: kernel default.
-    cpu_slice_ms: float = 0.1
 
     def tracing(self) -> TracingConfig:
         return TracingConfig(self.otlp_traces_endpoint, self.otlp_sample_ratio)
@@ -65,8 +62,6 @@ def gateway_problems(cfg: GatewayConfig) -> list[tuple[str, str]]:
         ("admin_port", cfg.admin_port == 0 or 0 < cfg.admin_port < 65536 - cfg.processes,
          f"must be 0 (any free port) or a TCP port, got {cfg.admin_port}"),
         ("drain_timeout_s", cfg.drain_timeout_s >= 0, "must be >= 0"),
-        ("cpu_slice_ms", cfg.cpu_slice_ms == 0 or 0.1 <= cfg.cpu_slice_ms <= 100,
-         f"must be 0 (the kernel's default) or in [0.1, 100] ms, got {cfg.cpu_slice_ms:g}"),
     ):
         if not ok:
             problems.append((f"gateway.{key}", reason))

@@ -10,9 +10,7 @@ replicas) and supervises them; a control plane restarted after a crash adopts th
 - learns the replica set from the control plane (:mod:`controlplane.gateway.discovery`) and keeps it on
   disk in ``--state-dir``, so that it goes on serving, probing, ejecting and resuming when the control
   plane is down, and starts serving from the file when it is started while the control plane is down;
-- buffers its traces and events for the control plane (:mod:`controlplane.gateway.reports`);
-- asks the kernel for a short CPU slice (:mod:`controlplane.gateway.cpu_slice`), so that batch work on its
-  CPUs does not hold it up.
+- buffers its traces and events for the control plane (:mod:`controlplane.gateway.reports`).
 
 Its settings come as the ``[gateway]`` table in JSON (``--config``, written by the control plane with
 mode 0600: it holds the client API keys). Tokens come in the environment, never on the command line:
@@ -43,7 +41,6 @@ import uvloop
 
 from controlplane.gateway.admin import create_admin_app
 from controlplane.gateway.config import GatewayConfig
-from controlplane.gateway.cpu_slice import request_slice
 from controlplane.gateway.discovery import Discovery
 from controlplane.gateway.handler import Gateway
 from controlplane.gateway.reports import Reports
@@ -121,11 +118,9 @@ class GatewayProcess:
     discovery: Discovery
     reports: Reports
     admin_token: str
-    cpu_slice: str = "not requested"  # what request_slice said at start
 
     def status(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "cpu_slice": self.cpu_slice, "discovery": self.discovery.status(),
-                "reports": self.reports.status()}
+        return {"pid": os.getpid(), "discovery": self.discovery.status(), "reports": self.reports.status()}
 
 
 def build(args: argparse.Namespace, *, environ: dict[str, str] | None = None) -> GatewayProcess:
@@ -163,8 +158,8 @@ async def serve(gp: GatewayProcess, data_sock: socket.socket, admin_sock: socket
         loop.add_signal_handler(sig, stop.set)
     tasks = [asyncio.create_task(server.serve(sockets=[sock])) for server, sock in servers]
     gc.freeze()  # start-up objects live as long as the process: full collections skip them
-    logger.warning("[%s] serving on %s:%d (admin %s), replica set from %s, CPU slice %s", gp.name,
-                   gp.config.host, gp.config.port, _address(admin_sock), gp.discovery.source, gp.cpu_slice)
+    logger.warning("[%s] serving on %s:%d (admin %s), replica set from %s", gp.name, gp.config.host,
+                   gp.config.port, _address(admin_sock), gp.discovery.source)
     stopped = asyncio.create_task(stop.wait())
     await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)  # a signal, or a server ended
     stopped.cancel()
@@ -224,7 +219,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"gateway: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BIND_FAILED
-    gp.cpu_slice = request_slice(gp.config.cpu_slice_ms)  # before any thread starts: all inherit it
     # uvloop, the loop uvicorn.run gives the replicas: on the stdlib loop the gateway spent about twice the
     # CPU per relayed request (5.6 against 2.8 ms at one stream in the gateway benchmark).
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
