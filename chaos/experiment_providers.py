@@ -13,9 +13,10 @@ Chaos Toolkit's validation refuses such a path) with ``arguments`` as a list, ne
 through a shell, in its own session, killed with its children after ``timeout`` seconds (default
 ``DEFAULT_PROCESS_TIMEOUT_S``; Chaos Toolkit has none). Its output is Chaos Toolkit's: ``status`` (the exit
 code), ``stdout`` and ``stderr`` (at most ``MAX_OUTPUT_BYTES`` of each, decoded). The command inherits this
-process's environment without its secrets (:func:`command_environment`: no token, password, secret or key,
-the operator's ``CONTROLPLANE_TOKEN`` included), and is registered on the run's :class:`Commands`, so a run
-that is aborted, cancelled (Ctrl-C) or over kills it with what it started: no command outlives its run.
+process's environment without its secrets (:func:`~inference.environment.child_environment`, then
+:func:`without_keys`: no token, password, secret or key, the operator's ``CONTROLPLANE_TOKEN`` included), and
+is registered on the run's :class:`Commands`, so a run that is aborted, cancelled (Ctrl-C) or over kills it
+with what it started: no command outlives its run.
 """
 
 from __future__ import annotations
@@ -276,7 +277,7 @@ def run_process(provider: Mapping[str, Any], ctx: Context) -> dict[str, Any]:
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         try:
             child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                     env=command_environment(), start_new_session=True)
+                                     env=without_keys(child_environment()), start_new_session=True)
         except OSError as exc:
             raise ActivityFailed(f"{path}: cannot start: {exc}") from exc
         ctx.commands.add(child)
@@ -295,11 +296,11 @@ def run_process(provider: Mapping[str, Any], ctx: Context) -> dict[str, Any]:
         return {"status": status, "stdout": _head(out), "stderr": _head(err)}
 
 
-def command_environment() -> dict[str, str]:
+def without_keys(environment: dict[str, str]) -> dict[str, str]:
     """What a process provider's command inherits: the project's rule for children
     (:func:`~inference.environment.child_environment`: no token, password, secret, API key or credential)
     and, for a command an experiment names, no other ``*_KEY`` either."""
-    return {name: value for name, value in child_environment().items() if not name.upper().endswith("_KEY")}
+    return {name: value for name, value in environment.items() if not name.upper().endswith("_KEY")}
 
 
 def _kill_session(child: subprocess.Popen[bytes]) -> None:

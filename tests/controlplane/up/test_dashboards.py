@@ -83,6 +83,10 @@ def observed(model_state: Path) -> Iterator[Observed]:
     running = start(config, model_state, "admin-token-for-dashboards")
     try:
         wait_ready(running, 2)
+        started = time.monotonic()
+        _wait_for_replica_series(Observed(running, f"http://127.0.0.1:{port}", 0.0),
+                                 len(fleet_replicas(Observed(running, "", 0.0))))
+        print(f"every replica in Prometheus {time.monotonic() - started:.1f}s after the fleet was ready")
         since = time.time()
         stop, answered = threading.Event(), list[int]()
         clients = [threading.Thread(target=_load, args=(running.gateway, stop, answered), daemon=True)
@@ -100,6 +104,27 @@ def observed(model_state: Path) -> Iterator[Observed]:
         yield Observed(running, f"http://127.0.0.1:{port}", since)
     finally:
         shutdown(running)
+
+
+def fleet_replicas(observed: Observed) -> dict[str, str]:
+    with observed.running.client() as client:
+        return {r.replica_id: r.zone for r in client.fleet().replicas}
+
+
+def _wait_for_replica_series(observed: Observed, replicas: int) -> None:
+    """Every replica's series in Prometheus (its first scrapes may come after the load on a busy machine);
+    on time-out, what Prometheus says of its targets."""
+    deadline = time.monotonic() + DATA_TIMEOUT_S
+    while True:
+        running = _get(observed, "/api/v1/query", query="vllm:num_requests_running")["result"]
+        if len({s["metric"].get("replica") for s in running}) >= replicas:
+            return
+        if time.monotonic() > deadline:
+            targets = _get(observed, "/api/v1/targets")["activeTargets"]
+            raise AssertionError(f"{len(running)} of {replicas} replicas' series after {DATA_TIMEOUT_S:g}s; "
+                                 "targets: " + "; ".join(f"{t['labels'].get('job')} {t['scrapeUrl']} "
+                                                         f"{t['health']} {t['lastError']}" for t in targets))
+        time.sleep(1.0)
 
 
 def _get(observed: Observed, path: str, **params: Any) -> Any:
@@ -176,8 +201,7 @@ def test_every_panel_of_vllms_example_dashboard_shows_our_replicas(observed: Obs
 
 
 def test_each_replica_series_carries_the_fleets_identity_once(observed: Observed) -> None:
-    with observed.running.client() as client:
-        fleet = {r.replica_id: r.zone for r in client.fleet().replicas}
+    fleet = fleet_replicas(observed)
     running = _get(observed, "/api/v1/query", query="vllm:num_requests_running")["result"]
 
     assert {s["metric"]["replica"]: s["metric"]["zone"] for s in running} == fleet
