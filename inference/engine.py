@@ -24,6 +24,7 @@ from inference.device import select_device
 from inference.kv_blocks import BlockManager
 from inference.model_runner import ModelRunner, plan_cache
 from inference.models.default import ensure_default_model
+from inference.models.default_moe import ensure_default_moe_model
 from inference.models.loader import load_model
 from inference.npu_attention import make_npu_decode_kernel
 from inference.output import Clock, RequestMetrics, RequestOutput, TextAssembler, TokenLogprob
@@ -72,10 +73,15 @@ class _Request:
     logprobs: list[TokenLogprob] | None = None
 
 
+# Bundled models, built on first use under the state folder: a Llama and a DeepSeek-V3 (MLA + MoE).
+BUNDLED_MODELS: dict[str, Callable[[Path | None], Path]] = {"default": ensure_default_model,
+                                                            "default-moe": ensure_default_moe_model}
+
+
 def resolve_model(model: str, state_dir: Path | None = None) -> Path:
-    """``default`` (built on first use) or a Hugging Face folder."""
-    if model == "default":
-        return ensure_default_model(state_dir)
+    """A bundled model's name (``default``, ``default-moe``; built on first use) or a Hugging Face folder."""
+    if model in BUNDLED_MODELS:
+        return BUNDLED_MODELS[model](state_dir)
     folder = Path(model).expanduser()
     if not folder.is_dir():
         raise FileNotFoundError(f"model folder {folder} does not exist")
@@ -88,7 +94,7 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         self.clock = clock
         self.model_path = resolve_model(model, state_dir)
-        self.model_name = "default" if model == "default" else self.model_path.name
+        self.model_name = model if model in BUNDLED_MODELS else self.model_path.name
         self.device = select_device(config.device)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -99,8 +105,7 @@ class LLMEngine:
         self.tokenizer = Tokenizer.from_folder(self.model_path)
         mc = self.model_config
         layout = plan_cache(memory_bytes=config.kv_cache_memory_bytes, num_blocks=config.num_kv_blocks,
-                            block_size=config.block_size, num_kv_heads=mc.num_key_value_heads,
-                            head_dim=mc.head_dim, num_layers=mc.num_hidden_layers, dtype=self.dtype,
+                            block_size=config.block_size, config=mc, dtype=self.dtype,
                             int8=config.kv_cache_dtype == "int8")
         self.max_model_len = self._max_model_len(layout.num_blocks * layout.block_size)
         self.block_manager = BlockManager(layout.num_blocks, layout.block_size,

@@ -1,7 +1,9 @@
 """Paged KV-cache storage for one attention layer: full precision, or INT8 with per-block per-head scales.
 
 Layout: ``[num_blocks, block_size, num_kv_heads, head_dim]`` so that a flat slot index
-(``block * block_size + offset``) addresses one token's keys for every head.
+(``block * block_size + offset``) addresses one token's keys for every head. Multi-head latent attention
+(DeepSeek-V3) caches one row per token instead of keys and values: :class:`LatentCacheStore` and
+:class:`Int8LatentCacheStore` keep it as a single "head" whose width is the latent plus the rotary key.
 """
 
 from __future__ import annotations
@@ -134,3 +136,70 @@ def _select_blocks(cache: torch.Tensor, block_ids: torch.Tensor, out: torch.Tens
     cache or advanced indexing (measured: 0.25 ms against 6.9 ms for 1,000 blocks of 8 KiB).
     """
     return torch.index_select(cache.view(cache.shape[0], -1), 0, block_ids, out=out)
+
+
+class LatentCacheStore(KVCacheStore):
+    """MLA: one ``[kv_lora_rank | qk_rope_head_dim]`` row per token, shared by every head; no values.
+
+    Stored as the keys of a one-head cache, so gathering returns ``[B, 1, L, width]``: the key tensor of
+    a one-key-head attention, whose first ``kv_lora_rank`` columns are also its values.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, width: int, *, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.block_size = block_size
+        self.workspace = GatherWorkspace()
+        self.k = torch.zeros((num_blocks, block_size, 1, width), dtype=dtype, device=device)
+
+    @staticmethod
+    def latent_bytes_per_block(block_size: int, width: int, dtype: torch.dtype) -> int:
+        return block_size * width * dtype.itemsize
+
+    def write_latent(self, latent: torch.Tensor, slots: torch.Tensor) -> None:
+        """latent: [T, width]."""
+        self.k.view(-1, self.k.shape[-1]).index_copy_(0, slots, latent.to(self.k.dtype))
+
+    def gather_latent(self, block_tables: torch.Tensor, length: int | None) -> torch.Tensor:
+        """Rows of ``block_tables`` [B, nb] as [B, 1, L, width]; L = length or nb * block_size."""
+        return self._gather("k", self.k, block_tables, length)
+
+
+class Int8LatentCacheStore(LatentCacheStore):
+    """INT8 latent rows with one float32 scale per token.
+
+    A row mixes the normalised latent with the rotary key, whose magnitudes differ from token to token;
+    a scale per token (4 bytes against the row's ``width``) keeps each row's own range and never needs
+    requantizing as a block fills.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, width: int, *, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        super().__init__(num_blocks, block_size, width, dtype=torch.int8, device=device)
+        self.out_dtype = dtype
+        self.scale = torch.zeros((num_blocks, block_size), dtype=torch.float32, device=device)
+
+    @staticmethod
+    def latent_bytes_per_block(block_size: int, width: int, dtype: torch.dtype) -> int:
+        return block_size * (width + 4)
+
+    def write_latent(self, latent: torch.Tensor, slots: torch.Tensor) -> None:
+        x = latent.float()
+        scale = (x.abs().amax(dim=-1) / INT8_MAX).clamp_min(1e-30)  # [T]
+        q = torch.round(x / scale.unsqueeze(-1)).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+        self.k.view(-1, self.k.shape[-1]).index_copy_(0, slots, q)
+        self.scale.view(-1).index_copy_(0, slots, scale)
+
+    def gather_latent(self, block_tables: torch.Tensor, length: int | None) -> torch.Tensor:
+        b, nb = block_tables.shape
+        flat = block_tables.flatten()
+        raw = self.workspace.take("int8", flat.numel(), self.k[0].numel(), dtype=self.k.dtype,
+                                  device=self.k.device)
+        rows = _select_blocks(self.k, flat, raw).view(b, nb * self.block_size, -1)
+        scales = self.scale.index_select(0, flat).view(b, nb * self.block_size, 1)
+        x = rows.to(self.out_dtype) * scales.to(self.out_dtype)
+        if length is not None:
+            x = x[:, :length]
+        return x.unsqueeze(1)
+
+
+LatentStore = LatentCacheStore | Int8LatentCacheStore

@@ -11,7 +11,7 @@ project's own metrics carry the ``llmsre_`` prefix (:data:`inference.runtime_met
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -47,6 +47,10 @@ DEVICE_MEMORY_TOTAL = f"{NAMESPACE}device_memory_total_bytes"
 DEVICE_UTILIZATION = f"{NAMESPACE}device_utilization_ratio"
 HTTP_REQUESTS = f"{NAMESPACE}http_requests"  # the page shows it with prometheus_client's ``_total``
 REJECTED_REQUESTS = f"{NAMESPACE}rejected_requests"
+KV_BYTES_PER_TOKEN = f"{NAMESPACE}kv_cache_bytes_per_token"
+KV_CAPACITY_BYTES = f"{NAMESPACE}kv_cache_capacity_bytes"
+EXPERT_TOKENS = f"{NAMESPACE}moe_expert_tokens"  # a counter: the page shows it with ``_total``
+EXPERT_IMBALANCE = f"{NAMESPACE}moe_expert_load_imbalance"
 
 
 def buckets_1_2_5(maximum: int) -> tuple[float, ...]:
@@ -76,6 +80,7 @@ class EngineGauges:
     device_memory_total: int
     device_utilization: float | None
     kv_blocks_in_use: int = 0  # exact: blocks referenced by sequences (kv_cache_usage also counts reserved)
+    expert_tokens: list[list[int]] = field(default_factory=list)  # per MoE layer, per expert, cumulative
 
 
 @dataclass(slots=True, frozen=True)
@@ -84,6 +89,7 @@ class CacheConfigInfo:
     num_gpu_blocks: int
     cache_dtype: str
     enable_prefix_caching: bool
+    bytes_per_token: int = 0  # what one token's cache costs, all layers (MLA: the latent rows)
 
 
 class _EngineCollector(Collector):
@@ -119,6 +125,22 @@ class _EngineCollector(Collector):
             yield self._gauge(DEVICE_UTILIZATION, "Device busy share since the last scrape "
                               "(CPU: cores used by this process).", g.device_utilization)
         yield self._cache_info()
+        i = self.info
+        yield self._gauge(KV_BYTES_PER_TOKEN, "Bytes of KV cache one token takes, all layers (multi-head "
+                          "latent attention: its latent rows).", i.bytes_per_token)
+        yield self._gauge(KV_CAPACITY_BYTES, "Bytes of the paged KV-cache pool.",
+                          i.bytes_per_token * i.block_size * i.num_gpu_blocks)
+        if g.expert_tokens:
+            yield from self._expert_load(g.expert_tokens)
+
+    def _expert_load(self, per_layer: list[list[int]]) -> Iterable[Metric]:
+        tokens = CounterMetricFamily(EXPERT_TOKENS, "Tokens routed to each expert, summed over the "
+                                     "mixture-of-experts layers.", labels=[*LABELS, "expert"])
+        for expert, count in enumerate(map(sum, zip(*per_layer, strict=True))):
+            tokens.add_metric([*self.labels, str(expert)], count)
+        yield tokens
+        yield self._gauge(EXPERT_IMBALANCE, "Busiest expert's tokens over the mean, in the most unbalanced "
+                          "layer, since start (1 is even; 0 before any token).", expert_imbalance(per_layer))
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         m = GaugeMetricFamily(name, doc, labels=LABELS)
@@ -138,6 +160,12 @@ class _EngineCollector(Collector):
         m.add_metric([*self.labels, str(i.block_size), str(i.num_gpu_blocks), i.cache_dtype,
                       str(i.enable_prefix_caching)], 1.0)
         return m
+
+
+def expert_imbalance(per_layer: list[list[int]]) -> float:
+    """max / mean tokens per expert, worst layer; 0.0 when no token was routed yet."""
+    ratios = [max(layer) * len(layer) / sum(layer) for layer in per_layer if sum(layer)]
+    return max(ratios, default=0.0)
 
 
 class ReplicaMetrics:

@@ -22,8 +22,16 @@ from inference.attention import (
     PrefillChunk,
     attention_context,
 )
-from inference.kv_quant import GatherWorkspace, Int8KVCacheStore, KVCacheStore
-from inference.models.llama import LlamaForCausalLM
+from inference.kv_quant import (
+    GatherWorkspace,
+    Int8KVCacheStore,
+    Int8LatentCacheStore,
+    KVCacheStore,
+    LatentCacheStore,
+)
+from inference.mla import LatentAttention
+from inference.models.config import ModelConfig
+from inference.models.llama import CausalLM
 from inference.output import TokenLogprob
 from inference.sampler import Sampler, SamplingRow
 from inference.scheduler import ScheduledSeq, SchedulerOutput
@@ -45,21 +53,53 @@ class PreparedBatch:
 class CacheLayout:
     num_blocks: int
     block_size: int
-    num_kv_heads: int
+    num_kv_heads: int  # keys and values per token per layer: num_kv_heads x head_dim each
     head_dim: int
     num_layers: int
     bytes_per_block: int  # all layers together
+    latent_width: int | None = None  # multi-head latent attention: one row of this width instead
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.bytes_per_block // self.block_size
 
 
-def plan_cache(*, memory_bytes: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-               num_layers: int, dtype: torch.dtype, int8: bool) -> CacheLayout:
-    store = Int8KVCacheStore if int8 else KVCacheStore
-    per_block = store.bytes_per_block(block_size, num_kv_heads, head_dim, dtype) * num_layers
+def cache_bytes_per_block(config: ModelConfig, *, block_size: int, dtype: torch.dtype, int8: bool) -> int:
+    """What one block of the paged cache costs across all layers, as the engine stores it."""
+    if config.mla is not None:
+        latent = Int8LatentCacheStore if int8 else LatentCacheStore
+        per_layer = latent.latent_bytes_per_block(block_size, config.mla.latent_width, dtype)
+    else:
+        store = Int8KVCacheStore if int8 else KVCacheStore
+        per_layer = store.bytes_per_block(block_size, config.num_key_value_heads, config.head_dim, dtype)
+    return per_layer * config.num_hidden_layers
+
+
+def multi_head_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
+    """What one token would cost across all layers as per-head keys and values of ``dtype``.
+
+    Multi-head latent attention: every head's key (``qk_nope_head_dim + qk_rope_head_dim``) and value
+    (``v_head_dim``), the cache that the latent row replaces. Otherwise the keys and values of the
+    ``num_key_value_heads`` heads, which is what the engine stores (``cache_bytes_per_block`` / block
+    size, scales of an int8 cache aside).
+    """
+    if config.mla is not None:
+        mla = config.mla
+        values = config.num_attention_heads * (mla.qk_head_dim + mla.v_head_dim)
+    else:
+        values = 2 * config.num_key_value_heads * config.head_dim
+    return values * dtype.itemsize * config.num_hidden_layers
+
+
+def plan_cache(*, memory_bytes: int, num_blocks: int, block_size: int, config: ModelConfig,
+               dtype: torch.dtype, int8: bool) -> CacheLayout:
+    per_block = cache_bytes_per_block(config, block_size=block_size, dtype=dtype, int8=int8)
     n = num_blocks or memory_bytes // per_block
     if n < 2:
         raise ValueError(f"kv_cache_memory_bytes: {memory_bytes} bytes hold fewer than 2 blocks "
                          f"of {per_block} bytes")
-    return CacheLayout(n, block_size, num_kv_heads, head_dim, num_layers, per_block)
+    return CacheLayout(n, block_size, config.num_key_value_heads, config.head_dim, config.num_hidden_layers,
+                       per_block, None if config.mla is None else config.mla.latent_width)
 
 
 # Starting another decode group costs a few small kernels per layer; padding a group costs gathering
@@ -86,23 +126,29 @@ LogitsHook = Callable[[list[ScheduledSeq], torch.Tensor], None]
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, layout: CacheLayout, *, device: torch.device,
+    def __init__(self, model: CausalLM, layout: CacheLayout, *, device: torch.device,
                  dtype: torch.dtype, int8_kv: bool = False, seed: int = 0,
                  decode_kernel: DecodeKernel | None = None) -> None:
         self.model = model
         self.layout = layout
         self.device = device
-        self.attention_layers = [m for m in model.modules() if isinstance(m, Attention)]
+        self.attention_layers = [m for m in model.modules() if isinstance(m, Attention | LatentAttention)]
         if len(self.attention_layers) != layout.num_layers:
             raise ValueError(f"model has {len(self.attention_layers)} attention layers, "
                              f"cache planned for {layout.num_layers}")
-        store = Int8KVCacheStore if int8_kv else KVCacheStore
         workspace = GatherWorkspace()
         for layer in self.attention_layers:
-            layer.cache = store(layout.num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim,
-                                dtype=dtype, device=device)
-            layer.cache.workspace = workspace
-            layer.decode_kernel = decode_kernel
+            if isinstance(layer, LatentAttention):
+                latent_store = Int8LatentCacheStore if int8_kv else LatentCacheStore
+                layer.cache = latent = latent_store(layout.num_blocks, layout.block_size, layer.latent_width,
+                                                    dtype=dtype, device=device)
+                latent.workspace = workspace
+            else:
+                kv_store = Int8KVCacheStore if int8_kv else KVCacheStore
+                layer.cache = kv = kv_store(layout.num_blocks, layout.block_size, layout.num_kv_heads,
+                                            layout.head_dim, dtype=dtype, device=device)
+                kv.workspace = workspace
+                layer.decode_kernel = decode_kernel
         self.sampler = Sampler(device, seed)
         self.logits_hook: LogitsHook | None = None  # tests compare logits with a reference model
 

@@ -32,7 +32,8 @@ def build_replica(model: str, engine_config: EngineConfig, server_config: Server
     faults = ReplicaFaults(crash=crash_now)
     name = server_config.served_model_name or engine.model_name
     info = CacheConfigInfo(engine.block_manager.block_size, engine.block_manager.num_blocks,
-                           engine_config.kv_cache_dtype, engine_config.enable_prefix_caching)
+                           engine_config.kv_cache_dtype, engine_config.enable_prefix_caching,
+                           engine.runner.layout.bytes_per_token)
     metrics = ReplicaMetrics(model_name=name, replica=server_config.replica_id, zone=server_config.zone,
                              max_model_len=engine.max_model_len,
                              read_engine=engine_gauges(aengine, engine.device), cache_info=info)

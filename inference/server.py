@@ -150,7 +150,8 @@ def engine_gauges(aengine: AsyncEngine, device: Any) -> Callable[[], EngineGauge
             kv_cache_usage=engine.block_manager.usage, prefix_cache_queries=stats.queries,
             prefix_cache_hits=stats.hits, num_preemptions=engine.scheduler.num_preemptions,
             device_memory_used=memory.used_bytes, device_memory_total=memory.total_bytes,
-            device_utilization=device.utilization(), kv_blocks_in_use=engine.block_manager.num_blocks_in_use)
+            device_utilization=device.utilization(), kv_blocks_in_use=engine.block_manager.num_blocks_in_use,
+            expert_tokens=engine.model.expert_tokens())
     return read
 
 

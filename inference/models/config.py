@@ -2,9 +2,10 @@
 
 First stop of loading: :meth:`ModelConfig.from_folder` turns ``config.json`` (and the eos ids of
 ``generation_config.json``) into a typed, validated :class:`ModelConfig`; ``loader`` then builds the
-module from it and fills the weights. Only the Llama family is accepted (Llama, Qwen2, Mistral), and
-only the variants the engine computes exactly; anything else fails here with one message that names the
-file and the field. Imports no torch.
+module from it and fills the weights. Accepted: the Llama family (Llama, Qwen2, Mistral) and DeepSeek-V3
+(multi-head latent attention and mixture-of-experts: :class:`MlaShape`, :class:`MoeShape`), only in the
+variants the engine computes exactly; anything else fails here with one message that names the file and
+the field. Imports no torch.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "MistralForCausalLM": "mistral",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
 }
-SUPPORTED_ROPE_TYPES = ("linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("linear", "llama3", "yarn")
+YARN_MODEL_TYPES = ("deepseek_v3",)  # the families whose attention applies YaRN's mscale here
 DEFAULT_ROPE_THETA = 10000.0
 
 _MISSING: Any = object()
@@ -46,13 +49,20 @@ class ModelLoadError(ValueError):
 
 @dataclass(slots=True, frozen=True)
 class RopeScaling:
-    """RoPE frequency scaling as transformers computes it: ``linear`` or Llama 3.1's ``llama3``."""
+    """RoPE frequency scaling as transformers computes it: ``linear``, Llama 3.1's ``llama3``, or ``yarn``
+    (DeepSeek-V3: NTK-by-parts frequencies, cos/sin scaled by ``attention_factor``, softmax by mscale)."""
 
     rope_type: str
     factor: float
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None  # None: derived from factor and the mscales, as transformers does
+    truncate: bool = True
 
     def __post_init__(self) -> None:
         if self.rope_type not in SUPPORTED_ROPE_TYPES:
@@ -66,6 +76,101 @@ class RopeScaling:
                                  f"{self.high_freq_factor!r} and {self.low_freq_factor!r}")
             if self.original_max_position_embeddings <= 0:
                 raise ValueError("original_max_position_embeddings: must be > 0")
+        if self.rope_type == "yarn" and self.original_max_position_embeddings <= 0:
+            raise ValueError("original_max_position_embeddings: must be > 0")
+
+    @property
+    def cos_sin_scale(self) -> float:
+        """YaRN's scale of the cos/sin tables (1.0 for the other types)."""
+        if self.rope_type != "yarn":
+            return 1.0
+        if self.attention_factor is not None:
+            return self.attention_factor
+        if self.mscale and self.mscale_all_dim:
+            return yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor, self.mscale_all_dim)
+        return yarn_mscale(self.factor)
+
+    @property
+    def softmax_scale_factor(self) -> float:
+        """DeepSeek's correction of the softmax scale under YaRN: mscale(factor, mscale_all_dim) squared."""
+        if self.rope_type != "yarn" or not self.mscale_all_dim:
+            return 1.0
+        return yarn_mscale(self.factor, self.mscale_all_dim) ** 2
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+@dataclass(slots=True, frozen=True)
+class MlaShape:
+    """Multi-head latent attention (DeepSeek-V2/V3): the cache holds one ``kv_lora_rank`` latent and one
+    shared ``qk_rope_head_dim`` rotary key per token, which ``kv_b_proj`` expands into every head's keys
+    and values."""
+
+    q_lora_rank: int | None  # None: q_proj straight from the hidden state
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool
+
+    def __post_init__(self) -> None:
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            _require_positive_int(name, getattr(self, name))
+        if self.q_lora_rank is not None:
+            _require_positive_int("q_lora_rank", self.q_lora_rank)
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim: must be even, got {self.qk_rope_head_dim}")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def latent_width(self) -> int:
+        """Values cached per token per layer: the latent and the rotary key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+@dataclass(slots=True, frozen=True)
+class MoeShape:
+    """DeepSeek-V3's mixture of experts: dense MLPs in the first ``first_k_dense_replace`` layers, then
+    shared experts plus ``num_experts_per_tok`` routed experts chosen by sigmoid scores within the
+    ``topk_group`` best of ``n_group`` expert groups."""
+
+    moe_intermediate_size: int
+    n_routed_experts: int
+    n_shared_experts: int
+    num_experts_per_tok: int
+    n_group: int
+    topk_group: int
+    first_k_dense_replace: int
+    routed_scaling_factor: float
+    norm_topk_prob: bool
+
+    def __post_init__(self) -> None:
+        for name in ("moe_intermediate_size", "n_routed_experts", "num_experts_per_tok", "n_group",
+                     "topk_group"):
+            _require_positive_int(name, getattr(self, name))
+        if self.n_shared_experts < 0 or self.first_k_dense_replace < 0:
+            raise ValueError("n_shared_experts and first_k_dense_replace must be >= 0")
+        if self.n_routed_experts % self.n_group:
+            raise ValueError(f"n_routed_experts ({self.n_routed_experts}) must be a multiple of "
+                             f"n_group ({self.n_group})")
+        if self.n_routed_experts // self.n_group < 2:
+            raise ValueError("each expert group needs at least 2 experts (groups are scored by their top 2)")
+        if self.topk_group > self.n_group:
+            raise ValueError(f"topk_group ({self.topk_group}) must be <= n_group ({self.n_group})")
+        per_group = self.n_routed_experts // self.n_group
+        if self.num_experts_per_tok > self.topk_group * per_group:
+            raise ValueError(f"num_experts_per_tok ({self.num_experts_per_tok}) must be <= the experts "
+                             f"in topk_group groups ({self.topk_group * per_group})")
+        if not (math.isfinite(self.routed_scaling_factor) and self.routed_scaling_factor > 0):
+            raise ValueError(f"routed_scaling_factor: must be > 0, got {self.routed_scaling_factor!r}")
+
+    def is_moe_layer(self, index: int) -> bool:
+        return index >= self.first_k_dense_replace
 
 
 @dataclass(slots=True, frozen=True)
@@ -92,6 +197,8 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     torch_dtype: str | None
+    mla: MlaShape | None = None  # DeepSeek-V3
+    moe: MoeShape | None = None
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -109,6 +216,9 @@ class ModelConfig:
                 raise ValueError(f"{name}: must be > 0, got {value!r}")
         if self.sliding_window is not None:
             _require_positive_int("sliding_window", self.sliding_window)
+        if (self.model_type == "deepseek_v3") != (self.mla is not None and self.moe is not None):
+            raise ValueError("DeepSeek-V3 needs both its latent-attention and its expert shapes, "
+                             "and only it has them")
 
     @property
     def max_model_len(self) -> int:
@@ -201,29 +311,58 @@ def _parse(f: _Fields) -> ModelConfig:
     _check_unsupported_features(f, model_type)
     heads = f.positive_int("num_attention_heads")
     hidden = f.positive_int("hidden_size")
-    rope_theta, rope_scaling = _rope(f)
+    rope_theta, rope_scaling = _rope(f, model_type)
     qkv_bias, o_bias = _attention_biases(f, model_type)
     try:
+        mla, moe = (_mla(f), _moe(f)) if model_type == "deepseek_v3" else (None, None)
         return ModelConfig(
             architecture=architecture, model_type=model_type,
             vocab_size=f.positive_int("vocab_size"), hidden_size=hidden,
             intermediate_size=f.positive_int("intermediate_size"),
             num_hidden_layers=f.positive_int("num_hidden_layers"),
             num_attention_heads=heads, num_key_value_heads=f.positive_int("num_key_value_heads", heads),
-            head_dim=_head_dim(f, hidden, heads), rms_norm_eps=f.positive_float("rms_norm_eps", 1e-6),
+            head_dim=mla.qk_rope_head_dim if mla else _head_dim(f, hidden, heads),
+            rms_norm_eps=f.positive_float("rms_norm_eps", 1e-6),
             rope_theta=rope_theta, rope_scaling=rope_scaling,
             max_position_embeddings=f.positive_int("max_position_embeddings"),
             tie_word_embeddings=f.boolean("tie_word_embeddings", False),
             attention_bias=qkv_bias, o_proj_bias=o_bias, sliding_window=_sliding_window(f, model_type),
             bos_token_id=_token_id(f, "bos_token_id"), eos_token_ids=_token_ids(f, "eos_token_id"),
-            torch_dtype=_dtype(f),
+            torch_dtype=_dtype(f), mla=mla, moe=moe,
         )
     except ValueError as exc:
         raise ModelLoadError(f.source, str(exc)) from exc
 
 
+def _mla(f: _Fields) -> MlaShape:
+    return MlaShape(q_lora_rank=f.optional_int("q_lora_rank"), kv_lora_rank=f.positive_int("kv_lora_rank"),
+                    qk_nope_head_dim=f.positive_int("qk_nope_head_dim"),
+                    qk_rope_head_dim=f.positive_int("qk_rope_head_dim"),
+                    v_head_dim=f.positive_int("v_head_dim"),
+                    rope_interleave=f.boolean("rope_interleave", True))
+
+
+def _moe(f: _Fields) -> MoeShape:
+    n_group = f.positive_int("n_group", 1)
+    return MoeShape(moe_intermediate_size=f.positive_int("moe_intermediate_size"),
+                    n_routed_experts=f.positive_int("n_routed_experts"),
+                    n_shared_experts=_non_negative_int(f, "n_shared_experts", 0),
+                    num_experts_per_tok=f.positive_int("num_experts_per_tok"),
+                    n_group=n_group, topk_group=f.positive_int("topk_group", n_group),
+                    first_k_dense_replace=_non_negative_int(f, "first_k_dense_replace", 0),
+                    routed_scaling_factor=f.positive_float("routed_scaling_factor", 1.0),
+                    norm_topk_prob=f.boolean("norm_topk_prob", False))
+
+
+def _non_negative_int(f: _Fields, name: str, default: int) -> int:
+    value = f.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise f.error(name, f"must be an integer >= 0, got {value!r}")
+    return value
+
+
 def _architecture(f: _Fields) -> tuple[str, str]:
-    supported = "supported: Llama, Qwen2, Mistral"
+    supported = "supported: Llama, Qwen2, Mistral, DeepSeek-V3"
     architectures = f.get("architectures", None)
     if architectures is None:
         model_type = f.get("model_type")
@@ -249,6 +388,19 @@ def _check_unsupported_features(f: _Fields, model_type: str) -> None:
         raise f.error("use_sliding_window", "must be false: Qwen2 sliding-window attention is not supported")
     if f.get("partial_rotary_factor", 1.0) != 1.0:
         raise f.error("partial_rotary_factor", "must be 1.0: partial rotary embeddings are not supported")
+    if model_type == "deepseek_v3":
+        _check_deepseek_features(f)
+
+
+def _check_deepseek_features(f: _Fields) -> None:
+    """The original DeepSeek-V3 release's fields, where they would change the computation."""
+    if f.get("quantization_config", None) is not None:
+        raise f.error("quantization_config", "is set: quantized (FP8) checkpoints are not supported; "
+                      "use a bfloat16 or float32 conversion")
+    for name, wanted in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")):
+        value = f.get(name, wanted)
+        if value != wanted:
+            raise f.error(name, f"must be {wanted!r} for DeepSeek-V3, got {value!r}")
 
 
 def _head_dim(f: _Fields, hidden: int, heads: int) -> int:
@@ -276,7 +428,7 @@ def _sliding_window(f: _Fields, model_type: str) -> int | None:
     return f.optional_int("sliding_window")
 
 
-def _rope(f: _Fields) -> tuple[float, RopeScaling | None]:
+def _rope(f: _Fields, model_type: str) -> tuple[float, RopeScaling | None]:
     """Both layouts: transformers 4 (``rope_theta`` + ``rope_scaling``) and 5 (``rope_parameters``)."""
     params = f.get("rope_parameters", None)
     if params is not None:
@@ -284,32 +436,50 @@ def _rope(f: _Fields) -> tuple[float, RopeScaling | None]:
             raise f.error("rope_parameters", f"must be an object, got {params!r}")
         nested = _Fields(params, f.source, prefix="rope_parameters.")
         theta = nested.positive_float("rope_theta", f.raw.get("rope_theta", DEFAULT_ROPE_THETA))
-        return theta, _rope_scaling(f, "rope_parameters", params)
+        return theta, _rope_scaling(f, "rope_parameters", params, model_type)
     theta = f.positive_float("rope_theta", DEFAULT_ROPE_THETA)
     scaling = f.get("rope_scaling", None)
     if scaling is None:
         return theta, None
     if not isinstance(scaling, dict):
         raise f.error("rope_scaling", f"must be an object or null, got {scaling!r}")
-    return theta, _rope_scaling(f, "rope_scaling", scaling)
+    return theta, _rope_scaling(f, "rope_scaling", scaling, model_type)
 
 
-def _rope_scaling(f: _Fields, field: str, params: dict[str, Any]) -> RopeScaling | None:
+def _rope_scaling(f: _Fields, field: str, params: dict[str, Any], model_type: str) -> RopeScaling | None:
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type == "default":
         return None
-    if rope_type not in SUPPORTED_ROPE_TYPES:
+    supported = [t for t in SUPPORTED_ROPE_TYPES if t != "yarn" or model_type in YARN_MODEL_TYPES]
+    if rope_type not in supported:
         raise f.error(field, f"has rope type {rope_type!r}, which is not supported "
-                      f"(supported: default, {', '.join(SUPPORTED_ROPE_TYPES)})")
+                      f"(supported: default, {', '.join(supported)})")
     p = _Fields(params, f.source, prefix=f"{field}.")
     if rope_type == "linear":
         return RopeScaling("linear", factor=p.positive_float("factor"))
-    factors = {name: p.positive_float(name) for name in ("factor", "low_freq_factor", "high_freq_factor")}
+    if rope_type == "yarn":
+        return _yarn(f, field, p)
+    factor, low, high = (p.positive_float(name) for name in ("factor", "low_freq_factor", "high_freq_factor"))
     original = p.positive_int("original_max_position_embeddings")
     try:
-        return RopeScaling("llama3", **factors, original_max_position_embeddings=original)
+        return RopeScaling("llama3", factor=factor, low_freq_factor=low, high_freq_factor=high,
+                           original_max_position_embeddings=original)
     except ValueError as exc:
         raise f.error(field, str(exc)) from exc
+
+
+def _yarn(f: _Fields, field: str, p: _Fields) -> RopeScaling:
+    original = p.positive_int("original_max_position_embeddings")
+    # transformers: without a factor, the ratio of the context lengths is the factor
+    factor = p.positive_float("factor", f.positive_int("max_position_embeddings") / original)
+
+    def optional(name: str) -> float | None:
+        return None if p.raw.get(name) is None else p.positive_float(name)
+
+    return RopeScaling("yarn", factor=factor, original_max_position_embeddings=original,
+                       beta_fast=optional("beta_fast") or 32.0, beta_slow=optional("beta_slow") or 1.0,
+                       mscale=optional("mscale"), mscale_all_dim=optional("mscale_all_dim"),
+                       attention_factor=optional("attention_factor"), truncate=p.boolean("truncate", True))
 
 
 def _token_id(f: _Fields, name: str) -> int | None:

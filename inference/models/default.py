@@ -18,7 +18,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -94,18 +94,23 @@ def default_state_dir() -> Path:
 
 def ensure_default_model(state_dir: Path | None = None) -> Path:
     """The default model's folder, built on first use; safe against crashes and concurrent builders."""
-    folder = (default_state_dir() if state_dir is None else Path(state_dir)) / "models" / DEFAULT_MODEL_NAME
+    return ensure_bundled_model(DEFAULT_MODEL_NAME, build_default_model, state_dir)
+
+
+def ensure_bundled_model(name: str, build: Callable[[Path], None], state_dir: Path | None = None) -> Path:
+    """``<state>/models/<name>``: ``build`` writes it into a staging folder, moved into place once whole."""
+    folder = (default_state_dir() if state_dir is None else Path(state_dir)) / "models" / name
     if is_complete(folder):
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(folder.parent / f".{DEFAULT_MODEL_NAME}.lock"):
+    with _exclusive_lock(folder.parent / f".{name}.lock"):
         if is_complete(folder):  # another process built it while we waited
             return folder
-        logger.info("building the default model %s into %s", DEFAULT_MODEL_NAME, folder)
-        staging = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}.", dir=folder.parent))
+        logger.info("building the bundled model %s into %s", name, folder)
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=folder.parent))
         try:
-            build_default_model(staging)
-            _install(staging, folder)
+            build(staging)
+            _install(staging, folder, name)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return folder
@@ -117,14 +122,19 @@ def is_complete(folder: Path) -> bool:
 
 def build_default_model(folder: Path) -> None:
     """Write every file of the default model into an existing empty folder, the marker last."""
-    tokenizer = build_tokenizer()
-    tokenizer.save(str(folder / "tokenizer.json"), pretty=True)
-    _write_json(folder / "tokenizer_config.json", _tokenizer_config())
-    ids = {token: _special_id(tokenizer, token) for token in SPECIAL_TOKENS}
-    _write_json(folder / "config.json", _model_config(ids))
-    _write_json(folder / "generation_config.json", _generation_config(ids))
+    ids = write_tokenizer_files(folder)
+    write_json(folder / "config.json", _model_config(ids))
+    write_json(folder / "generation_config.json", generation_config(ids))
     save_file(build_weights(), str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / COMPLETE_MARKER).write_text(f"{DEFAULT_MODEL_NAME}\n", encoding="utf-8")
+
+
+def write_tokenizer_files(folder: Path) -> dict[str, int]:
+    """The bundled tokenizer's files; returns the special tokens' ids."""
+    tokenizer = build_tokenizer()
+    tokenizer.save(str(folder / "tokenizer.json"), pretty=True)
+    write_json(folder / "tokenizer_config.json", _tokenizer_config())
+    return {token: _special_id(tokenizer, token) for token in SPECIAL_TOKENS}
 
 
 @contextmanager
@@ -137,11 +147,11 @@ def _exclusive_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _install(staging: Path, folder: Path) -> None:
+def _install(staging: Path, folder: Path, name: str) -> None:
     """Atomically move the built folder into place, first clearing a folder that lacks the marker."""
     if folder.exists():
-        logger.warning("removing incomplete default model folder %s", folder)
-        stale = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}.stale.", dir=folder.parent))
+        logger.warning("removing incomplete bundled model folder %s", folder)
+        stale = Path(tempfile.mkdtemp(prefix=f".{name}.stale.", dir=folder.parent))
         os.replace(folder, stale / folder.name)
         shutil.rmtree(stale, ignore_errors=True)
     os.replace(staging, folder)
@@ -233,7 +243,7 @@ def _model_config(ids: dict[str, int]) -> dict[str, Any]:
     }
 
 
-def _generation_config(ids: dict[str, int]) -> dict[str, Any]:
+def generation_config(ids: dict[str, int]) -> dict[str, Any]:
     return {"bos_token_id": ids[BEGIN_OF_TEXT], "eos_token_id": [ids[t] for t in EOS_TOKENS],
             "pad_token_id": ids[ENDOFTEXT]}
 
@@ -247,5 +257,5 @@ def _tokenizer_config() -> dict[str, Any]:
     }
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -1,9 +1,10 @@
-"""Hugging Face folder -> ready :class:`LlamaForCausalLM` on the chosen device and dtype.
+"""Hugging Face folder -> ready :class:`CausalLM` (Llama family, DeepSeek-V3) on the chosen device and dtype.
 
 Reads ``config.json`` through :class:`ModelConfig`, checks every tensor of ``model.safetensors`` (or the
 shards a ``model.safetensors.index.json`` names) against the shapes the config implies, then fuses q/k/v
-and gate/up as it copies them into a module built on the ``meta`` device, so no weight is ever allocated
-twice. Every problem with the folder surfaces as one :class:`ModelLoadError` naming the file and tensor;
+and gate/up (and stacks DeepSeek's experts, :mod:`inference.models.deepseek_weights`) as it copies them into
+a module built on the ``meta`` device, so no weight is ever allocated twice.
+Every problem with the folder surfaces as one :class:`ModelLoadError` naming the file and tensor;
 safetensors' own errors are translated here and nowhere else.
 """
 
@@ -20,8 +21,10 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
+from inference.models import deepseek_weights
 from inference.models.config import ModelConfig, ModelLoadError, read_json
-from inference.models.llama import LlamaForCausalLM
+from inference.models.deepseek import DeepseekV3ForCausalLM
+from inference.models.llama import CausalLM, LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +51,8 @@ class CheckpointFiles:
 
 
 def load_model(folder: str | Path, *, device: torch.device, dtype: torch.dtype,
-               max_positions: int | None = None) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """Load a Llama-family checkpoint for inference (eval mode, no grad).
+               max_positions: int | None = None) -> tuple[CausalLM, ModelConfig]:
+    """Load a checkpoint for inference (eval mode, no grad).
 
     ``max_positions`` caps the RoPE table; by default it covers ``max_position_embeddings``.
     """
@@ -57,13 +60,15 @@ def load_model(folder: str | Path, *, device: torch.device, dtype: torch.dtype,
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
     files = find_checkpoint_files(folder)
+    family = DeepseekV3ForCausalLM if config.mla is not None else LlamaForCausalLM
     with torch.device("meta"):
-        model = LlamaForCausalLM(config, max_positions=max_positions)
+        model = family(config, max_positions=max_positions)
     with _open_all(files) as handles:
         check_tensors(files, handles, config)
-        state = {name: t.to(device=device, dtype=dtype) for name, t in _fused_tensors(handles, config)}
+        state = {name: t.to(device=device, dtype=torch.float32 if _stays_float32(name) else dtype)
+                 for name, t in _fused_tensors(handles, config)}
     model.load_state_dict(state, strict=True, assign=True)
-    model.rotary.reset_cache(device)
+    model.materialize(device)
     model.requires_grad_(False).eval()
     logger.info("loaded %s (%s, %d layers) from %s onto %s as %s in %.2fs", config.architecture,
                 config.model_type, config.num_hidden_layers, folder, device, dtype,
@@ -124,8 +129,14 @@ def _open_all(files: CheckpointFiles) -> Iterator[dict[str, _Handle]]:
         yield {name: handles[path] for name, path in files.tensor_files.items()}
 
 
+def _stays_float32(name: str) -> bool:
+    return name.endswith(deepseek_weights.FLOAT32_SUFFIXES)
+
+
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Hugging Face tensor name -> shape, for every tensor the checkpoint must hold."""
+    if config.mla is not None:
+        return deepseek_weights.expected_shapes(config)
     hidden, inter = config.hidden_size, config.intermediate_size
     q_size = config.num_attention_heads * config.head_dim
     kv_size = config.num_key_value_heads * config.head_dim
@@ -172,6 +183,8 @@ def check_tensors(files: CheckpointFiles, handles: dict[str, _Handle], config: M
     for name in sorted(handles.keys() - expected.keys()):
         if name == "lm_head.weight" and config.tie_word_embeddings:
             logger.debug("ignoring lm_head.weight: tie_word_embeddings is true")
+        elif config.mla is not None and deepseek_weights.is_extra_layer(name, config):
+            logger.debug("ignoring %s: a multi-token-prediction layer, unused for decoding", name)
         elif not name.endswith(_IGNORED_SUFFIXES):
             raise ModelLoadError(files.tensor_files[name], f"unexpected tensor {name!r}")
 
@@ -182,6 +195,10 @@ def _fused_tensors(handles: dict[str, _Handle], config: ModelConfig) -> Iterator
     def get(name: str) -> torch.Tensor:
         tensor: torch.Tensor = handles[name].get_tensor(name)
         return tensor
+
+    if config.mla is not None:
+        yield from deepseek_weights.fused_tensors(get, config)
+        return
 
     yield "embed_tokens.weight", get("model.embed_tokens.weight")
     yield "norm.weight", get("model.norm.weight")

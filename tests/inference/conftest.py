@@ -59,6 +59,45 @@ def tiny_mistral_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir
     return _save(MistralForCausalLM, config, tmp_path_factory.mktemp("tiny-mistral"), default_model_dir)
 
 
+# DeepSeek-V3 at the tiny shape: latent attention (kv_lora_rank 32 + a 16-wide rotary key cached per token,
+# against 4 heads x (48 + 24) expanded) and 8 routed experts in 4 groups.
+TINY_DEEPSEEK: dict[str, Any] = {
+    "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
+    "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 32,
+    "qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 24, "n_routed_experts": 8,
+    "num_experts_per_tok": 2, "max_position_embeddings": 256, "num_nextn_predict_layers": 0,
+    "initializer_range": 0.2, "tie_word_embeddings": False,
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_deepseek_v3_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
+    """V3 as released: low-rank queries, YaRN (mscale 0.8 / mscale_all_dim 1.0, so both of its scales
+    apply), interleaved rope, grouped routing with normalised weights, a dense first layer, shards."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32,
+            "beta_slow": 1, "mscale": 0.8, "mscale_all_dim": 1.0}
+    config = DeepseekV3Config(**TINY_DEEPSEEK, q_lora_rank=48, n_group=4, topk_group=2, n_shared_experts=1,
+                              first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+                              rope_interleave=True, rope_scaling=yarn)
+    return _save(DeepseekV3ForCausalLM, config, tmp_path_factory.mktemp("tiny-deepseek-v3"),
+                 default_model_dir, max_shard_size="100KB")
+
+
+@pytest.fixture(scope="session")
+def tiny_deepseek_v3_plain_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
+    """The other branches: q_proj without a low rank, no rope scaling, rope in halves, one expert group,
+    unnormalised weights, two shared experts, attention biases, every layer a mixture of experts."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    config = DeepseekV3Config(**TINY_DEEPSEEK, q_lora_rank=None, n_group=1, topk_group=1, n_shared_experts=2,
+                              first_k_dense_replace=0, norm_topk_prob=False, routed_scaling_factor=1.0,
+                              rope_interleave=False, attention_bias=True)
+    return _save(DeepseekV3ForCausalLM, config, tmp_path_factory.mktemp("tiny-deepseek-v3-plain"),
+                 default_model_dir)
+
+
 def _save(model_class: Any, config: Any, folder: Path, default_model_dir: Path, **save_kwargs: Any) -> Path:
     torch.manual_seed(0)
     model = model_class(config).eval()
@@ -80,3 +119,6 @@ def _randomize_zero_initialized(model: torch.nn.Module) -> None:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
             elif "norm" in name:
                 param.copy_(torch.rand(param.shape, generator=generator) + 0.5)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's routing bias: steers the choice
+                buffer.copy_(torch.randn(buffer.shape, generator=generator) * 0.1)

@@ -100,7 +100,8 @@ def base_config(**overrides: object) -> EngineConfig:
     return EngineConfig(**values)  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="module", params=["tiny_llama_dir", "tiny_qwen2_dir", "tiny_mistral_dir"])
+@pytest.fixture(scope="module", params=["tiny_llama_dir", "tiny_qwen2_dir", "tiny_mistral_dir",
+                                        "tiny_deepseek_v3_dir", "tiny_deepseek_v3_plain_dir"])
 def model_dir(request: pytest.FixtureRequest) -> Path:
     return request.getfixturevalue(request.param)
 
