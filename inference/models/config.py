@@ -27,10 +27,12 @@ SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "MistralForCausalLM": "mistral",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v3",
 }
+DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")  # latent attention and mixtures of experts
 SUPPORTED_ROPE_TYPES = ("linear", "llama3", "yarn")
-YARN_MODEL_TYPES = ("deepseek_v3",)  # the families whose attention applies YaRN's mscale here
+YARN_MODEL_TYPES = DEEPSEEK_TYPES  # the families whose attention applies YaRN's mscale here
 DEFAULT_ROPE_THETA = 10000.0
 
 _MISSING: Any = object()
@@ -133,11 +135,16 @@ class MlaShape:
         return self.kv_lora_rank + self.qk_rope_head_dim
 
 
+TOPK_METHODS = ("noaux_tc", "greedy", "group_limited_greedy")
+
+
 @dataclass(slots=True, frozen=True)
 class MoeShape:
-    """DeepSeek-V3's mixture of experts: dense MLPs in the first ``first_k_dense_replace`` layers, then
-    shared experts plus ``num_experts_per_tok`` routed experts chosen by sigmoid scores within the
-    ``topk_group`` best of ``n_group`` expert groups."""
+    """DeepSeek's mixture of experts: dense MLPs in the first ``first_k_dense_replace`` layers, then shared
+    experts plus ``num_experts_per_tok`` routed experts. V3 (``noaux_tc``): sigmoid scores plus a learnt
+    correction bias, within the ``topk_group`` best of ``n_group`` groups (a group scored by its top 2).
+    V2: softmax scores, the top k overall (``greedy``) or within the best groups by their best expert
+    (``group_limited_greedy``)."""
 
     moe_intermediate_size: int
     n_routed_experts: int
@@ -148,8 +155,19 @@ class MoeShape:
     first_k_dense_replace: int
     routed_scaling_factor: float
     norm_topk_prob: bool
+    topk_method: str = "noaux_tc"
+
+    @property
+    def scoring_func(self) -> str:
+        return "sigmoid" if self.topk_method == "noaux_tc" else "softmax"
+
+    @property
+    def has_correction_bias(self) -> bool:
+        return self.topk_method == "noaux_tc"
 
     def __post_init__(self) -> None:
+        if self.topk_method not in TOPK_METHODS:
+            raise ValueError(f"topk_method {self.topk_method!r} is not supported ({', '.join(TOPK_METHODS)})")
         for name in ("moe_intermediate_size", "n_routed_experts", "num_experts_per_tok", "n_group",
                      "topk_group"):
             _require_positive_int(name, getattr(self, name))
@@ -158,7 +176,7 @@ class MoeShape:
         if self.n_routed_experts % self.n_group:
             raise ValueError(f"n_routed_experts ({self.n_routed_experts}) must be a multiple of "
                              f"n_group ({self.n_group})")
-        if self.n_routed_experts // self.n_group < 2:
+        if self.topk_method == "noaux_tc" and self.n_routed_experts // self.n_group < 2:
             raise ValueError("each expert group needs at least 2 experts (groups are scored by their top 2)")
         if self.topk_group > self.n_group:
             raise ValueError(f"topk_group ({self.topk_group}) must be <= n_group ({self.n_group})")
@@ -216,8 +234,8 @@ class ModelConfig:
                 raise ValueError(f"{name}: must be > 0, got {value!r}")
         if self.sliding_window is not None:
             _require_positive_int("sliding_window", self.sliding_window)
-        if (self.model_type == "deepseek_v3") != (self.mla is not None and self.moe is not None):
-            raise ValueError("DeepSeek-V3 needs both its latent-attention and its expert shapes, "
+        if (self.model_type in DEEPSEEK_TYPES) != (self.mla is not None and self.moe is not None):
+            raise ValueError("DeepSeek needs both its latent-attention and its expert shapes, "
                              "and only it has them")
 
     @property
@@ -314,7 +332,7 @@ def _parse(f: _Fields) -> ModelConfig:
     rope_theta, rope_scaling = _rope(f, model_type)
     qkv_bias, o_bias = _attention_biases(f, model_type)
     try:
-        mla, moe = (_mla(f), _moe(f)) if model_type == "deepseek_v3" else (None, None)
+        mla, moe = (_mla(f), _moe(f, model_type)) if model_type in DEEPSEEK_TYPES else (None, None)
         return ModelConfig(
             architecture=architecture, model_type=model_type,
             vocab_size=f.positive_int("vocab_size"), hidden_size=hidden,
@@ -342,16 +360,20 @@ def _mla(f: _Fields) -> MlaShape:
                     rope_interleave=f.boolean("rope_interleave", True))
 
 
-def _moe(f: _Fields) -> MoeShape:
-    n_group = f.positive_int("n_group", 1)
+def _moe(f: _Fields, model_type: str) -> MoeShape:
+    n_group = f.optional_int("n_group") or 1
+    topk_method = "noaux_tc" if model_type == "deepseek_v3" else f.get("topk_method", "greedy")
+    if model_type == "deepseek_v2" and f.boolean("norm_topk_prob", False):
+        # transformers' DeepSeek-V2 never normalises the routed weights; the engine follows it
+        raise f.error("norm_topk_prob", "must be false for DeepSeek-V2 (transformers does not normalise)")
     return MoeShape(moe_intermediate_size=f.positive_int("moe_intermediate_size"),
                     n_routed_experts=f.positive_int("n_routed_experts"),
                     n_shared_experts=_non_negative_int(f, "n_shared_experts", 0),
                     num_experts_per_tok=f.positive_int("num_experts_per_tok"),
-                    n_group=n_group, topk_group=f.positive_int("topk_group", n_group),
+                    n_group=n_group, topk_group=f.optional_int("topk_group") or n_group,
                     first_k_dense_replace=_non_negative_int(f, "first_k_dense_replace", 0),
                     routed_scaling_factor=f.positive_float("routed_scaling_factor", 1.0),
-                    norm_topk_prob=f.boolean("norm_topk_prob", False))
+                    norm_topk_prob=f.boolean("norm_topk_prob", False), topk_method=topk_method)
 
 
 def _non_negative_int(f: _Fields, name: str, default: int) -> int:
@@ -362,7 +384,7 @@ def _non_negative_int(f: _Fields, name: str, default: int) -> int:
 
 
 def _architecture(f: _Fields) -> tuple[str, str]:
-    supported = "supported: Llama, Qwen2, Mistral, DeepSeek-V3"
+    supported = "supported: Llama, Qwen2, Mistral, DeepSeek-V2, DeepSeek-V3"
     architectures = f.get("architectures", None)
     if architectures is None:
         model_type = f.get("model_type")
@@ -388,19 +410,25 @@ def _check_unsupported_features(f: _Fields, model_type: str) -> None:
         raise f.error("use_sliding_window", "must be false: Qwen2 sliding-window attention is not supported")
     if f.get("partial_rotary_factor", 1.0) != 1.0:
         raise f.error("partial_rotary_factor", "must be 1.0: partial rotary embeddings are not supported")
-    if model_type == "deepseek_v3":
-        _check_deepseek_features(f)
+    if model_type in DEEPSEEK_TYPES:
+        _check_deepseek_features(f, model_type)
 
 
-def _check_deepseek_features(f: _Fields) -> None:
-    """The original DeepSeek-V3 release's fields, where they would change the computation."""
+def _check_deepseek_features(f: _Fields, model_type: str) -> None:
+    """The original DeepSeek releases' fields, where they would change the computation."""
     if f.get("quantization_config", None) is not None:
         raise f.error("quantization_config", "is set: quantized (FP8) checkpoints are not supported; "
                       "use a bfloat16 or float32 conversion")
-    for name, wanted in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")):
-        value = f.get(name, wanted)
-        if value != wanted:
-            raise f.error(name, f"must be {wanted!r} for DeepSeek-V3, got {value!r}")
+    v3 = model_type == "deepseek_v3"
+    name = "DeepSeek-V3" if v3 else "DeepSeek-V2"
+    scoring = "sigmoid" if v3 else "softmax"
+    if f.get("scoring_func", scoring) != scoring:
+        raise f.error("scoring_func", f"must be {scoring!r} for {name}, got {f.get('scoring_func')!r}")
+    methods = ("noaux_tc",) if v3 else ("greedy", "group_limited_greedy")
+    method = f.get("topk_method", methods[0])
+    if method not in methods:
+        wanted = " or ".join(repr(m) for m in methods)
+        raise f.error("topk_method", f"must be {wanted} for {name}, got {method!r}")
 
 
 def _head_dim(f: _Fields, hidden: int, heads: int) -> int:

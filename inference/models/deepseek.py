@@ -1,4 +1,4 @@
-"""DeepSeek-V3's forward pass (``DeepseekV3ForCausalLM``) over a flat batch of tokens.
+"""DeepSeek-V3's (and V2's) forward pass over a flat batch of tokens.
 
 The same interface as :mod:`inference.models.llama` (``forward(input_ids, positions)`` then
 ``compute_logits``), with the two parts that make the architecture:
@@ -10,7 +10,9 @@ The same interface as :mod:`inference.models.llama` (``forward(input_ids, positi
   token, plus ``num_experts_per_tok`` routed experts chosen by sigmoid scores (plus a learnt correction
   bias that steers the choice but not the weights) within the best ``topk_group`` of ``n_group`` groups.
   Tokens are sorted by expert and each expert runs once on all of its tokens; the per-expert token counts
-  accumulate in ``expert_tokens`` for the replica's metrics.
+  accumulate in ``expert_tokens`` for the replica's metrics. DeepSeek-V2 differs only in its routing
+  (softmax scores, no correction bias) and in laying its rotary pairs out interleaved, which gives the
+  same dot products as V3's de-interleaved layout since queries and keys share it.
 
 Numerics follow Hugging Face transformers: RMSNorm and routing in float32 (the router's weights stay
 float32 whatever the model's dtype), YaRN's mscale on the softmax scale.
@@ -90,19 +92,31 @@ class DeepseekMoE(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, hidden] -> (weights [T, k] float32, expert ids [T, k])."""
         moe = self.moe
-        scores = F.linear(x.float(), self.gate_weight.float()).sigmoid()
-        choice = scores + self.e_score_correction_bias
-        per_group = moe.n_routed_experts // moe.n_group
-        group_scores = choice.view(-1, moe.n_group, per_group).topk(2, dim=-1)[0].sum(dim=-1)
-        groups = group_scores.topk(moe.topk_group, dim=-1, sorted=False)[1]
-        allowed = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
-        allowed = allowed.unsqueeze(-1).expand(-1, moe.n_group, per_group).reshape(-1, moe.n_routed_experts)
-        choice = choice.masked_fill(~allowed, float("-inf"))
+        logits = F.linear(x.float(), self.gate_weight.float())
+        if moe.topk_method == "noaux_tc":  # V3
+            scores = logits.sigmoid()
+            biased = scores + self.e_score_correction_bias  # steers the choice, not the weights
+            choice = self._within_best_groups(biased, top=2, masked=float("-inf"))
+        else:  # V2
+            scores = logits.softmax(dim=-1)
+            choice = (scores if moe.topk_method == "greedy"
+                      else self._within_best_groups(scores, top=1, masked=0.0))
         ids = choice.topk(moe.num_experts_per_tok, dim=-1, sorted=False)[1]
         weights = scores.gather(1, ids)
         if moe.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return weights * moe.routed_scaling_factor, ids
+
+    def _within_best_groups(self, choice: torch.Tensor, *, top: int, masked: float) -> torch.Tensor:
+        """``choice`` with the experts outside the ``topk_group`` best groups set to ``masked``; a group
+        scores the sum of its ``top`` best experts."""
+        moe = self.moe
+        per_group = moe.n_routed_experts // moe.n_group
+        group_scores = choice.view(-1, moe.n_group, per_group).topk(top, dim=-1)[0].sum(dim=-1)
+        groups = group_scores.topk(moe.topk_group, dim=-1, sorted=False)[1]
+        allowed = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
+        allowed = allowed.unsqueeze(-1).expand(-1, moe.n_group, per_group).reshape(-1, moe.n_routed_experts)
+        return choice.masked_fill(~allowed, masked)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
@@ -144,7 +158,8 @@ class DeepseekDecoderLayer(nn.Module):
 
 
 class DeepseekV3ForCausalLM(CausalLM):
-    """``max_positions`` caps the RoPE table (default: the config's)."""
+    """DeepSeek-V3, and V2 (its routing is a setting of :class:`DeepseekMoE`). ``max_positions`` caps the
+    RoPE table (default: the config's)."""
 
     def __init__(self, config: ModelConfig, *, max_positions: int | None = None) -> None:
         if config.mla is None or config.moe is None:

@@ -1,4 +1,4 @@
-"""DeepSeek-V3 checkpoint tensors: the shapes a folder must hold, and their mapping onto our module.
+"""DeepSeek-V3 (and V2) checkpoint tensors: the shapes a folder must hold, and their mapping onto our module.
 
 A Hugging Face DeepSeek-V3 folder stores each routed expert's matrices separately
 (``mlp.experts.{e}.gate_proj.weight``, ...); the model stacks them into one [experts, ...] tensor per
@@ -78,8 +78,9 @@ def _mlp_shapes(hidden: int, inter: int, mlp: str) -> Shapes:
 
 
 def _moe_shapes(hidden: int, moe: MoeShape, mlp: str) -> Shapes:
-    shapes: Shapes = {mlp + "gate.weight": (moe.n_routed_experts, hidden),
-                      mlp + "gate.e_score_correction_bias": (moe.n_routed_experts,)}
+    shapes: Shapes = {mlp + "gate.weight": (moe.n_routed_experts, hidden)}
+    if moe.has_correction_bias:
+        shapes[mlp + "gate.e_score_correction_bias"] = (moe.n_routed_experts,)
     for e in range(moe.n_routed_experts):
         shapes.update(_mlp_shapes(hidden, moe.moe_intermediate_size, f"{mlp}experts.{e}."))
     if moe.n_shared_experts:
@@ -134,7 +135,9 @@ def _mlp_tensors(get: Getter, src: str, dst: str) -> Named:
 def _moe_tensors(get: Getter, moe: MoeShape, src: str,
                  dst: str) -> Named:
     yield dst + "gate_weight", get(src + "gate.weight")
-    yield dst + "e_score_correction_bias", get(src + "gate.e_score_correction_bias")
+    bias_name = src + "gate.e_score_correction_bias"
+    yield dst + "e_score_correction_bias", (get(bias_name) if moe.has_correction_bias
+                                            else torch.zeros(moe.n_routed_experts))  # V2 has none
     experts = range(moe.n_routed_experts)
     yield dst + "experts_gate_up", torch.stack([
         torch.cat([get(f"{src}experts.{e}.gate_proj.weight"), get(f"{src}experts.{e}.up_proj.weight")])

@@ -98,6 +98,19 @@ def tiny_deepseek_v3_plain_dir(tmp_path_factory: pytest.TempPathFactory, default
                  default_model_dir)
 
 
+@pytest.fixture(scope="session")
+def tiny_deepseek_v2_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
+    """V2: softmax routing limited to the best groups, no correction bias, complex (interleaved) rope."""
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+
+    shape = {k: v for k, v in TINY_DEEPSEEK.items() if k != "num_nextn_predict_layers"}
+    config = DeepseekV2Config(**shape, q_lora_rank=48, n_group=4, topk_group=2, n_shared_experts=1,
+                              first_k_dense_replace=1, topk_method="group_limited_greedy",
+                              routed_scaling_factor=2.0)
+    return _save(DeepseekV2ForCausalLM, config, tmp_path_factory.mktemp("tiny-deepseek-v2"),
+                 default_model_dir)
+
+
 def _save(model_class: Any, config: Any, folder: Path, default_model_dir: Path, **save_kwargs: Any) -> Path:
     torch.manual_seed(0)
     model = model_class(config).eval()

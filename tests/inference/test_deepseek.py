@@ -70,11 +70,18 @@ def test_a_v3_folder_the_engine_cannot_compute_exactly_is_refused_by_name(
     assert message in str(caught.value)
 
 
-def test_deepseek_v2_is_named_as_unsupported(tiny_deepseek_v3_dir: Path, tmp_path: Path) -> None:
-    folder = _copy(tiny_deepseek_v3_dir, tmp_path)
-    _edit_config(folder, architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2")
-    with pytest.raises(ModelLoadError, match="'DeepseekV2ForCausalLM' is not supported"):
-        load_model(folder, device=CPU, dtype=torch.float32)
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"topk_method": "noaux_tc"}, "'topk_method' must be 'greedy' or 'group_limited_greedy' for DeepSeek-V2"),
+    ({"scoring_func": "sigmoid"}, "'scoring_func' must be 'softmax' for DeepSeek-V2"),
+    ({"norm_topk_prob": True}, "'norm_topk_prob' must be false for DeepSeek-V2"),
+])
+def test_a_v2_folder_with_v3_routing_is_refused_by_name(tiny_deepseek_v2_dir: Path, tmp_path: Path,
+                                                        changes: dict[str, Any], message: str) -> None:
+    folder = _copy(tiny_deepseek_v2_dir, tmp_path)
+    _edit_config(folder, **changes)
+    with pytest.raises(ModelLoadError, match=r"config\.json: ") as caught:
+        ModelConfig.from_folder(folder)
+    assert message in str(caught.value)
 
 
 def test_multi_token_prediction_layers_are_skipped_and_stray_tensors_are_not(

@@ -101,7 +101,8 @@ def base_config(**overrides: object) -> EngineConfig:
 
 
 @pytest.fixture(scope="module", params=["tiny_llama_dir", "tiny_qwen2_dir", "tiny_mistral_dir",
-                                        "tiny_deepseek_v3_dir", "tiny_deepseek_v3_plain_dir"])
+                                        "tiny_deepseek_v3_dir", "tiny_deepseek_v3_plain_dir",
+                                        "tiny_deepseek_v2_dir"])
 def model_dir(request: pytest.FixtureRequest) -> Path:
     return request.getfixturevalue(request.param)
 

@@ -212,7 +212,7 @@ def test_unsupported_architecture_is_named(tiny_mistral_dir: Path, tmp_path: Pat
     folder = _copy(tiny_mistral_dir, tmp_path)
     _edit_config(folder, architectures=["GPT2LMHeadModel"], model_type="gpt2")
     expected = (f"{folder}/config.json: architecture 'GPT2LMHeadModel' is not supported "
-                "(supported: Llama, Qwen2, Mistral, DeepSeek-V3)")
+                "(supported: Llama, Qwen2, Mistral, DeepSeek-V2, DeepSeek-V3)")
     with pytest.raises(ModelLoadError) as caught:
         load_model(folder, device=CPU, dtype=torch.float32)
     assert str(caught.value) == expected
