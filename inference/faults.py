@@ -4,6 +4,12 @@ Each fault has a kind, its parameters and a duration; it expires by itself even 
 The engine thread calls :meth:`ReplicaFaults.apply_before_step` before every step (and while idle), which
 is where delays, hangs, device failures and KV pressure take effect; error-rate faults are checked by the
 server when a request arrives, and a crash ends the process at once.
+
+A token-latency, prefill-delay or error-rate fault may name a ``colour``: then it touches only requests
+that carry that colour (the ``x-llmsre-colour`` header, or ``llmsre.colour`` in W3C ``baggage``, which the
+gateway sets on the slice of traffic a chaos experiment owns). A coloured delay is served per request, on
+that request's stream (before its first token, between its tokens), not by slowing the engine's steps,
+so the uncoloured requests batched with it are untouched.
 """
 
 from __future__ import annotations
@@ -12,9 +18,10 @@ import enum
 import itertools
 import logging
 import random
+import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +32,22 @@ logger = logging.getLogger(__name__)
 
 MAX_FAULT_SECONDS = 3600.0
 HANG_POLL_SECONDS = 0.05
+COLOUR_HEADER = "x-llmsre-colour"
+BAGGAGE_COLOUR_KEY = "llmsre.colour"
+COLOUR_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
+COLOURABLE = frozenset({"token_latency", "prefill_delay", "error_rate"})
+
+
+def request_colour(headers: Mapping[str, str]) -> str | None:
+    """A request's colour: the colour header, else the ``llmsre.colour`` member of W3C baggage."""
+    colour = headers.get(COLOUR_HEADER)
+    if colour is None:
+        for member in headers.get("baggage", "").split(","):
+            key, _, value = member.partition("=")
+            if key.strip() == BAGGAGE_COLOUR_KEY:
+                colour = value.split(";")[0].strip()
+                break
+    return colour if colour is not None and COLOUR_PATTERN.match(colour) else None
 
 
 class FaultKind(enum.Enum):
@@ -45,8 +68,14 @@ class FaultSpec:
     probability: float = 0.0
     status_code: int = 500
     fraction: float = 0.0
+    colour: str | None = None  # only requests of this colour (COLOURABLE kinds)
 
     def __post_init__(self) -> None:
+        if self.colour is not None:
+            if self.kind.value not in COLOURABLE:
+                raise ValueError(f"colour: only {', '.join(sorted(COLOURABLE))} faults take a colour")
+            if not COLOUR_PATTERN.match(self.colour):
+                raise ValueError(f"colour: 1-32 of a-z, 0-9 and '-', got {self.colour!r}")
         if not 0 < self.duration_s <= MAX_FAULT_SECONDS:
             raise ValueError(f"duration_s: must be in (0, {MAX_FAULT_SECONDS:g}], got {self.duration_s!r}")
         if self.kind in (FaultKind.TOKEN_LATENCY, FaultKind.PREFILL_DELAY) and not 0 < self.seconds <= 60:
@@ -64,20 +93,23 @@ class FaultSpec:
         """Parse a PUT body; unknown kinds, unknown fields and bad values raise ValueError."""
         if not isinstance(body, dict):
             raise ValueError("body: must be a JSON object")
-        allowed = {"kind", "duration_s", "seconds", "probability", "status_code", "fraction"}
+        allowed = {"kind", "duration_s", "seconds", "probability", "status_code", "fraction", "colour"}
         unknown = sorted(set(body) - allowed)
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown field (allowed: {', '.join(sorted(allowed))})")
         kinds = [k.value for k in FaultKind]
         if body.get("kind") not in kinds:
             raise ValueError(f"kind: must be one of {', '.join(kinds)}, got {body.get('kind')!r}")
-        values = {k: v for k, v in body.items() if k != "kind"}
+        values = {k: v for k, v in body.items() if k not in ("kind", "colour")}
+        colour = body.get("colour")
+        if colour is not None and not isinstance(colour, str):
+            raise ValueError(f"colour: must be a string, got {colour!r}")
         for name, value in values.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"{name}: must be a number, got {value!r}")
         if "duration_s" not in values:
             raise ValueError("duration_s: required")
-        return cls(kind=FaultKind(body["kind"]), **values)
+        return cls(kind=FaultKind(body["kind"]), colour=colour, **values)
 
 
 @dataclass(slots=True)
@@ -92,7 +124,7 @@ class ActiveFault:
         s = self.spec
         return {"id": self.fault_id, "kind": s.kind.value, "duration_s": s.duration_s, "seconds": s.seconds,
                 "probability": s.probability, "status_code": s.status_code, "fraction": s.fraction,
-                "started_at": self.started_at, "expires_at": self.expires_at_wall,
+                "colour": s.colour, "started_at": self.started_at, "expires_at": self.expires_at_wall,
                 "remaining_s": round(max(self.expires_at - now, 0.0), 3)}
 
 
@@ -144,16 +176,29 @@ class ReplicaFaults:
     def of_kind(self, kind: FaultKind) -> list[FaultSpec]:
         return [a.spec for a in self.active() if a.spec.kind is kind]
 
+    def _touching(self, kind: FaultKind, colour: str | None) -> list[FaultSpec]:
+        """Faults of ``kind`` that reach a request of ``colour``: the uncoloured ones and its own."""
+        return [s for s in self.of_kind(kind) if s.colour is None or s.colour == colour]
+
     # ---- what the hooks ask --------------------------------------------------------------------
     def token_delay(self) -> float:
-        return sum(s.seconds for s in self.of_kind(FaultKind.TOKEN_LATENCY))
+        """Engine-wide: the uncoloured token-latency faults (coloured ones are per request)."""
+        return sum(s.seconds for s in self.of_kind(FaultKind.TOKEN_LATENCY) if s.colour is None)
 
     def prefill_delay(self) -> float:
-        return sum(s.seconds for s in self.of_kind(FaultKind.PREFILL_DELAY))
+        return sum(s.seconds for s in self.of_kind(FaultKind.PREFILL_DELAY) if s.colour is None)
 
-    def injected_error(self) -> int | None:
-        """The status code to fail a new request with, or None."""
-        for spec in self.of_kind(FaultKind.ERROR_RATE):
+    def request_delays(self, colour: str | None) -> tuple[float, float]:
+        """(before the first token, before each later token) for one request of ``colour``."""
+        if colour is None:
+            return 0.0, 0.0
+        first = sum(s.seconds for s in self.of_kind(FaultKind.PREFILL_DELAY) if s.colour == colour)
+        per_token = sum(s.seconds for s in self.of_kind(FaultKind.TOKEN_LATENCY) if s.colour == colour)
+        return first + per_token, per_token
+
+    def injected_error(self, colour: str | None = None) -> int | None:
+        """The status code to fail a new request of ``colour`` with, or None."""
+        for spec in self._touching(FaultKind.ERROR_RATE, colour):
             if self.rng.random() < spec.probability:
                 return spec.status_code
         return None

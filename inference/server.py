@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inference.async_engine import AsyncEngine, EngineDeadError
 from inference.engine import PromptTooLongError
-from inference.faults import FaultSpec, ReplicaFaults
+from inference.faults import FaultSpec, ReplicaFaults, request_colour
 from inference.logprobs import TokenStrings
 from inference.metrics import EngineGauges, ReplicaMetrics
 from inference.output import RequestOutput
@@ -315,7 +315,7 @@ def _parsed(parse: Callable[[], ParsedRequest]) -> ParsedRequest:
         raise HTTPError(400, str(exc), type_="invalid_request_error", param=exc.param) from exc
 
 
-def _admit(replica: Replica, parsed: ParsedRequest) -> list[int]:
+def _admit(replica: Replica, parsed: ParsedRequest, colour: str | None) -> list[int]:
     """Every refusal that must happen before a stream starts; returns the prompt's token ids."""
     rid = replica.config.replica_id
     if parsed.model is not None and parsed.model != replica.model_name:
@@ -329,7 +329,7 @@ def _admit(replica: Replica, parsed: ParsedRequest) -> list[int]:
         replica.metrics.observe_rejected("device_failure")
         raise HTTPError(503, f"replica {rid} has a device failure", type_="service_unavailable",
                         code="device_failure")
-    injected = replica.faults.injected_error()
+    injected = replica.faults.injected_error(colour)
     if injected is not None:
         replica.metrics.observe_rejected("injected_error")
         raise HTTPError(injected, f"injected fault on replica {rid}", type_="server_error",
@@ -404,9 +404,11 @@ async def _readiness_problem(replica: Replica) -> str | None:
 
 # ---- generation ------------------------------------------------------------------------------
 async def _serve(request: Request, replica: Replica, parsed: ParsedRequest) -> Response:
-    tokens = _admit(replica, parsed)
+    colour = request_colour(request.headers)
+    tokens = _admit(replica, parsed, colour)
     ctx = ResponseContext.new(parsed.kind, replica.model_name)
-    run = _Run(replica, ctx, parsed, LogprobsView(ctx, replica.token_strings))
+    run = _Run(replica, ctx, parsed, LogprobsView(ctx, replica.token_strings),
+               delays=replica.faults.request_delays(colour))
     if replica.tracing is not None:
         run.trace = replica.tracing.begin(request.headers, parsed, ctx)
     # A stream sends each token's logprobs as it goes: only a non-streamed answer needs them all at the end.
@@ -437,6 +439,7 @@ class _Run:
     serialize_seconds: float = 0.0
     previous_token_time: float | None = None
     trace: RequestTrace | None = None  # while traces are exported
+    delays: tuple[float, float] = (0.0, 0.0)  # coloured faults: before the first token, before each later one
 
     def observe(self, out: RequestOutput) -> None:
         m = out.metrics
@@ -485,6 +488,9 @@ class _Run:
         assert final is not None
         if final.error:
             raise HTTPError(500, final.error, type_="server_error", code="device_failure")
+        first, per_token = self.delays
+        if first or per_token:
+            await asyncio.sleep(first + per_token * max(len(final.output_token_ids) - 1, 0))
         started = time.perf_counter()
         body = full_response(self.ctx, final, logprobs=self.logprobs(final.logprobs))
         if self.parsed.return_token_ids:
@@ -504,6 +510,9 @@ class _Run:
                     return
                 if (out.delta_text or out.finished or first or out.new_logprobs
                         or self.parsed.return_token_ids):
+                    pause = self.delays[0] if first else self.delays[1]
+                    if pause:
+                        await asyncio.sleep(pause)
                     reason = out.finish_reason if out.finished else None
                     chunk = stream_chunk(self.ctx, out.delta_text, reason, first=first,
                                          logprobs=self.logprobs(out.new_logprobs))

@@ -45,6 +45,8 @@ _PROBABILITY = ParamInfo("probability", "number", "share of new requests refused
 _STATUS = ParamInfo("status_code", "integer", "status of the refusals: 500 or 503", required=False,
                     default=500)
 _FRACTION = ParamInfo("fraction", "number", "share of KV blocks held back (0, 1]")
+_COLOUR = ParamInfo("colour", "string", "only requests of this colour (the gateway colours a slice of "
+                    "traffic; x-llmsre-colour); absent: every request", required=False)
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,16 +58,19 @@ class _Kind:
 
 
 _KINDS = {k.kind: k for k in (
-    _Kind("token_latency", "extra seconds per decode step", (_SECONDS,)),
-    _Kind("prefill_delay", "extra seconds before each step that computes a prompt", (_SECONDS,)),
-    _Kind("error_rate", "refuse a share of new requests", (_PROBABILITY, _STATUS)),
+    _Kind("token_latency", "extra seconds per decode step (coloured: per token of that colour's requests)",
+          (_SECONDS, _COLOUR)),
+    _Kind("prefill_delay", "extra seconds before each step that computes a prompt (coloured: before the "
+          "first token of that colour's requests)", (_SECONDS, _COLOUR)),
+    _Kind("error_rate", "refuse a share of new requests (coloured: of that colour's)",
+          (_PROBABILITY, _STATUS, _COLOUR)),
     _Kind("hang", "accept requests and emit nothing", takes_down=True),
     _Kind("device_failure", "in-flight requests fail; readiness and liveness answer 503", takes_down=True),
     _Kind("kv_pressure", "hold back a fraction of the KV cache blocks", (_FRACTION,)),
     _Kind("crash", "the replica exits at once; the fleet restarts it (revert is a no-op)", takes_down=True),
 )}
 
-_MATCHED_FIELDS = ("duration_s", "seconds", "probability", "status_code", "fraction")
+_MATCHED_FIELDS = ("duration_s", "seconds", "probability", "status_code", "fraction", "colour")
 AdminTokens = Callable[[str], str | None]  # replica_id -> admin token
 
 

@@ -28,7 +28,7 @@ def test_default_catalogue_lists_process_and_replica_kinds() -> None:
     assert infos["link-delay"].unavailable_reason == "no gateway in this process to apply link toxics"
     assert all("not on a cluster" in str(infos[k].unavailable_reason) for k in CLUSTER_KINDS)
     assert infos["pause"].takes_down and not infos["token_latency"].takes_down
-    assert [p.name for p in infos["error_rate"].params] == ["probability", "status_code"]
+    assert [p.name for p in infos["error_rate"].params] == ["probability", "status_code", "colour"]
 
 
 def test_kind_whose_module_reports_itself_unavailable_is_listed_with_its_reason(

@@ -132,7 +132,7 @@ class ReplicaProcess:
             self._admin = self.client(token=self.admin_token)
         return self._admin
 
-    def add_fault(self, kind: str, duration_s: float, **params: float) -> dict[str, Any]:
+    def add_fault(self, kind: str, duration_s: float, **params: float | str) -> dict[str, Any]:
         response = self.admin.put("/admin/faults", json={"kind": kind, "duration_s": duration_s, **params})
         assert response.status_code == 201, response.text
         body: dict[str, Any] = response.json()

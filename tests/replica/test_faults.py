@@ -39,11 +39,12 @@ def _timed_completion(replica: ReplicaProcess, max_tokens: int = 8) -> float:
     return time.monotonic() - started
 
 
-def _time_to_first_token(replica: ReplicaProcess) -> tuple[float, float]:
+def _time_to_first_token(replica: ReplicaProcess,
+                         headers: dict[str, str] | None = None) -> tuple[float, float]:
     """(seconds to the first streamed token, seconds from it to the last) of an 8-token stream."""
     started = time.monotonic()
     arrivals = []
-    with replica.http.stream("POST", "/v1/completions",
+    with replica.http.stream("POST", "/v1/completions", headers=headers,
                              json=completion(max_tokens=8, ignore_eos=True, stream=True)) as response:
         assert response.status_code == 200
         for event in sse_events(response):
@@ -159,6 +160,41 @@ def test_error_rate_fails_requests_with_openai_shaped_503_until_it_expires(repli
     assert raised.value.status_code == 503
     assert raised.value.code == "injected_fault"
     assert recovered.usage is not None and recovered.usage.completion_tokens == 2
+
+
+# ---- coloured faults: only the slice of traffic that carries the colour ----------------------------
+RED = {"x-llmsre-colour": "red"}
+RED_BAGGAGE = {"baggage": "userid=7, llmsre.colour=red;prop=1"}
+
+
+def test_coloured_error_rate_refuses_only_requests_of_its_colour(replica: ReplicaProcess) -> None:
+    fault = replica.add_fault("error_rate", 30, probability=1.0, colour="red")
+    coloured = [replica.http.post("/v1/completions", json=completion(), headers=headers)
+                for headers in (RED, RED_BAGGAGE)]
+    other = [replica.http.post("/v1/completions", json=completion(), headers=headers)
+             for headers in ({}, {"x-llmsre-colour": "blue"}, {"baggage": "llmsre.colour=blue"})]
+
+    assert fault["colour"] == "red"
+    assert [openai_error(r, 500)["code"] for r in coloured] == ["injected_fault"] * 2
+    assert [r.status_code for r in other] == [200, 200, 200]
+
+
+def test_coloured_token_latency_slows_only_its_colours_streams(replica: ReplicaProcess) -> None:
+    replica.add_fault("token_latency", 30, seconds=0.1, colour="red")
+
+    started = time.monotonic()
+    plain = replica.http.post("/v1/completions", json=completion(max_tokens=8, ignore_eos=True))
+    plain_s = time.monotonic() - started
+    started = time.monotonic()
+    red = replica.http.post("/v1/completions", json=completion(max_tokens=8, ignore_eos=True), headers=RED)
+    red_s = time.monotonic() - started
+    ttft, decode = _time_to_first_token(replica, headers=RED)
+
+    assert plain.status_code == red.status_code == 200
+    assert red_s >= plain_s + 0.7  # 8 tokens, 0.1 s each, on the red request only
+    assert plain_s < 0.7
+    assert decode >= 0.65  # 7 gaps between the red stream's 8 tokens
+    assert ttft >= 0.1
 
 
 def test_kv_pressure_holds_back_its_fraction_of_the_cache_until_it_expires(replica: ReplicaProcess) -> None:
