@@ -12,6 +12,8 @@ token the control plane derives from its secret and hands over in the environmen
   (:mod:`controlplane.gateway.toxics`), named by the control plane, each with an optional lifetime after
   which the gateway removes it by itself.
 - ``PUT /admin/admission``: rate limits and the in-flight limit, changed at run time.
+- ``GET /admin/slices?since=T``: each traffic slice's outcomes finished since ``T`` (wall clock), for the
+  control plane's canary and slice-experiment analysis (:mod:`controlplane.gateway.slices`).
 """
 
 from __future__ import annotations
@@ -114,6 +116,11 @@ def create_admin_app(gateway: Gateway, *, name: str, admin_token: str,
         cfg = gateway.config
         return {"rate_limit_rps": cfg.rate_limit_rps, "rate_limit_tokens_per_s": cfg.rate_limit_tokens_per_s,
                 "max_inflight_per_replica": cfg.max_inflight_per_replica}
+
+    @router.get("/slices")
+    async def slices(since: float = 0.0) -> dict[str, Any]:
+        return {"gateway": name, "plan": gateway.slice_plan().to_json(),
+                "outcomes": gateway.ledger.samples.to_json(since)}
 
     app.include_router(router)
     return app

@@ -24,12 +24,13 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from controlplane.gateway.slices import SlicePlan
 from controlplane.replicas import ReplicaEndpoint, ReplicaLoad
 
 logger = logging.getLogger(__name__)
@@ -44,12 +45,13 @@ REQUEST_SLACK_S = 5.0  # a long poll's HTTP timeout: wait_s plus this
 
 @dataclass(slots=True, frozen=True)
 class Snapshot:
-    """One answer of the control plane (or the file): the replica set and its version."""
+    """One answer of the control plane (or the file): the replica set, the traffic slices, their version."""
 
     epoch: str
     version: int
     endpoints: tuple[ReplicaEndpoint, ...]
     loads: tuple[ReplicaLoad, ...] = ()
+    slices: SlicePlan = field(default_factory=SlicePlan)  # version split and colours (gateway.slices)
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any], *, observed_at: float) -> Snapshot:
@@ -57,11 +59,12 @@ class Snapshot:
         return cls(epoch=str(raw["epoch"]), version=int(raw["version"]),
                    endpoints=tuple(ReplicaEndpoint.from_json(e) for e in raw["endpoints"]),
                    loads=tuple(ReplicaLoad.from_json(x, observed_at=observed_at)
-                               for x in raw.get("loads", ())))
+                               for x in raw.get("loads", ())),
+                   slices=SlicePlan.from_json(raw.get("slices")))
 
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "version": self.version,
-                "endpoints": [e.to_json() for e in self.endpoints]}
+                "endpoints": [e.to_json() for e in self.endpoints], "slices": self.slices.to_json()}
 
 
 class Discovery:
@@ -89,6 +92,9 @@ class Discovery:
     def endpoints(self) -> list[ReplicaEndpoint]:
         return list(self.snapshot.endpoints)
 
+    def slices(self) -> SlicePlan:
+        return self.snapshot.slices
+
     def load(self, replica_id: str) -> ReplicaLoad | None:
         load = self._loads.get(replica_id)
         if load is None or self.clock() - load.observed_at > self.load_ttl_s:
@@ -98,7 +104,8 @@ class Discovery:
     def status(self) -> dict[str, Any]:
         since = None if self.last_contact is None else round(self.clock() - self.last_contact, 3)
         return {"source": self.source, "epoch": self.snapshot.epoch, "version": self.snapshot.version,
-                "replicas": len(self.snapshot.endpoints), "control_plane": self.control_plane,
+                "replicas": len(self.snapshot.endpoints), "slices": self.snapshot.slices.to_json(),
+                "control_plane": self.control_plane,
                 "control_plane_reachable": bool(self.reachable), "seconds_since_contact": since}
 
     # ---- the file ----

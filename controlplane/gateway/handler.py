@@ -42,20 +42,20 @@ from controlplane.gateway.catalog import served_models
 from controlplane.gateway.config import GatewayConfig
 from controlplane.gateway.errors import GatewayError, UpstreamError
 from controlplane.gateway.health_checks import ActiveChecks
+from controlplane.gateway.ledger import Ledger
 from controlplane.gateway.liveness import Liveness
 from controlplane.gateway.metrics import GatewayMetrics
 from controlplane.gateway.request import (
     PRIORITIES,
     Job,
     bearer,
-    job_trace,
     key_id,
     read_body,
     request_priority,
-    stage_seconds,
     tried_header,
 )
 from controlplane.gateway.routing import Candidate, Router, routable
+from controlplane.gateway.slices import STABLE, SlicePlan, assign, conversation_key, endpoints_for
 from controlplane.gateway.toxics import LinkToxics
 from controlplane.gateway.tracing import CLIENT_DISCONNECTED, GatewayTracing
 from controlplane.gateway.upstream import DONE_EVENT, EventStreamResponse, Upstream, open_stream, sse_event
@@ -88,12 +88,14 @@ class Gateway:
                  on_trace: Callable[[TraceRecord], None] = lambda _: None,
                  on_event: EventSink = lambda kind, replica_id, detail: None,
                  clock: Clock = time.monotonic, transport: httpx.AsyncBaseTransport | None = None,
-                 router: Router | None = None) -> None:
+                 router: Router | None = None, slices: Callable[[], SlicePlan] = SlicePlan) -> None:
         self.config = config
-        self._endpoints, self._load, self._on_trace, self._on_event = endpoints, load, on_trace, on_event
+        self._endpoints, self._load, self._on_event = endpoints, load, on_event
+        self._slices = slices  # traffic slices: the version split and the colours (slices.py)
         self.clock = clock
         self.router = router or Router(config.routing)
         self.metrics = GatewayMetrics()
+        self.ledger = Ledger(self.metrics, on_trace, clock)  # what each finished request leaves behind
         self.limiter = RateLimiter(requests_per_s=config.rate_limit_rps,
                                    tokens_per_s=config.rate_limit_tokens_per_s, clock=clock)
         self.budget = RetryBudget(config.retry_budget_ratio, clock=clock)
@@ -151,6 +153,9 @@ class Gateway:
         self.limiter = RateLimiter(requests_per_s=cfg.rate_limit_rps,
                                    tokens_per_s=cfg.rate_limit_tokens_per_s, clock=self.clock)
 
+    def slice_plan(self) -> SlicePlan:
+        return self._slices()
+
     def ejected(self) -> set[str]:
         """The replicas ejected now."""
         return set(self.outliers.ejected)
@@ -168,6 +173,9 @@ class Gateway:
             job.priority = request_priority(request)
             job.params = RequestParams.parse(kind, await read_body(request, self.config.max_body_bytes))
             job.assembly = StreamAssembly(job.params)
+            if not (plan := self._slices()).is_empty:
+                job.assignment = assign(plan, conversation_key(request.headers, job.params.block_hashes,
+                                                               job.request_id))
             if self.tracing is not None:
                 job.spans = self.tracing.begin(request.headers, job)
             self._admit(job)
@@ -175,7 +183,7 @@ class Gateway:
             body = job.params.upstream_body(PRIORITIES[job.priority])
             job.upstream = await self._open(job, job.params.path, body, budgeted=True)
         except GatewayError as exc:
-            self._finish(job, exc.status, str(exc))
+            self.ledger.finish(job, exc.status, str(exc))
             return exc.response()
         job.replica = job.upstream.endpoint
         if job.params.stream:
@@ -195,7 +203,7 @@ class Gateway:
     def _admit(self, job: Job) -> None:
         """Before any byte goes upstream: a routable replica, room for the priority class, rate limits."""
         assert job.params is not None
-        pool = routable(self._candidates())
+        pool = routable(self._candidates(job.assignment.version))
         if not pool:
             self.metrics.rejected.labels("no_replica").inc()
             raise GatewayError(503, "no routable replica (none ready, or all ejected)",
@@ -213,10 +221,11 @@ class Gateway:
             raise GatewayError(429, "rate limit exceeded for this API key", type_="rate_limit_error",
                                code="rate_limit_exceeded", headers={"Retry-After": str(math.ceil(wait))})
 
-    def _candidates(self) -> list[Candidate]:
+    def _candidates(self, version: str = STABLE) -> list[Candidate]:
         ejected = self.outliers.ejected
         return [Candidate(e, self._load(e.replica_id), self._inflight.get(e.replica_id, 0),
-                          e.replica_id in ejected) for e in self._endpoints()]
+                          e.replica_id in ejected)
+                for e in endpoints_for(version, self._endpoints(), self._slices())]
 
     # ---- upstream attempts ----
     async def _open(self, job: Job, path: str, body: dict[str, Any], *, budgeted: bool) -> Upstream:
@@ -224,7 +233,7 @@ class Gateway:
         assert job.params is not None
         last: UpstreamError | None = None
         for _ in range(self.config.max_retries + 1):
-            candidates = self._candidates()
+            candidates = self._candidates(job.assignment.version)
             avoid = job.failed
             suspects = self.liveness.suspects
             if suspects and routable(candidates, exclude=job.failed | suspects):
@@ -242,7 +251,8 @@ class Gateway:
             logger.debug("[%s] request %s -> %s (%s)", endpoint.replica_id, job.request_id,
                          decision.replica_id, decision.scores)
             try:
-                upstream = await self._attempt(endpoint, path, body, job.spans.attempt(endpoint, path))
+                headers = {**(job.spans.attempt(endpoint, path) or {}), **job.assignment.upstream_headers()}
+                upstream = await self._attempt(endpoint, path, body, headers or None)
             except UpstreamError as exc:
                 job.spans.failed(exc)
                 job.failed.add(endpoint.replica_id)
@@ -402,7 +412,7 @@ class Gateway:
             await stream.aclose()
             if job.upstream is not None:
                 await job.upstream.aclose()
-            self._finish(job, 200, CLIENT_DISCONNECTED)
+            self.ledger.finish(job, 200, CLIENT_DISCONNECTED)
 
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                    REPLICA_HEADER: job.upstream.replica_id, **tried_header(job)}
@@ -425,7 +435,7 @@ class Gateway:
             logger.exception("request %s: gateway error mid-stream", job.request_id)
             yield sse_event(error_body(error, type_="server_error", code="gateway_error"))
         finally:
-            self._finish(job, 200, error)
+            self.ledger.finish(job, 200, error)
 
     async def _collected_response(self, job: Job) -> Response:
         assert job.assembly is not None
@@ -434,42 +444,14 @@ class Gateway:
                 async for _ in chunks:
                     pass
         except GatewayError as exc:
-            self._finish(job, exc.status, str(exc))
+            self.ledger.finish(job, exc.status, str(exc))
             return exc.response()
         finally:
             if job.upstream is not None:
                 await job.upstream.aclose()
-        self._finish(job, 200, None)
+        self.ledger.finish(job, 200, None)
         rid = job.replica.replica_id if job.replica else ""
         return JSONResponse(job.assembly.full_response(), headers={REPLICA_HEADER: rid, **tried_header(job)})
-
-    # ---- traces ----
-    def _finish(self, job: Job, status: int, error: str | None) -> None:
-        """Metrics and the trace of one request; once per request."""
-        if job.done:
-            return
-        job.done = True
-        e2e = max(self.clock() - job.started, 0.0)
-        assembly = job.assembly
-        if assembly is not None and status == 200 and not assembly.is_finished and error is None:
-            error = CLIENT_DISCONNECTED
-        stages = stage_seconds(assembly.timings if assembly else None)
-        gateway_s = max(e2e - sum(v for v in stages.values() if v is not None), 0.0)
-        ttft = None if job.first_token_at is None else job.first_token_at - job.started
-        replica = job.replica if status == 200 else None
-        self.metrics.requests.labels(job.endpoint, str(status), replica.replica_id if replica else "").inc()
-        if status == 200:
-            self.metrics.e2e.observe(e2e)
-            self.metrics.overhead.observe(gateway_s)
-            if ttft is not None and job.params is not None and job.params.stream:
-                self.metrics.ttft.observe(ttft)
-        trace = job_trace(job, status=status, error=error, e2e=e2e, gateway_s=gateway_s, ttft=ttft,
-                          stages=stages, replica=replica)
-        job.spans.finish(trace)
-        try:
-            self._on_trace(trace)
-        except Exception:
-            logger.exception("on_trace failed for request %s", trace.request_id)
 
     # ---- other endpoints ----
     async def models(self, request: Request) -> Response:

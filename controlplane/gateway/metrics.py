@@ -41,6 +41,9 @@ class GatewayMetrics:
                                  ["replica"], registry=r)
         self.readmissions = Counter(f"{PREFIX}readmissions", "Ejected replicas re-admitted by the probe",
                                     ["replica"], registry=r)
+        self.slice_requests = Counter(f"{PREFIX}slice_requests", "Requests answered by traffic slice "
+                                      "(version:<name>, colour:<name>) and outcome (ok, failed)",
+                                      ["slice", "outcome"], registry=r)
         self.rejected = Counter(f"{PREFIX}rejected", "Requests refused before routing, by reason",
                                 ["reason"], registry=r)
         self.inflight = Gauge(f"{PREFIX}inflight_requests", "Upstream requests in flight, by replica",

@@ -135,7 +135,7 @@ def build(args: argparse.Namespace, *, environ: dict[str, str] | None = None) ->
     reports = Reports(gateway=args.name, control_plane=args.control_plane, token=token,
                       sampler=TraceSampler(config.trace_sample_rate))
     gateway = Gateway(config, endpoints=discovery.endpoints, load=discovery.load, on_trace=reports.trace,
-                      on_event=reports.event)
+                      on_event=reports.event, slices=discovery.slices)
     return GatewayProcess(args.name, config, gateway, discovery, reports, env.get(ADMIN_TOKEN_ENV) or "")
 
 

@@ -13,6 +13,7 @@ from fastapi import Request
 
 from controlplane.gateway.assembly import RequestParams, StreamAssembly
 from controlplane.gateway.errors import bad_request, too_large
+from controlplane.gateway.slices import Assignment
 from controlplane.gateway.tracing import NO_SPANS, RequestSpans
 from controlplane.gateway.upstream import Upstream
 from controlplane.replicas import ReplicaEndpoint
@@ -44,6 +45,7 @@ class Job:
     first_token_at: float | None = None
     done: bool = False  # its trace was emitted
     spans: RequestSpans = NO_SPANS  # its OpenTelemetry spans (controlplane.gateway.tracing)
+    assignment: Assignment = field(default_factory=Assignment)  # its model version and colour (slices)
 
     @property
     def endpoint(self) -> str:

@@ -28,9 +28,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from controlplane.replicas import ReplicaEndpoint
+from controlplane.traces import TraceRecord
 from inference.faults import BAGGAGE_COLOUR_KEY, COLOUR_HEADER, COLOUR_PATTERN
 
 SESSION_HEADER = "x-session-id"
+VERSION_LABEL = "version"  # the replica label that puts a replica in a version's pool
 STABLE = ""  # the version of every request outside the split's shares
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9.-]{0,31}$")
 SAMPLES_PER_SLICE = 20_000
@@ -140,6 +143,26 @@ def assign(plan: SlicePlan, key: str) -> Assignment:
     return Assignment(version, _pick(plan.colours, position(key, "colour")))
 
 
+def version_of(endpoint: ReplicaEndpoint) -> str:
+    return dict(endpoint.labels).get(VERSION_LABEL, STABLE)
+
+
+def endpoints_for(version: str, endpoints: Sequence[ReplicaEndpoint], plan: SlicePlan,
+                  ) -> list[ReplicaEndpoint]:
+    """The pool of a request assigned to ``version``: the replicas labelled with it, while one is ready;
+    otherwise (and for the stable version) every replica of no version in the split, so a canary that
+    is not serving yet, or any more, sends its share back to the stable fleet."""
+    if plan.is_empty:
+        return list(endpoints)
+    if version != STABLE:
+        mine = [e for e in endpoints if version_of(e) == version]
+        if any(e.state.is_routable for e in mine):
+            return mine
+    split = {s.name for s in plan.split}
+    rest = [e for e in endpoints if version_of(e) not in split]
+    return rest or list(endpoints)
+
+
 # ---- what each slice saw ---------------------------------------------------------------------
 @dataclass(slots=True, frozen=True)
 class Outcome:
@@ -150,6 +173,14 @@ class Outcome:
 
     def to_json(self) -> list[Any]:
         return [round(self.at, 3), self.ok, self.ttft_s, self.tpot_s]
+
+    @classmethod
+    def of(cls, trace: TraceRecord) -> Outcome:
+        ok = trace.status == 200 and trace.error is None
+        tpot = None
+        if ok and trace.ttft_s is not None and trace.output_tokens > 1:
+            tpot = (trace.e2e_s - trace.ttft_s) / (trace.output_tokens - 1)
+        return cls(trace.started_at + trace.e2e_s, ok, trace.ttft_s if ok else None, tpot)
 
     @classmethod
     def from_json(cls, raw: Sequence[Any]) -> Outcome:

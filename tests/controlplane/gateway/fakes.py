@@ -88,10 +88,13 @@ class FakeReplica:
     behaviour: Behaviour = field(default_factory=Behaviour)
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     state: ReplicaState = ReplicaState.READY
+    labels: tuple[tuple[str, str], ...] = ()
+    headers: list[dict[str, str]] = field(default_factory=list)  # of each generation request
 
     @property
     def endpoint(self) -> ReplicaEndpoint:
-        return ReplicaEndpoint(self.replica_id, "az-a", "127.0.0.1", self.port, self.state, MODEL)
+        return ReplicaEndpoint(self.replica_id, "az-a", "127.0.0.1", self.port, self.state, MODEL,
+                               labels=self.labels)
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -105,6 +108,7 @@ class FakeReplica:
             return httpx.Response(200, json={"object": "list", "data": [{"id": MODEL, "object": "model"}]})
         body = json.loads(request.content)
         self.requests.append((path, body))
+        self.headers.append(dict(request.headers))
         if self.behaviour.refuse_status is not None:
             status = self.behaviour.refuse_status
             return httpx.Response(status, headers={"Retry-After": "1"}, json={"error": {

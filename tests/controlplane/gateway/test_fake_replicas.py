@@ -20,6 +20,7 @@ from controlplane.gateway.assembly import RequestParams, StreamAssembly
 from controlplane.gateway.config import GatewayConfig
 from controlplane.gateway.handler import Gateway
 from controlplane.gateway.server import create_gateway_app
+from controlplane.gateway.slices import SlicePlan
 from controlplane.replicas import ReplicaState
 from controlplane.traces import TraceRecord
 from inference.logprobs import LogprobEntry, read_chat_logprobs, read_completion_logprobs
@@ -51,7 +52,7 @@ class FakeClock:
 class Harness:
     """A gateway over a fake fleet, called in-process through ASGI."""
 
-    def __init__(self, fleet: FakeFleet, **config: Any) -> None:
+    def __init__(self, fleet: FakeFleet, slices: Callable[[], SlicePlan] = SlicePlan, **config: Any) -> None:
         self.fleet = fleet
         self.traces: list[TraceRecord] = []
         self.events: list[tuple[str, str, str]] = []
@@ -59,7 +60,7 @@ class Harness:
         self.config = GatewayConfig(**{"stall_timeout_s": 0.2, "first_byte_timeout_s": 0.5, **config})
         self.gateway = Gateway(self.config, endpoints=fleet.endpoints, on_trace=self.traces.append,
                                on_event=lambda *event: self.events.append(event), clock=self.clock,
-                               transport=fleet.transport)
+                               transport=fleet.transport, slices=slices)
         transport = httpx.ASGITransport(app=create_gateway_app(self.gateway))
         self.client = httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=10)
 

@@ -3,10 +3,13 @@ stays on one version, colours cut across versions, and each slice keeps what it 
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from controlplane.gateway.slices import (
     STABLE,
+    VERSION_LABEL,
     Assignment,
     Outcome,
     Share,
@@ -99,3 +102,67 @@ def test_samples_are_kept_per_slice_bounded_and_read_since_a_time() -> None:
     assert len(samples.since(0.0)["version:v2"]) == 3  # bounded
     raw = samples.to_json(4.0)
     assert [Outcome.from_json(r) for r in raw["version:v2"]] == [Outcome(4.0, True, 0.4, 0.01)]
+
+
+# ---- through the gateway, against in-process fake replicas ------------------------------------
+def test_the_gateway_sends_each_version_its_share_and_colours_its_slices() -> None:
+    """1,000 requests: the canary version (one replica of three) gets its 20%, not a third; the chaos and
+    control colours 10% each, on both versions; every request is recorded in its slices."""
+    from .fakes import MODEL, FakeFleet
+    from .test_fake_replicas import Harness
+
+    fleet = FakeFleet()
+    fleet["r2"].labels = ((VERSION_LABEL, "v2"),)
+    plan = SlicePlan(split=(Share("v2", 0.2),), colours=(Share("chaos", 0.1), Share("control", 0.1)))
+    n = 1_000
+
+    async def main() -> None:
+        harness = Harness(fleet, slices=lambda: plan)
+        try:
+            for i in range(n):
+                body = {"model": MODEL, "prompt": f"q{i}", "max_tokens": 2, "temperature": 0.0}
+                response = await harness.post("/v1/completions", body)
+                assert response.status_code == 200, response.text
+            samples = harness.gateway.ledger.samples.since(0.0)
+        finally:
+            await harness.close()
+        canary = len(fleet["r2"].requests) / n
+        headers = [h for r in fleet.replicas.values() for h in r.headers]
+        chaos = sum(h.get("x-llmsre-colour") == "chaos" for h in headers) / n
+        control = sum(h.get("x-llmsre-colour") == "control" for h in headers) / n
+        print(f"split over {n} requests: canary {canary:.1%} (target 20%), chaos {chaos:.1%}, "
+              f"control {control:.1%} (targets 10%)")
+        assert abs(canary - 0.2) < 0.04  # binomial sd at n=1,000: 1.3 points
+        assert abs(chaos - 0.1) < 0.03 and abs(control - 0.1) < 0.03
+        assert all(h.get("baggage") == f"llmsre.colour={h['x-llmsre-colour']}" for h in headers
+                   if "x-llmsre-colour" in h)
+        assert len(samples["version:v2"]) == len(fleet["r2"].requests)
+        assert len(samples["version:stable"]) == n - len(fleet["r2"].requests)
+        assert all(o.ok and o.ttft_s is not None for o in samples["colour:chaos"])
+
+    asyncio.run(main())
+
+
+def test_a_canary_without_a_ready_replica_sends_its_share_to_the_stable_fleet() -> None:
+    from controlplane.replicas import ReplicaState
+
+    from .fakes import MODEL, FakeFleet
+    from .test_fake_replicas import Harness
+
+    fleet = FakeFleet()
+    fleet["r2"].labels = ((VERSION_LABEL, "v2"),)
+    fleet["r2"].state = ReplicaState.STARTING
+    plan = SlicePlan(split=(Share("v2", 0.5),))
+
+    async def main() -> None:
+        harness = Harness(fleet, slices=lambda: plan)
+        try:
+            for i in range(40):
+                body = {"model": MODEL, "prompt": f"q{i}", "max_tokens": 2, "temperature": 0.0}
+                assert (await harness.post("/v1/completions", body)).status_code == 200
+        finally:
+            await harness.close()
+        assert fleet["r2"].requests == []
+        assert len(fleet["r0"].requests) + len(fleet["r1"].requests) == 40
+
+    asyncio.run(main())
