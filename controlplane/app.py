@@ -20,6 +20,7 @@ import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import uvicorn
@@ -50,6 +51,7 @@ from controlplane.fleet.backends.select import replica_backend
 from controlplane.fleet.cluster import fleet_cluster
 from controlplane.fleet.feed import EndpointsFeed
 from controlplane.fleet.gateways import GatewaySupervisor
+from controlplane.fleet.models import ensure_bundled_model
 from controlplane.fleet.reconcile import Fleet
 from controlplane.fleet.registry import load_or_create_secret
 from controlplane.gateway.process import listening_socket
@@ -102,7 +104,10 @@ def build(config: Config) -> ControlPlane:
     backend = replica_backend(config.fleet, state)  # joins the Ray cluster when [fleet] backend = "ray"
     fleet = Fleet(config.fleet, backend, store, secret=fleet_secret,
                   reserved_ports=config.listener_ports | {g.admin_port for g in gateways.gateways.values()},
-                  tracing=config.gateway.tracing())
+                  tracing=config.gateway.tracing(),
+                  # local replicas share this state folder: a bundled model is built once, before they start
+                  prepare_model=partial(ensure_bundled_model, state_dir=state)
+                  if config.fleet.backend == "local" else None)
     prometheus = _prometheus(config, rule_switches(store), gateways.admin_addresses, tokens)
     telemetry = select_source(config.telemetry, prometheus.url if prometheus else None, fleet.endpoints)
     fleet.error_rate = replica_error_rate(telemetry)

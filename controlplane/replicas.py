@@ -34,7 +34,7 @@ class ReplicaEndpoint:
     host: str
     port: int
     state: ReplicaState
-    model: str  # the model folder or "default"
+    model: str  # the model folder or a bundled model's name ("default", "default-moe")
     pid: int | None = None
     generation: int = 0  # rollout generation (model version) it belongs to
     labels: tuple[tuple[str, str], ...] = ()

@@ -265,7 +265,8 @@ def parser() -> argparse.ArgumentParser:
         elif name == "restart":
             cmd.add_argument("replica")
         elif name == "rollout":
-            cmd.add_argument("--model", required=True, help="a Hugging Face model folder, or 'default'")
+            cmd.add_argument("--model", required=True,
+                             help="a Hugging Face model folder, or a bundled model: 'default', 'default-moe'")
         elif name == "events":
             cmd.add_argument("--kind", default=None, help="prefix such as replica. or rollout.")
             cmd.add_argument("--limit", type=int, default=200)

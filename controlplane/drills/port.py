@@ -15,11 +15,11 @@ from typing import Any
 
 from chaos.drills import FaultNotInjected, FleetSample, Timings
 from chaos.targets import Target
+from controlplane.fleet.models import ensure_bundled_model, is_bundled
 from controlplane.fleet.reconcile import Fleet
 from controlplane.gateway.config import GatewayConfig
 from controlplane.replicas import ReplicaState
 from controlplane.store.database import Store
-from inference.models.default import ensure_default_model
 
 MARKS = "drill_marks"
 START_TIME_EVENTS = 50  # the latest replica.ready events that give the measured start time
@@ -96,18 +96,24 @@ class FleetDrillPort:
         return round(statistics.median(seconds), 3) if seconds else None
 
     def start_rollout(self) -> str:
-        """Roll out the same weights under a new folder named ``default`` (so clients' model name and the
-        greedy tokens stay the same); alternates between two such folders."""
+        """Roll out the same weights under a new folder named as the bundled model the fleet serves
+        (``default``, ``default-moe``; ``default`` for a fleet serving a model folder), so that clients'
+        model name and the greedy tokens stay the same; alternates between two such folders."""
         base = self.state_path / "drills" / "rollout"
-        source = ensure_default_model(self.state_path)
+        served = self.fleet.model
+        name = Path(served).name if Path(served).parent.parent == base else served
+        if not is_bundled(name):
+            name = "default"
+        source = ensure_bundled_model(name, self.state_path)
+        assert source is not None  # a bundled model
         folders = []
-        for name in ("a", "b"):
-            link = base / name / "default"
+        for slot in ("a", "b"):
+            link = base / slot / name
             link.parent.mkdir(parents=True, exist_ok=True)
             if not link.exists():
                 link.symlink_to(source, target_is_directory=True)
             folders.append(str(link))
-        model = folders[1] if self.fleet.model == folders[0] else folders[0]
+        model = folders[1] if served == folders[0] else folders[0]
         self.fleet.start_rollout(model)
         return model
 

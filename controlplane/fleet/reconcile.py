@@ -87,7 +87,8 @@ class Fleet:
                  ready_probe: Callable[[ReplicaEndpoint], Any] | None = None,
                  error_rate: Callable[[str], float | None] = lambda _: None,
                  reserved_ports: frozenset[int] = frozenset(),
-                 tracing: TracingConfig | None = None) -> None:
+                 tracing: TracingConfig | None = None,
+                 prepare_model: Callable[[str], object] | None = None) -> None:
         self.config = config
         self.tracing = tracing or TracingConfig()  # trace export, passed to every replica it starts
         self.reserved_ports = reserved_ports  # the control plane's own listeners: never given to a replica
@@ -108,6 +109,9 @@ class Fleet:
         self._last_health_probe = float("-inf")
         self._listeners: list[Callable[[list[ReplicaEndpoint]], None]] = []
         self._nodes = Nodes(config, self._event)
+        # Builds a bundled model where the replicas will find it (None: the replicas do, as on Ray nodes).
+        self.prepare_model = prepare_model
+        self._prepared: set[str] = set()
 
     # ---- views ---------------------------------------------------------------------------------
     def endpoints(self) -> list[ReplicaEndpoint]:
@@ -160,6 +164,20 @@ class Fleet:
         self._persist_desired()
         return self.rollout
 
+    async def _prepare_models(self) -> None:
+        """Before the pass that starts replicas of the fleet's model (or of a rollout's), build it once here:
+        replicas started together would otherwise each wait on one build inside their start. A failed
+        build is logged and not retried here: each replica then tries itself, and logs why it cannot."""
+        if self.prepare_model is None:
+            return
+        for model in (self.model, *((self.rollout.model,) if self.rollout is not None else ())):
+            if model not in self._prepared:
+                self._prepared.add(model)
+                try:
+                    await asyncio.to_thread(self.prepare_model, model)
+                except Exception:
+                    logger.exception("could not build the model %s before starting its replicas", model)
+
     # ---- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
         self.adopt_or_clean()
@@ -193,6 +211,7 @@ class Fleet:
     async def _loop(self) -> None:
         while not self.stopping:
             try:
+                await self._prepare_models()
                 await self.reconcile()
             except Exception:  # a failed pass is logged and retried; the loop must not die
                 logger.exception("fleet reconcile pass failed")
