@@ -43,6 +43,7 @@ from controlplane.views import (
     Experiment,
     ExperimentStarted,
     ExperimentSummary,
+    ExpertLoad,
     FaultKind,
     FaultParam,
     FleetView,
@@ -58,6 +59,7 @@ from controlplane.views import (
     Proposal,
     Quantiles,
     ReplicaActivity,
+    ReplicaExpertLoad,
     ReplicaTail,
     ReplicaView,
     Revert,
@@ -243,6 +245,13 @@ class ControlPlaneClient(Connection):
             raise self._unexpected("/api/v1/metrics/replicas", UnexpectedAnswer("expected an object"))
         return {rid: self._decode(ReplicaActivity, load, f"replica {rid}") for rid, load in raw.items()}
 
+    def expert_load(self, *, scope: str = "fleet", window_s: float | None = None) -> ExpertLoad:
+        """Tokens/s and tokens per expert for each replica, with its imbalance; a dense model: no experts."""
+        params: dict[str, Any] = {"scope": scope}
+        if window_s is not None:
+            params["window_s"] = window_s
+        return self._one(ExpertLoad, "GET", "/api/v1/metrics/experts", params=params)
+
     # ---- alerts --------------------------------------------------------------------------------
     def active_alerts(self) -> list[ActiveAlert]:
         """Alerts (pending and firing); ApiError 404 when the control plane has no alerts API."""
@@ -417,11 +426,11 @@ __all__ = [
     "AutoscalerStatus", "Availability", "BlastRadius", "ComparedDrill", "ComparedFigure",
     "ControlPlaneClient", "Decision", "DecisionInputs", "DrillAbort", "DrillCheck", "DrillComparison",
     "DrillPlan", "DrillProgress", "DrillReport", "DrillSchedule", "DrillStarted", "DrillSummary", "Event",
-    "Experiment", "ExperimentStarted", "ExperimentSummary", "FaultKind", "FaultParam", "FleetView",
-    "GatewayView", "Halt", "HaltState", "Injection", "LatencyBreakdown", "Login", "MetricSummary",
-    "PlannedFault", "PolicyOutcome", "Proposal", "Quantiles", "ReplicaActivity", "ReplicaTail",
-    "ReplicaView", "Revert", "RolloutView", "RuleSwitch", "Scenario", "ScenarioFault", "ScheduleRun",
-    "ScheduleWindow", "Series", "SimSlo", "SimTimeline", "SimulationJob", "SimulationProgress",
-    "SimulationResult", "StageMeans", "Trace", "Unreachable", "Windows", "as_json", "schedule_aim_and_load",
-    "static_policy",
+    "Experiment", "ExperimentStarted", "ExperimentSummary", "ExpertLoad", "FaultKind", "FaultParam",
+    "FleetView", "GatewayView", "Halt", "HaltState", "Injection", "LatencyBreakdown", "Login",
+    "MetricSummary", "PlannedFault", "PolicyOutcome", "Proposal", "Quantiles", "ReplicaActivity",
+    "ReplicaExpertLoad", "ReplicaTail", "ReplicaView", "Revert", "RolloutView", "RuleSwitch", "Scenario",
+    "ScenarioFault", "ScheduleRun", "ScheduleWindow", "Series", "SimSlo", "SimTimeline", "SimulationJob",
+    "SimulationProgress", "SimulationResult", "StageMeans", "Trace", "Unreachable", "Windows", "as_json",
+    "schedule_aim_and_load", "static_policy",
 ]

@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from controlplane.client import (
     Decision,
     DrillReport,
+    ExpertLoad,
     LatencyBreakdown,
     Scenario,
     SimulationResult,
@@ -133,6 +134,38 @@ def replica_comparison(breakdown: LatencyBreakdown) -> go.Figure:
     fig.update_layout(barmode="stack")
     fig.update_yaxes(title_text="ms")
     return base_layout(fig, title)
+
+
+def expert_heatmap(load: ExpertLoad) -> go.Figure:
+    """Replicas (rows) x experts (columns), colored by tokens/s over the window; each row is labelled with
+    the replica's imbalance (busiest expert over the mean, worst layer, since start; "–" for a replica that
+    stopped reporting it), and the hover adds the tokens since start and the imbalance in the window. The
+    caller shows this only for a mixture-of-experts fleet."""
+    rows = sorted(load.replicas, key=lambda r: r.replica)
+    worst = max((r for r in rows if r.imbalance is not None), key=lambda r: r.imbalance or 0.0, default=None)
+    title = f"Expert load: tokens/s per expert (last {load.window_s:g} s)"
+    if worst is not None:
+        title += f" · worst imbalance {ratio(worst.imbalance)} on {worst.replica}"
+    if not rows:
+        return empty(title, "no replica reports expert load yet", height=320)
+    experts = [f"E{e}" for e in load.experts]
+    labels = [f"{r.replica} · imbalance {ratio(r.imbalance)}" for r in rows]
+    hover = [[[r.replica, number(total, 0), ratio(r.imbalance), ratio(r.recent_imbalance)]
+              for total in r.tokens_total] for r in rows]
+    fig = go.Figure(go.Heatmap(
+        z=[list(r.tokens_per_s) for r in rows], x=experts, y=labels, customdata=hover,
+        colorscale="Viridis", colorbar={"title": {"text": "tok/s"}}, hoverongaps=False,
+        hovertemplate=("replica %{customdata[0]} · expert %{x}<br>%{z:.2f} tokens/s · %{customdata[1]} "
+                       "tokens since start<br>imbalance %{customdata[2]} since start, %{customdata[3]} "
+                       "in the window<extra></extra>")))
+    fig.update_xaxes(title_text="expert", type="category")
+    fig.update_yaxes(type="category", autorange="reversed")  # the row labels say what they are
+    return base_layout(fig, title, height=max(260, 120 + 34 * len(rows)))
+
+
+def ratio(value: float | None) -> str:
+    """An imbalance: "1.42×"; "–" when unknown or before any token (0)."""
+    return "–" if not value else f"{value:.2f}×"
 
 
 def percent(q: float) -> str:

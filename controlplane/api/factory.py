@@ -27,6 +27,7 @@ from controlplane.api.autoscaler import autoscaler_router
 from controlplane.api.chaos import chaos_router
 from controlplane.api.drills import drills_router
 from controlplane.api.errors import install_error_handlers
+from controlplane.api.experts import experts_router
 from controlplane.api.gate import Gate
 from controlplane.api.gateways import Gateways, gateways_router
 from controlplane.api.process_metrics import process_metrics_router
@@ -58,7 +59,8 @@ class ScaleRequest(BaseModel):
 
 
 class RolloutRequest(BaseModel):
-    model: str = Field(min_length=1, description="'default' or a Hugging Face model folder")
+    model: str = Field(min_length=1, description="a bundled model ('default', 'default-moe') or a Hugging "
+                                                 "Face model folder")
 
 
 class TokenRequest(BaseModel):
@@ -241,6 +243,7 @@ def create_api(services: Services) -> FastAPI:
             raise Unavailable("telemetry is not running")
         return services.telemetry
 
+    app.include_router(experts_router(_telemetry))  # GET /api/v1/metrics/experts (viewer)
     document(app)
     return app
 

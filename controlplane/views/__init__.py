@@ -61,10 +61,12 @@ from controlplane.views.drills import (
 from controlplane.views.fleet import FleetView, GatewayView, NodeView, ReplicaView, RolloutView
 from controlplane.views.observability import (
     Event,
+    ExpertLoad,
     LatencyBreakdown,
     MetricSummary,
     Quantiles,
     ReplicaActivity,
+    ReplicaExpertLoad,
     ReplicaTail,
     Series,
     StageMeans,
@@ -82,14 +84,14 @@ from controlplane.views.simulations import (
 
 __all__ = [
     "ActiveAlert", "ActiveFault", "ActiveWindow", "Aim", "AlertAction", "AlertRule", "AlertTransition",
-    "AuditEntry", "AutoscalerPolicy", "AutoscalerStatus", "BlastRadius", "ComparedDrill",
-    "ComparedFigure", "Decision", "DecisionInputs", "DrillAbort", "DrillCheck", "DrillComparison",
-    "DrillPlan", "DrillProgress", "DrillReport", "DrillSchedule", "DrillStarted", "DrillSummary", "Event",
-    "Experiment", "ExperimentStarted", "ExperimentSummary", "FaultKind", "FaultParam", "FleetView",
-    "GatewayView", "Halt", "HaltState", "Injection", "LatencyBreakdown", "Login", "MetricSummary",
-    "NodeView", "PlannedFault", "PolicyOutcome", "Proposal", "Quantiles", "ReplicaActivity",
+    "AuditEntry", "AutoscalerPolicy", "AutoscalerStatus", "BlastRadius", "ComparedDrill", "ComparedFigure",
+    "Decision", "DecisionInputs", "DrillAbort", "DrillCheck", "DrillComparison", "DrillPlan", "DrillProgress",
+    "DrillReport", "DrillSchedule", "DrillStarted", "DrillSummary", "Event", "Experiment",
+    "ExperimentStarted", "ExperimentSummary", "ExpertLoad", "FaultKind", "FaultParam", "FleetView",
+    "GatewayView", "Halt", "HaltState", "Injection", "LatencyBreakdown", "Login", "MetricSummary", "NodeView",
+    "PlannedFault", "PolicyOutcome", "Proposal", "Quantiles", "ReplicaActivity", "ReplicaExpertLoad",
     "ReplicaTail", "ReplicaView", "Revert", "RolloutView", "RuleSwitch", "Scenario", "ScenarioFault",
-    "ScheduleRun", "ScheduleWindow", "Series", "SimSlo", "SimTimeline", "SimulationJob",
-    "SimulationProgress", "SimulationResult", "StageMeans", "Trace", "UnexpectedAnswer", "Windows",
-    "as_json", "decode", "decode_list", "schedule_aim_and_load",
+    "ScheduleRun", "ScheduleWindow", "Series", "SimSlo", "SimTimeline", "SimulationJob", "SimulationProgress",
+    "SimulationResult", "StageMeans", "Trace", "UnexpectedAnswer", "Windows", "as_json", "decode",
+    "decode_list", "schedule_aim_and_load",
 ]

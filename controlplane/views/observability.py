@@ -1,6 +1,7 @@
 """What the fleet did and how it served: events, the golden signals, traces, chart series and where the
-time of slow requests went (``/api/v1/events``, ``/api/v1/metrics/*``, ``/api/v1/traces/slow``,
-``/api/v1/latency/breakdown``). Part of :mod:`controlplane.views`."""
+time of slow requests went, the expert load of a mixture-of-experts fleet (``/api/v1/events``,
+``/api/v1/metrics/*``, ``/api/v1/traces/slow``, ``/api/v1/latency/breakdown``). Part of
+:mod:`controlplane.views`."""
 
 from __future__ import annotations
 
@@ -94,6 +95,31 @@ class ReplicaActivity:
     kv_usage: float | None
     qps: float | None
     tokens_per_s: float | None
+
+
+@dataclass(slots=True, frozen=True)
+class ReplicaExpertLoad:
+    """One replica's tokens per expert; the tuples follow :attr:`ExpertLoad.experts` (None: no data)."""
+
+    replica: str
+    tokens_per_s: tuple[float | None, ...]  # over the window
+    tokens_total: tuple[float | None, ...]  # since the replica started
+    imbalance: float | None  # busiest expert over the mean, worst layer, since start (1 is even)
+    recent_imbalance: float | None = None  # the same ratio of tokens/s in the window, all layers together
+
+
+@dataclass(slots=True, frozen=True)
+class ExpertLoad:
+    """Tokens routed to each expert, per replica (``/api/v1/metrics/experts``); no experts: a dense model."""
+
+    scope: str
+    window_s: float
+    experts: tuple[str, ...]
+    replicas: tuple[ReplicaExpertLoad, ...]
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.experts)
 
 
 @dataclass(slots=True, frozen=True)

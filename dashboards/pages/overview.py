@@ -1,4 +1,5 @@
-"""Overview: replicas by zone with their state and what each is doing; the fleet's golden signals."""
+"""Overview: replicas by zone with their state and what each is doing; the fleet's golden signals; for a
+mixture-of-experts model, the expert load (tokens/s per replica and expert, and each replica's imbalance)."""
 
 from __future__ import annotations
 
@@ -11,18 +12,21 @@ from controlplane.client import (
     ActiveFault,
     ApiError,
     ControlPlaneClient,
+    ExpertLoad,
     FleetView,
     MetricSummary,
     Quantiles,
     ReplicaActivity,
 )
 from dashboards import figures, session
-from dashboards.figures import STATE_COLORS, empty, ms, number, share, time_series
+from dashboards.figures import STATE_COLORS, empty, expert_heatmap, ms, number, share, time_series
 from dashboards.shell import REFRESH
 
 CHART_MINUTES = 10.0
 E2E = "vllm:e2e_request_latency_seconds"
 TTFT = "vllm:time_to_first_token_seconds"
+DENSE_NOTE = ("No replica reports expert load: the model has no experts (a dense model), so there is no "
+              "expert imbalance to show.")
 
 
 def layout(**_: Any) -> html.Div:
@@ -47,6 +51,7 @@ def layout(**_: Any) -> html.Div:
                     ),
                 ],
             ),
+            html.Div(expert_panel(None), id="ov-experts", className="panel"),
         ]
     )
 
@@ -212,3 +217,29 @@ def _line(
 ) -> list[tuple[float, float]]:
     series = api.metrics_range(metric, kind=kind, q=q, minutes=CHART_MINUTES, step_s=5.0)
     return list(series[0].points) if series else []
+
+
+@dash.callback(Output("ov-experts", "children"), Input(REFRESH, "n_intervals"))
+def refresh_experts(_: int) -> Any:
+    try:
+        load = session.client().expert_load()
+    except ApiError as exc:
+        return expert_panel(None, f"expert load: {exc}")
+    return expert_panel(load)
+
+
+def expert_panel(load: ExpertLoad | None, note: str = "") -> html.Div:
+    """The heatmap for a mixture-of-experts fleet; for a dense one, a plain sentence (no empty chart);
+    before the first answer or when telemetry does not answer, ``note``."""
+    if load is not None and load.is_moe:
+        return html.Div(
+            dcc.Graph(id="ov-experts-heatmap", figure=expert_heatmap(load), config={"displaylogo": False}),
+            id="ov-experts-body",
+            **figures.data_attrs(moe="yes", experts=len(load.experts), replicas=len(load.replicas)),
+        )
+    text = DENSE_NOTE if load is not None else (note or "expert load: waiting for the first answer")
+    return html.Div(
+        [html.H4("Expert load"), html.Div(text, className="muted", id="ov-experts-note")],
+        id="ov-experts-body",
+        **figures.data_attrs(moe="no" if load is not None else "unknown"),
+    )

@@ -115,6 +115,9 @@ def test_overview_shows_three_ready_replicas_in_three_zones_with_live_figures(
     first = max(t["last"] for t in plot_data(driver, "ov-throughput"))
     # live: the refresh clock redraws the charts with newer points (the range ends at "now")
     WebDriverWait(driver, 30).until(lambda b: max(t["last"] for t in plot_data(b, "ov-throughput")) > first)
+    # the default model is dense: the expert-load panel says so plainly, with no empty heatmap
+    wait_text(driver, "#ov-experts-body[data-moe='no'] #ov-experts-note", r"the model has no experts")
+    assert plot_data(driver, "ov-experts-heatmap") == []
     screenshot(driver, "overview", publish=True)
     assert_no_console_errors(driver, "overview")
 

@@ -33,7 +33,9 @@ RULES = GRAFANA / "recording-rules.yml"
 VLLM_LIST = ROOT / "tests" / "replica" / "data" / "vllm_metrics.json"
 NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
-PROMQL_WORDS = {"sum", "rate", "increase", "histogram_quantile", "or", "vector"}
+PROMQL_WORDS = {"sum", "rate", "increase", "histogram_quantile", "or", "on", "vector"}
+# Grafana's variables as a panel's query uses them, filled in for promtool
+VARIABLES = {"$__rate_interval": "1m", "$model_name": "m", "$zone": ".*", "$replica": ".*"}
 
 
 def dashboard() -> dict[str, Any]:
@@ -74,6 +76,12 @@ def exported_names() -> set[str]:
     replica = ReplicaMetrics(model_name="m", replica="r", zone="z", max_model_len=64,
                              read_engine=lambda: EngineGauges(0, 0, 0.0, 0, 0, 0, 1, 2, 0.5),
                              cache_info=CacheConfigInfo(16, 8, "auto", True))
+    # a mixture-of-experts replica adds its expert load (a dense one exports none of it)
+    moe = ReplicaMetrics(model_name="m", replica="r", zone="z", max_model_len=64,
+                         read_engine=lambda: EngineGauges(0, 0, 0.0, 0, 0, 0, 1, 2, 0.5,
+                                                          expert_tokens=[[1, 2], [3, 4]]),
+                         cache_info=CacheConfigInfo(16, 8, "auto", True))
+    names |= _sample_names(moe.registry)
     control = CollectorRegistry()
     control.register(ControlPlaneState(StateSources(_Fleet(), _Autoscaler(), None, lambda: 0)))
     names |= _sample_names(replica.registry) | _sample_names(GatewayMetrics().registry)
@@ -131,3 +139,31 @@ def test_promtool_accepts_the_recording_rules() -> None:
                           timeout=30, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"SUCCESS: {len(rules())} rules found" in done.stdout
+
+
+def test_the_expert_load_panel_charts_each_experts_token_rate_and_is_valid_promql(tmp_path: Path) -> None:
+    (panel,) = [p for p in dashboard()["panels"] if p["title"].startswith("Expert load")]
+    (target,) = panel["targets"]
+    expr = target["expr"]
+    assert expr.startswith("sum by (expert) (rate(llmsre_moe_expert_tokens_total{")
+    assert 'replica=~"$replica"' in expr and "[$__rate_interval]" in expr
+    assert expr.endswith("or on() vector(0)")  # a dense model's flat 0, not "no data"; MoE: no extra line
+    assert target["legendFormat"] == "expert {{expert}}"
+    assert panel["gridPos"]["w"] == 24 and rows_above(panel)[-1] == "Replicas"
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("unavailable: promtool binary not found")
+    for name, value in VARIABLES.items():
+        expr = expr.replace(name, value)
+    rules = tmp_path / "expert-load.yml"
+    rules.write_text(json.dumps({"groups": [{"name": "g", "rules": [{"record": "panel:expert_load",
+                                                                      "expr": expr}]}]}))
+    done = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def rows_above(panel: dict[str, Any]) -> list[str]:
+    """The titles of the rows above ``panel`` on the grid, nearest last."""
+    return [p["title"] for p in dashboard()["panels"]
+            if p["type"] == "row" and p["gridPos"]["y"] < panel["gridPos"]["y"]]
