@@ -75,6 +75,10 @@ from controlplane.views import (
     SimulationJob,
     SimulationProgress,
     SimulationResult,
+    SliceExperiment,
+    SliceExperimentAbort,
+    SliceExperimentStarted,
+    SliceExperimentSummary,
     StageMeans,
     Trace,
     UnexpectedAnswer,
@@ -82,6 +86,7 @@ from controlplane.views import (
     as_json,
     schedule_aim_and_load,
 )
+from controlplane.views.rollouts import ModelVersionView, ReleaseView, RolloutsView, VersionsView
 from controlplane.vocabulary import (
     AUTOSCALER_METRICS,
     AUTOSCALER_TARGETS,
@@ -114,6 +119,27 @@ class ControlPlaneClient(Connection):
 
     def rollout(self, model: str) -> RolloutView:
         return self._one(RolloutView, "POST", "/api/v1/fleet/rollout", json={"model": model})
+
+    # ---- model versions and canary releases ---------------------------------------------------
+    def versions(self) -> VersionsView:
+        return self._one(VersionsView, "GET", "/api/v1/versions")
+
+    def add_version(self, name: str, model: str, notes: str = "") -> ModelVersionView:
+        return self._one(ModelVersionView, "POST", "/api/v1/versions",
+                         json={"name": name, "model": model, "notes": notes})
+
+    def rollouts(self, limit: int = 20) -> RolloutsView:
+        return self._one(RolloutsView, "GET", "/api/v1/rollouts", params={"limit": limit})
+
+    def start_canary(self, version: str, **policy: Any) -> ReleaseView:
+        """``policy``: steps (percent), interval_s, max_extensions, replicas, alpha, max_error_increase,
+        max_latency_ratio, min_samples (see ``POST /api/v1/rollouts/canary``)."""
+        return self._one(ReleaseView, "POST", "/api/v1/rollouts/canary", json={"version": version, **policy})
+
+    def release_action(self, release_id: int, action: str, reason: str = "") -> ReleaseView:
+        """promote, abort, pause or resume a running release."""
+        return self._one(ReleaseView, "POST", f"/api/v1/rollouts/{release_id}/{action}",
+                         json={"reason": reason})
 
     # ---- observability -------------------------------------------------------------------------
     def events(self, *, since_id: int = 0, kind: str | None = None, limit: int = 200) -> list[Event]:
@@ -177,6 +203,32 @@ class ControlPlaneClient(Connection):
     def chaos_experiment(self, experiment_id: int) -> Experiment:
         """One experiment with its journal (``status`` is "running" until it ends)."""
         return self._one(Experiment, "GET", f"/api/v1/chaos/experiments/{experiment_id}")
+
+    # ---- slice experiments ---------------------------------------------------------------------
+    def slice_experiment_start(self, *, share: float, fault: str, params: Mapping[str, Any] | None = None,
+                               duration_s: float = 60.0, check_interval_s: float = 1.0,
+                               bounds: Mapping[str, float] | None = None, colour: str = "chaos",
+                               control: str = "control") -> SliceExperimentStarted:
+        """Chaos on a ``share`` colour of traffic against a control colour of the same share; it stops
+        itself on a deviation beyond ``bounds`` (max_error_increase, max_latency_ratio, alpha,
+        min_samples) or after ``duration_s``. Its id comes back at once."""
+        body: dict[str, Any] = {"share": share, "fault": fault, "params": dict(params or {}),
+                                "duration_s": duration_s, "check_interval_s": check_interval_s,
+                                "colour": colour, "control": control}
+        if bounds:
+            body["bounds"] = dict(bounds)
+        return self._one(SliceExperimentStarted, "POST", "/api/v1/experiments/slices", json=body)
+
+    def slice_experiments(self, limit: int = 50) -> list[SliceExperimentSummary]:
+        return self._many(SliceExperimentSummary, "GET", "/api/v1/experiments/slices",
+                          params={"limit": limit})
+
+    def slice_experiment(self, experiment_id: int) -> SliceExperiment:
+        """One run: its checks so far while ``status`` is "running", then its report and why it stopped."""
+        return self._one(SliceExperiment, "GET", f"/api/v1/experiments/slices/{experiment_id}")
+
+    def slice_experiment_abort(self, experiment_id: int) -> SliceExperimentAbort:
+        return self._one(SliceExperimentAbort, "POST", f"/api/v1/experiments/slices/{experiment_id}/abort")
 
     # ---- autoscaler ----------------------------------------------------------------------------
     def autoscaler_status(self) -> AutoscalerStatus:
@@ -428,9 +480,10 @@ __all__ = [
     "DrillPlan", "DrillProgress", "DrillReport", "DrillSchedule", "DrillStarted", "DrillSummary", "Event",
     "Experiment", "ExperimentStarted", "ExperimentSummary", "ExpertLoad", "FaultKind", "FaultParam",
     "FleetView", "GatewayView", "Halt", "HaltState", "Injection", "LatencyBreakdown", "Login",
-    "MetricSummary", "PlannedFault", "PolicyOutcome", "Proposal", "Quantiles", "ReplicaActivity",
-    "ReplicaExpertLoad", "ReplicaTail", "ReplicaView", "Revert", "RolloutView", "RuleSwitch", "Scenario",
-    "ScenarioFault", "ScheduleRun", "ScheduleWindow", "Series", "SimSlo", "SimTimeline", "SimulationJob",
-    "SimulationProgress", "SimulationResult", "StageMeans", "Trace", "Unreachable", "Windows", "as_json",
-    "schedule_aim_and_load", "static_policy",
+    "MetricSummary", "ModelVersionView", "PlannedFault", "PolicyOutcome", "Proposal", "Quantiles",
+    "ReleaseView", "ReplicaActivity", "ReplicaExpertLoad", "ReplicaTail", "ReplicaView", "Revert",
+    "RolloutView", "RolloutsView", "RuleSwitch", "Scenario", "ScenarioFault", "ScheduleRun", "ScheduleWindow",
+    "Series", "SimSlo", "SimTimeline", "SimulationJob", "SimulationProgress", "SimulationResult",
+    "StageMeans", "Trace", "Unreachable", "VersionsView", "Windows", "as_json", "schedule_aim_and_load",
+    "static_policy",
 ]

@@ -21,6 +21,7 @@ from controlplane.cli import admin as cli_admin
 from controlplane.cli import alerts as cli_alerts
 from controlplane.cli import autoscaler as cli_autoscaler
 from controlplane.cli import drill as cli_drill
+from controlplane.cli import rollouts as cli_rollouts
 from controlplane.cli import simulate as cli_simulate
 from controlplane.cli.exits import EPILOG, FAILURES, UsageError, exit_code
 from controlplane.cli.options import (
@@ -79,14 +80,6 @@ def _restart(args: argparse.Namespace) -> int:
     with client(args) as api:
         api.restart(args.replica)
     print(f"restarting {args.replica}")
-    return 0
-
-
-def _rollout(args: argparse.Namespace) -> int:
-    with client(args) as api:
-        result = api.rollout(args.model)
-    print(f"rolling out {result.model} (generation {result.generation}); follow it with "
-          "`controlplane status` or `controlplane events --kind rollout`")
     return 0
 
 
@@ -236,7 +229,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
     "status": ("show the fleet", _status),
     "scale": ("set the desired number of replicas", _scale),
     "restart": ("restart one replica", _restart),
-    "rollout": ("rolling update to another model folder", _rollout),
+    "rollout": (cli_rollouts.ROLLOUT_SUMMARY, cli_rollouts.run_rollout),
+    "versions": (cli_rollouts.VERSIONS_SUMMARY, cli_rollouts.run_versions),
     "events": ("print fleet events as JSON lines", _events),
     "token": ("issue an API token (admin)", _token),
     "hash-password": ("hash a console user's password (read from the terminal or stdin)", _hash_password),
@@ -265,8 +259,9 @@ def parser() -> argparse.ArgumentParser:
         elif name == "restart":
             cmd.add_argument("replica")
         elif name == "rollout":
-            cmd.add_argument("--model", required=True,
-                             help="a Hugging Face model folder, or a bundled model: 'default', 'default-moe'")
+            cli_rollouts.add_rollout_arguments(cmd)
+        elif name == "versions":
+            cli_rollouts.add_versions_arguments(cmd)
         elif name == "events":
             cmd.add_argument("--kind", default=None, help="prefix such as replica. or rollout.")
             cmd.add_argument("--limit", type=int, default=200)

@@ -47,6 +47,7 @@ from controlplane.gateway.process import (
     read_config,
     write_config,
 )
+from controlplane.gateway.slices import Outcome
 from inference.environment import child_environment
 
 logger = logging.getLogger(__name__)
@@ -166,6 +167,23 @@ class GatewaySupervisor:
             logger.warning("[%s] admission limits not applied: %s", g.name, exc)
             return False
         return True
+
+    async def slice_outcomes(self, since: float) -> dict[str, dict[str, list[Outcome]]]:
+        """Each ready gateway's per-slice outcomes since ``since`` (wall clock); a gateway that does not
+        answer is left out (logged)."""
+        async def ask(g: ManagedGateway) -> tuple[str, dict[str, list[Outcome]] | None]:
+            url = f"http://{self.config.host}:{g.admin_port}/admin/slices"
+            try:
+                response = await self._client.get(url, params={"since": since},
+                                                  headers=self.admin_headers(g.name))
+                response.raise_for_status()
+                raw = response.json()["outcomes"]
+                return g.name, {name: [Outcome.from_json(o) for o in rows] for name, rows in raw.items()}
+            except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+                logger.warning("[%s] slice outcomes not read: %s", g.name, exc)
+                return g.name, None
+        answers = await asyncio.gather(*(ask(g) for g in self.gateways.values() if g.state == "ready"))
+        return {name: outcomes for name, outcomes in answers if outcomes is not None}
 
     def kill_one(self) -> str:
         """``kill -9`` the gateway with the most streams in flight (the gateway-crash drill); its name.

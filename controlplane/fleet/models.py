@@ -28,3 +28,8 @@ def ensure_bundled_model(model: str, state_dir: Path) -> Path | None:
 
     ensure = BUNDLED_MODELS.get(model)
     return None if ensure is None else ensure(state_dir)
+
+
+def served_model_name(model: str) -> str:
+    """The name a replica of ``model`` answers to by default: a bundled model's name, a folder's last part."""
+    return model if is_bundled(model) else Path(model).name

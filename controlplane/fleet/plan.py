@@ -6,8 +6,8 @@ clock; the observation carries the time. Each action is a frozen value that says
 tests assert on plans and need neither processes nor sleeps.
 
 Within a pass the steps see each other's effects, in this order: exits, readiness, restarts due, the
-rolling update, counts per zone, finished drains. A replica restarted by the third step, for example,
-counts as the newest one when the fifth step picks which replica to drain.
+rolling update, the canary's replicas, counts per zone, finished drains. A replica restarted by the third
+step, for example, counts as the newest one when the sixth step picks which replica to drain.
 """
 
 from __future__ import annotations
@@ -48,6 +48,24 @@ class ObservedReplica:
     restart_at: float | None = None  # when a crashed replica is due to be restarted
     ready_failures: int = 0  # consecutive failed /ready probes
     drain_started: float | None = None
+    version: str = ""  # a canary's version; "" for the stable fleet
+
+
+@dataclass(frozen=True, slots=True)
+class Canary:
+    """Replicas of a candidate version beside the stable fleet (a canary release): not counted in the
+    fleet's replicas nor replaced by a rolling update, labelled with their version so that the gateways
+    send them the canary's share of traffic."""
+
+    version: str
+    model: str
+    replicas: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.version:
+            raise ValueError("version: a canary needs a version name")
+        if self.replicas < 1:
+            raise ValueError(f"replicas: a canary needs at least 1, got {self.replicas}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +90,7 @@ class Desired:
     model: str
     generation: int
     rollout: Rollout | None = None
+    canary: Canary | None = None
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
@@ -149,6 +168,7 @@ class Spawn:
     model: str
     generation: int
     reason: str
+    version: str = ""  # a canary's replica
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +248,7 @@ def plan_pass(observed: Observation, desired: Desired, config: FleetConfig) -> P
     planner.observe_readiness()
     planner.restart_due()
     planner.step_rollout()
+    planner.converge_canary()
     planner.converge_counts()
     planner.finish_drains()
     return Plan(tuple(planner.actions), planner.desired)
@@ -292,7 +313,7 @@ class _Planner:
         if ro.surge is not None:
             self._watch_surge(ro)
             return
-        old = [r for r in self.replicas.values() if r.generation != ro.generation and r.state not in _GONE]
+        old = [r for r in self._stable() if r.generation != ro.generation and r.state not in _GONE]
         if not old:
             self.desired = replace(self.desired, model=ro.model, generation=ro.generation, rollout=None)
             self.actions.append(CompleteRollout(ro.model, ro.generation))
@@ -301,20 +322,38 @@ class _Planner:
         self.desired = replace(self.desired, rollout=replace(ro, surge=surge, surge_started=self.now))
         self.actions.append(StepRollout(surge, old[0].replica_id))
 
+    def converge_canary(self) -> None:
+        """The canary's replicas: as many as it asks for, spread over the zones; a replica of a version
+        that is no longer the canary's (it ended, or another began) drains."""
+        canary = self.desired.canary
+        mine = [r for r in self.replicas.values() if r.version and r.state not in _GONE]
+        for r in mine:
+            if canary is None or r.version != canary.version:
+                self._drain(r, "canary ended")
+        if canary is None:
+            return
+        live = [r for r in mine if r.version == canary.version]
+        zones = placement_zones(self.config.zones, self.observed.zones_down, self.config.on_node_loss)
+        for i in range(len(live), canary.replicas):
+            self._spawn(zones[i % len(zones)], canary.model, self.desired.generation,
+                        f"canary {canary.version}", version=canary.version)
+        for r in _drain_candidates(live)[:max(len(live) - canary.replicas, 0)]:
+            self._drain(r, "canary scaled down")
+
     def converge_counts(self) -> None:
         if self.desired.rollout is not None:
             return  # the rollout owns the counts until it ends
         zones = placement_zones(self.config.zones, self.observed.zones_down, self.config.on_node_loss)
         targets = zone_targets(self.desired.replicas, zones)
         for zone, want in targets.items():
-            live = [r for r in self.replicas.values() if r.zone == zone and r.state not in _GONE]
+            live = [r for r in self._stable() if r.zone == zone and r.state not in _GONE]
             spilled = zone not in self.observed.zones_down and len(zones) < len(self.config.zones)
             for _ in range(want - len(live)):
                 self._spawn(zone, self.desired.model, self.desired.generation,
                             "spilled from a zone without nodes" if spilled else "scale up")
             for r in _drain_candidates(live)[:max(len(live) - want, 0)]:
                 self._drain(r, "scale down")
-        for r in list(self.replicas.values()):
+        for r in self._stable():
             if r.zone not in targets and r.state not in _GONE:
                 self._drain(r, "zone has no node" if r.zone in self.observed.zones_down else "zone removed")
 
@@ -353,7 +392,7 @@ class _Planner:
         new_rate = rates.get(surge.replica_id)
         if new_rate is None:
             return None
-        old_rates = [rates.get(r.replica_id) for r in self.replicas.values()
+        old_rates = [rates.get(r.replica_id) for r in self._stable()
                      if r.generation != ro.generation and r.state is ReplicaState.READY]
         baseline = max((rate for rate in old_rates if rate is not None), default=0.0)
         if new_rate > baseline + self.config.rollout_max_error_increase:
@@ -361,29 +400,33 @@ class _Planner:
         return None
 
     def _replace_old(self, ro: Rollout, surge: ObservedReplica) -> None:
-        zone_old = [r for r in self.replicas.values() if r.zone == surge.zone
+        zone_old = [r for r in self._stable() if r.zone == surge.zone
                     and r.generation != ro.generation and r.state is not ReplicaState.DRAINING]
         if zone_old:
             self._drain(zone_old[0], f"replaced by {surge.replica_id}")
         self.desired = replace(self.desired, rollout=replace(ro, surge=None, surge_ready_at=None))
 
     def _roll_back(self, ro: Rollout, reason: str) -> None:
-        for r in list(self.replicas.values()):
+        for r in self._stable():
             if r.generation == ro.generation and r.state is not ReplicaState.DRAINING:
                 self._drain(r, "rollback")
         self.desired = replace(self.desired, rollout=None)
         self.actions.append(RollBack(ro.model, reason))
 
     # ---- bookkeeping -----------------------------------------------------------------------------
+    def _stable(self) -> list[ObservedReplica]:
+        """The stable fleet's replicas (a canary's are counted and replaced on their own)."""
+        return [r for r in self.replicas.values() if not r.version]
+
     def _act(self, action: Action, after: ObservedReplica) -> None:
         self.actions.append(action)
         self.replicas[after.replica_id] = after
 
-    def _spawn(self, zone: str, model: str, generation: int, reason: str) -> str:
+    def _spawn(self, zone: str, model: str, generation: int, reason: str, *, version: str = "") -> str:
         rid = _next_id(zone, self.replicas)
-        self._act(Spawn(rid, zone, model, generation, reason),
+        self._act(Spawn(rid, zone, model, generation, reason, version),
                   ObservedReplica(rid, zone, 0, model, generation, ReplicaState.STARTING, self.now,
-                                  is_running=True))
+                                  is_running=True, version=version))
         return rid
 
     def _drain(self, r: ObservedReplica, reason: str) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -24,9 +23,11 @@ import httpx
 from controlplane.errors import Conflict, ControlPlaneError, NotFound, Refused
 from controlplane.fleet.backends.base import NodeState, ReplicaBackend, ReplicaSpec
 from controlplane.fleet.config import FleetConfig
+from controlplane.fleet.models import served_model_name
 from controlplane.fleet.nodes import Nodes
 from controlplane.fleet.plan import (
     Action,
+    Canary,
     CompleteRollout,
     Desired,
     Drain,
@@ -47,6 +48,7 @@ from controlplane.fleet.plan import (
     StepRollout,
     plan_pass,
 )
+from controlplane.fleet.ports import HOST, port_free
 from controlplane.fleet.registry import (
     DESIRED_KEY,
     UNPLACED,
@@ -62,7 +64,6 @@ from inference.config import TracingConfig
 
 logger = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
 
 
 class FleetError(ControlPlaneError):
@@ -112,6 +113,7 @@ class Fleet:
         # Builds a bundled model where the replicas will find it (None: the replicas do, as on Ray nodes).
         self.prepare_model = prepare_model
         self._prepared: set[str] = set()
+        self.canary: Canary | None = None  # a canary release's replicas, beside the fleet
 
     # ---- views ---------------------------------------------------------------------------------
     def endpoints(self) -> list[ReplicaEndpoint]:
@@ -124,8 +126,7 @@ class Fleet:
         return replica_admin_token(self.secret, replica_id)
 
     def nodes(self) -> list[NodeState]:
-        """The nodes replicas run on (none for local processes): the live ones, and each lost one whose
-        address no live node has taken over, so a lost host shows until it is back."""
+        """The nodes replicas run on (none locally): the live ones, and each lost one not yet replaced."""
         return self._nodes.listed()
 
     @property
@@ -154,10 +155,25 @@ class Fleet:
             self.backend.kill(replica.handle)
         self._spawn(replica.spec, restarts=replica.restarts + 1, crash_times=replica.crash_times)
 
+    def start_canary(self, version: str, model: str, replicas: int = 1) -> Canary:
+        """Replicas of ``model`` beside the fleet, labelled ``version`` (traffic: the gateways' split)."""
+        if self.canary is not None or self.rollout is not None:
+            raise FleetConflict("a canary or a rollout is already in progress")
+        self.canary = Canary(version, model, replicas)
+        self._event("canary.started", "fleet", {"version": version, "model": model, "replicas": replicas})
+        self._persist_desired()
+        return self.canary
+
+    def end_canary(self) -> None:  # its replicas drain in the next pass
+        if self.canary is not None:
+            self._event("canary.ended", "fleet", {"version": self.canary.version})
+            self.canary = None
+            self._persist_desired()
+
     def start_rollout(self, model: str) -> Rollout:
         if self.rollout is not None:
             raise FleetConflict(f"a rollout to {self.rollout.model} is already in progress")
-        if model == self.model:
+        if model == self.model and self.canary is None:
             raise FleetConflict(f"the fleet already runs {model}", param="model")
         self.rollout = Rollout(model, self.generation + 1, self.model, self.generation, self.clock())
         self._event("rollout.started", "fleet", {"model": model, "generation": self.generation + 1})
@@ -165,12 +181,11 @@ class Fleet:
         return self.rollout
 
     async def _prepare_models(self) -> None:
-        """Before the pass that starts replicas of the fleet's model (or of a rollout's), build it once here:
-        replicas started together would otherwise each wait on one build inside their start. A failed
-        build is logged and not retried here: each replica then tries itself, and logs why it cannot."""
+        """Build each model once before its replicas start (they would each wait on one build otherwise); a
+        failed build is logged, not retried: each replica then tries itself and logs why it cannot."""
         if self.prepare_model is None:
             return
-        for model in (self.model, *((self.rollout.model,) if self.rollout is not None else ())):
+        for model in (self.model, *(x.model for x in (self.rollout, self.canary) if x is not None)):
             if model not in self._prepared:
                 self._prepared.add(model)
                 try:
@@ -220,7 +235,7 @@ class Fleet:
     # ---- one reconcile pass: observe, plan, apply once -------------------------------------------
     @property
     def desired(self) -> Desired:
-        return Desired(self.desired_total, self.model, self.generation, self.rollout)
+        return Desired(self.desired_total, self.model, self.generation, self.rollout, self.canary)
 
     async def reconcile(self) -> None:
         before = self.endpoints()
@@ -284,8 +299,7 @@ class Fleet:
             else {}, zones_down=self._nodes.zones_down)
 
     def _surge_serves(self, readiness: dict[str, bool]) -> bool:
-        """Whether a rollout's new replica serves (or starts to this pass): only then are the error rates
-        compared, and each one is a telemetry query."""
+        """Whether a rollout's new replica serves (or starts to): only then are error rates queried."""
         surge = self.replicas.get(self.rollout.surge or "") if self.rollout is not None else None
         return surge is not None and (surge.state is ReplicaState.READY or
                                       readiness.get(surge.spec.replica_id, False))
@@ -297,9 +311,9 @@ class Fleet:
             r.spec.replica_id, r.spec.zone, r.spec.port, r.spec.model, r.spec.generation, r.state,
             r.started_at, running, exit_status, is_ready,
             port_free=running or r.state in (ReplicaState.DRAINING, ReplicaState.STOPPED)
-            or self.backend.places_replicas or _port_free(r.spec.port), restarts=r.restarts,
-            crash_times=tuple(r.crash_times),
-            restart_at=r.restart_at, ready_failures=r.ready_failures, drain_started=r.drain_started)
+            or self.backend.places_replicas or port_free(r.spec.port), restarts=r.restarts,
+            crash_times=tuple(r.crash_times), restart_at=r.restart_at, ready_failures=r.ready_failures,
+            drain_started=r.drain_started, version=r.spec.version)
 
     def _running(self, replica: ManagedReplica) -> bool:
         return replica.handle is not None and self.backend.is_running(replica.handle)
@@ -339,8 +353,8 @@ class Fleet:
                 self._set_state(self.replicas[rid], ReplicaState.UNREADY, {"failures": failures})
             case Restart(rid, restarts, move_port):
                 self._restart_crashed(self.replicas[rid], restarts, move_port=move_port)
-            case Spawn(rid, zone, model, generation):
-                self._spawn(self._new_spec(zone, model, generation, replica_id=rid))
+            case Spawn(rid, zone, model, generation, _, version):
+                self._spawn(self._new_spec(zone, model, generation, replica_id=rid, version=version))
             case Drain(rid, reason):
                 self._start_drain(self.replicas[rid], reason)
             case Kill(rid):
@@ -383,17 +397,19 @@ class Fleet:
         ro = saved.get("rollout")
         if ro:
             self.rollout = Rollout(ro["model"], ro["generation"], self.model, self.generation, self.clock())
+        if canary := saved.get("canary"):
+            self.canary = Canary(canary["version"], canary["model"], canary["replicas"])
         self._event("fleet.restored", "fleet", saved)
 
     def _persist_desired(self) -> None:
-        self.store.kv_put(DESIRED_KEY, desired_record(replicas=self.desired_total, model=self.model,
-                                                      generation=self.generation, rollout=self.rollout))
+        self.store.kv_put(DESIRED_KEY, desired_record(self.desired))
 
     def adopt_or_clean(self) -> None:
         self.restore_desired()
         for row in self.store.replicas():
             spec = replace(self._new_spec(row.zone, row.model, row.generation, replica_id=row.replica_id,
-                                          port=row.port), host="" if row.host == UNPLACED else row.host)
+                                          port=row.port, version=row.version),
+                           host="" if row.host == UNPLACED else row.host)
             handle = self.backend.adopt(spec, row.pid)
             if handle is None:
                 self.store.delete_replica(row.replica_id)
@@ -416,16 +432,18 @@ class Fleet:
 
     # ---- mechanics -----------------------------------------------------------------------------
     def _new_spec(self, zone: str, model: str, generation: int, *, replica_id: str,
-                  port: int | None = None) -> ReplicaSpec:
+                  port: int | None = None, version: str = "") -> ReplicaSpec:
         host = "" if self.backend.places_replicas else HOST  # placed: the backend says where, later
+        served = served_model_name(self.model) if version else ""  # a canary answers to the fleet's name
         return ReplicaSpec(replica_id, zone, host, port or self._free_port(), model, generation,
                            self.admin_token(replica_id), self.config.replica_threads,
-                           self.config.max_num_seqs, self.config.drain_timeout_s, self.tracing)
+                           self.config.max_num_seqs, self.config.drain_timeout_s, self.tracing, version,
+                           served)
 
     def _free_port(self) -> int:
         used = {r.spec.port for r in self.replicas.values()} | self.reserved_ports
         port = self.config.base_port
-        while port in used or not _port_free(port):
+        while port in used or not port_free(port):
             port += 1
         return port
 
@@ -480,15 +498,3 @@ class Fleet:
         except httpx.HTTPError:
             return False
         return response.status_code == 200
-
-
-def _port_free(port: int) -> bool:
-    """Whether a server could listen on ``port`` now. SO_REUSEADDR as uvicorn sets it: connections in
-    TIME_WAIT from a replica that just exited do not count as taken, a listening socket does."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True

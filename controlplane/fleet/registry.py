@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from controlplane.fleet.backends.base import ReplicaHandle, ReplicaLocation, ReplicaSpec
-from controlplane.fleet.plan import Desired, Rollout
+from controlplane.fleet.plan import Desired
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
 from controlplane.store.database import ReplicaRow
 from controlplane.store.files import create_private, restrict
@@ -66,6 +66,8 @@ class ManagedReplica:
             pid = self.location.pid
             labels = tuple((k, v) for k, v in (("node", self.location.node),
                                                 ("node_id", self.location.node_id)) if v)
+        if self.spec.version:  # the gateways send a canary's share to the replicas of its version
+            labels = (*labels, ("version", self.spec.version))
         return ReplicaEndpoint(self.spec.replica_id, self.spec.zone, self.spec.host, self.spec.port,
                                self.state, self.spec.model, pid, self.spec.generation, labels)
 
@@ -76,19 +78,23 @@ def replica_row(replica: ManagedReplica) -> ReplicaRow:
     return ReplicaRow(
         replica_id=s.replica_id, zone=s.zone, host=s.host or UNPLACED, port=s.port,
         pid=replica.endpoint.pid, state=replica.state, model=s.model,
-        generation=s.generation, started_at=time.time(), restarts=replica.restarts)
+        generation=s.generation, started_at=time.time(), restarts=replica.restarts, version=s.version)
 
 
-def desired_record(*, replicas: int, model: str, generation: int, rollout: Rollout | None) -> dict[str, Any]:
+def desired_record(desired: Desired) -> dict[str, Any]:
     """The desired state as it is saved under ``DESIRED_KEY`` (a rollout by its target only)."""
-    saved_rollout = None if rollout is None else {"model": rollout.model, "generation": rollout.generation}
-    return {"replicas": replicas, "model": model, "generation": generation, "rollout": saved_rollout}
+    ro, canary = desired.rollout, desired.canary
+    return {"replicas": desired.replicas, "model": desired.model, "generation": desired.generation,
+            "rollout": None if ro is None else {"model": ro.model, "generation": ro.generation},
+            "canary": None if canary is None else {"version": canary.version, "model": canary.model,
+                                                   "replicas": canary.replicas}}
 
 
 def persisted(desired: Desired) -> tuple[object, ...]:
     """The part of the desired state that is saved (a rollout's surge bookkeeping is not)."""
     ro = desired.rollout
-    return desired.replicas, desired.model, desired.generation, ro and (ro.model, ro.generation)
+    return desired.replicas, desired.model, desired.generation, ro and (ro.model, ro.generation), \
+        desired.canary
 
 
 def replica_admin_token(secret: bytes, replica_id: str) -> str:

@@ -60,6 +60,7 @@ class ReplicaRow:
     generation: int = 0
     started_at: float = 0.0  # wall clock
     restarts: int = 0
+    version: str = ""  # a canary's version; "" for the stable fleet
 
     def __post_init__(self) -> None:
         require_text(replica_id=self.replica_id, zone=self.zone, host=self.host, model=self.model)

@@ -39,7 +39,7 @@ from controlplane.store.rows import StorePragmas
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_MS = 5_000
 WAL_SUFFIXES = ("-wal", "-shm")  # SQLite's files next to the database in WAL mode
 DEFAULT_LIMIT = 500
@@ -134,8 +134,10 @@ def _add_column(table: str, column: str, declaration: str) -> Callable[[sqlite3.
 
 # Version 3: a request's OpenTelemetry trace id, so that the console names the trace of a slow request.
 _SCHEMA_V3 = (_add_column("traces", "trace_id", "TEXT"),)
+# Version 4: a canary replica's version, so that a restarted control plane adopts it as the canary's.
+_SCHEMA_V4 = (_add_column("replicas", "version", "TEXT NOT NULL DEFAULT ''"),)
 _MIGRATIONS: tuple[tuple[str | Callable[[sqlite3.Connection], None], ...], ...] = (
-    _SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3)
+    _SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4)
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -30,12 +30,15 @@ class ReplicaSpec:
     drain_timeout_s: float = 30.0
     # The gateway's OTLP settings ([gateway] otlp_*), so that the replica's spans join the gateway's traces
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    version: str = ""  # a canary's version (the gateways' split label); "" for the stable fleet
+    served_model_name: str = ""  # a canary answers to the stable fleet's model name, so clients see one
 
     def tracing_args(self) -> list[str]:
-        """``inference serve``'s trace export flags (none while export is off)."""
+        """``inference serve``'s trace export and model-name flags (none when not needed)."""
         t = self.tracing
-        return ["--otlp-traces-endpoint", t.endpoint, "--otlp-sample-ratio", f"{t.sample_ratio:g}"] \
-            if t.is_enabled else []
+        name = ["--served-model-name", self.served_model_name] if self.served_model_name else []
+        return [*name, *(["--otlp-traces-endpoint", t.endpoint, "--otlp-sample-ratio", f"{t.sample_ratio:g}"]
+                         if t.is_enabled else [])]
 
 
 @dataclass(slots=True, frozen=True)

@@ -12,6 +12,7 @@ import pytest
 
 from controlplane.fleet.config import FleetConfig
 from controlplane.fleet.plan import (
+    Canary,
     CompleteRollout,
     Desired,
     Drain,
@@ -252,3 +253,40 @@ def test_spill_with_every_zone_down_waits_everywhere() -> None:
     plan = plan_pass(fleet(*lost, zones_down=down), desired(), SPILL)
     assert plan.of(Drain) == [] and plan.of(Spawn) == []  # nowhere to spill to
     assert plan.of(Restart) == []  # and a restart where no node is would only wait: spill waits too
+
+
+# ---- a canary beside the fleet ---------------------------------------------------------------
+CANARY = Canary("v2", "/models/v2")
+
+
+def test_a_canary_spawns_its_replica_beside_the_fleet_without_touching_the_stable_ones() -> None:
+    plan = plan_pass(fleet(*STEADY), Desired(3, "default", 0, canary=CANARY), CONFIG)
+    assert plan.actions == (Spawn("az-a-2", "az-a", "/models/v2", 0, "canary v2", "v2"),)
+
+
+def test_canary_replicas_count_neither_for_the_fleet_nor_for_a_rolling_update() -> None:
+    canary = replica("az-a-2", version="v2")
+    steady = plan_pass(fleet(*STEADY, canary), Desired(3, "default", 0, canary=CANARY), CONFIG)
+    rolling = plan_pass(fleet(*STEADY, canary), Desired(3, "default", 0, ROLLOUT, CANARY), CONFIG)
+    assert steady.actions == ()  # 3 stable replicas and the canary's one: nothing to scale
+    assert rolling.of(StepRollout) == [StepRollout("az-a-3", "az-a-1")]  # the canary is not replaced
+    assert rolling.of(Drain) == []
+
+
+def test_when_the_canary_ends_its_replicas_drain_and_the_fleet_is_untouched() -> None:
+    canary = replica("az-a-2", version="v2")
+    plan = plan_pass(fleet(*STEADY, canary), desired(3), CONFIG)
+    assert plan.actions == (Drain("az-a-2", "canary ended"),)
+
+
+def test_a_crashed_canary_replica_is_restarted_not_replaced() -> None:
+    crashed = replica("az-a-2", CRASHED, version="v2", restart_at=NOW - 1)
+    plan = plan_pass(fleet(*STEADY, crashed), Desired(3, "default", 0, canary=CANARY), CONFIG)
+    assert [type(a).__name__ for a in plan.actions] == ["Restart"]
+
+
+def test_a_canary_needs_a_version_and_a_replica() -> None:
+    with pytest.raises(ValueError, match="version"):
+        Canary("", "m")
+    with pytest.raises(ValueError, match="replicas"):
+        Canary("v2", "m", 0)
