@@ -40,16 +40,19 @@ class CanaryRequest(BaseModel):
     interval_s: float = Field(60.0, ge=1, le=3600, description="each step's analysis window")
     max_extensions: int = Field(3, ge=0, le=20, description="extra windows for a step short of traffic")
     replicas: int = Field(1, ge=1, le=16)
+    warmup_s: float = Field(2.0, ge=0, le=600, description="not analysed at the start of the first step")
     alpha: float = Field(0.01, gt=0, lt=0.5, description="significance of each one-sided test")
     max_error_increase: float = Field(0.02, ge=0, lt=1, description="failure share above stable's")
     max_latency_ratio: float = Field(1.25, ge=1, le=100, description="canary median over stable's")
+    min_latency_increase_s: float = Field(0.005, ge=0, le=60, description="and at least this much slower")
     min_samples: int = Field(30, ge=5, le=100_000, description="per side before a step decides")
 
     def policy(self) -> CanaryPolicy:
         thresholds = Thresholds(alpha=self.alpha, max_error_increase=self.max_error_increase,
-                                max_latency_ratio=self.max_latency_ratio, min_samples=self.min_samples)
+                                max_latency_ratio=self.max_latency_ratio, min_samples=self.min_samples,
+                                min_latency_increase_s=self.min_latency_increase_s)
         return CanaryPolicy(tuple(s / 100 for s in self.steps), self.interval_s, thresholds,
-                            self.max_extensions, self.replicas)
+                            self.max_extensions, self.replicas, warmup_s=self.warmup_s)
 
 
 class ActionRequest(BaseModel):

@@ -71,6 +71,9 @@ class CanaryPolicy:
     max_extensions: int = 3  # an inconclusive step waits this many more intervals, then the release aborts
     replicas: int = 1  # the canary's replicas
     ready_timeout_s: float = 180.0  # for the canary's replicas to be ready, and for the promotion's update
+    # The first step's first seconds are not analysed: a fresh replica's first requests pay one-off costs
+    # (first forward passes, allocations) that say nothing about the version.
+    warmup_s: float = 2.0
 
     def __post_init__(self) -> None:
         steps = self.steps
@@ -84,13 +87,17 @@ class CanaryPolicy:
             raise CanaryRefused("max_extensions: must be in [0, 20]", param="max_extensions")
         if not 1 <= self.replicas <= 16:
             raise CanaryRefused("replicas: must be in [1, 16]", param="replicas")
+        if not 0 <= self.warmup_s < self.interval_s:
+            raise CanaryRefused("warmup_s: must be in [0, interval_s)", param="warmup_s")
 
     def to_json(self) -> dict[str, Any]:
         t = self.thresholds
         return {"steps": list(self.steps), "interval_s": self.interval_s,
-                "max_extensions": self.max_extensions, "replicas": self.replicas, "thresholds": {
+                "max_extensions": self.max_extensions, "replicas": self.replicas, "warmup_s": self.warmup_s,
+                "thresholds": {
                     "alpha": t.alpha, "max_error_increase": t.max_error_increase,
-                    "max_latency_ratio": t.max_latency_ratio, "min_samples": t.min_samples}}
+                    "max_latency_ratio": t.max_latency_ratio, "min_samples": t.min_samples,
+                    "min_latency_increase_s": t.min_latency_increase_s}}
 
 
 class _Stop(Exception):
@@ -189,8 +196,8 @@ class CanaryController:
         try:
             await self._until(run, lambda: self._canary_ready(version), run.policy.ready_timeout_s,
                               "the canary's replicas were not ready in time")
-            for share in run.policy.steps:
-                if not await self._step(run, share):
+            for i, share in enumerate(run.policy.steps):
+                if not await self._step(run, share, warmup_s=run.policy.warmup_s if i == 0 else 0.0):
                     return
         except _Stop:
             if run.command == "abort":
@@ -198,12 +205,13 @@ class CanaryController:
                 return
         await self._promote(run)
 
-    async def _step(self, run: _Run, share: float) -> bool:
+    async def _step(self, run: _Run, share: float, *, warmup_s: float) -> bool:
         """One step; False when the release aborted."""
         version = run.release.version
         self.traffic.set_split(version, share)
+        self._note(run, {"event": "step", "share": share, "at": self.wall()})
+        await self._wait(run, warmup_s)
         started = self.wall()
-        self._note(run, {"event": "step", "share": share, "at": started})
         for extension in range(run.policy.max_extensions + 1):
             await self._wait(run, run.policy.interval_s)
             outcomes = await self.traffic.outcomes(started)

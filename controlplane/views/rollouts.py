@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ class ModelVersionView:
 @dataclass(slots=True, frozen=True)
 class VersionsView:
     current: str | None
-    versions: Sequence[ModelVersionView] = ()
+    versions: tuple[ModelVersionView, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -33,7 +33,7 @@ class ReleaseView:
     started: float
     outcome: str  # running | paused | promoted | aborted
     ended: float | None = None
-    steps: Sequence[Mapping[str, Any]] = ()
+    steps: tuple[Mapping[str, Any], ...] = ()
     reason: str = ""
 
     @property
@@ -46,4 +46,4 @@ class RolloutsView:
     current: str | None
     plan: Mapping[str, Any] = field(default_factory=dict)  # {"split": {version: share}, "colours": {...}}
     release: ReleaseView | None = None
-    history: Sequence[ReleaseView] = ()
+    history: tuple[ReleaseView, ...] = ()

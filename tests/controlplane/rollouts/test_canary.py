@@ -78,7 +78,7 @@ def _controller(tmp_path: Path, canary: Callable[[], list[Outcome]]) -> tuple[Ca
     return controller, fleet
 
 
-POLICY = CanaryPolicy(steps=(0.05, 0.2, 0.5, 1.0), interval_s=1.0, max_extensions=1)
+POLICY = CanaryPolicy(steps=(0.05, 0.2, 0.5, 1.0), interval_s=1.0, max_extensions=1, warmup_s=0.0)
 
 
 async def _finish(controller: CanaryController) -> None:
