@@ -178,6 +178,11 @@ class Figures:
     rto_api_s: float | None = None  # control-plane-crash: its restart to the API's first answer
     faults_past_expiry: int | None = None  # faults still in effect after their expiry
     orphans: int | None = None  # processes of the state folder that no control plane owns
+    # slice-experiment, from its report: the uncoloured requests' failures, seconds from its start to its
+    # stop on the deviation (None: it stopped otherwise), the sides its report leaves without a request
+    uncoloured_failed: int | None = None
+    slice_stop_s: float | None = None
+    slice_sides_missing: int | None = None
 
     def relative(self) -> dict[str, Any]:
         """The figures with every ``t_*`` given as seconds after t0 (what a report shows)."""

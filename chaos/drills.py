@@ -148,6 +148,10 @@ class DrillPort(Protocol):
 
     def write_marks(self, drill_id: str, n: int) -> list[int]: ...
 
+    async def run_slice_experiment(self, spec: Mapping[str, Any], by: str) -> dict[str, Any]:
+        """Run a slice experiment (slice-experiment scenarios) to its end; its record."""
+        ...
+
     def count_marks(self, ids: Sequence[int]) -> int: ...
 
 
@@ -242,6 +246,7 @@ class _Run:
         self.injected: list[ActiveFault] = []
         self.hit: list[str] = []
         self.load: asyncio.subprocess.Process | None = None
+        self.slice_run: asyncio.Task[dict[str, Any]] | None = None  # slice-experiment: the run
         self.report: dict[str, Any] = {"id": drill_id, "scenario": sc.id, "title": sc.title,
                                        "config": sc.describe(), "status": "running",
                                        "targets_requested": {"replicas": list(sc.replicas),
@@ -434,6 +439,15 @@ class _Run:
             self.report["gateway_killed"] = self.port.kill_gateway()
             self.note("gateway killed", gateway=self.report["gateway_killed"])
             return
+        if self.sc.slice_step is not None:
+            self.slice_run = asyncio.ensure_future(self.port.run_slice_experiment(
+                self.sc.slice_step.spec(), f"drill-{self.drill_id}"))
+            await asyncio.sleep(0.05)  # it starts at once, or is refused at once
+            if self.slice_run.done() and self.slice_run.exception() is not None:
+                raise FaultNotInjected(f"slice experiment: {self.slice_run.exception()}",
+                                       subject=self.drill_id)
+            self.note("slice experiment started", **self.sc.slice_step.spec())
+            return
         for spec, allow_all in self.runner.fault_specs(self.sc, aim):
             try:
                 faults = await self.faults.inject(spec, targets, allow_all=allow_all)
@@ -488,6 +502,11 @@ class _Run:
             await self._wait_load(5.0)
 
     async def _revert(self) -> None:
+        if self.slice_run is not None:  # it stops itself; an early end of the drill aborts it
+            if not self.slice_run.done():
+                self.slice_run.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(self.slice_run, return_exceptions=True)
         for fault in self.injected:
             if fault.fault_id is not None:
                 result = await self.faults.revert(fault.fault_id)
@@ -505,6 +524,8 @@ class _Run:
         fig = derive_figures(requests, self.samples, t0=t0, slo=self.sc.slo, fault_targets=self.hit)
         fig.requests_resumed = self.port.resumes_between(load_start, load_end)
         fig.writes_lost = len(marks) - self.port.count_marks(marks)
+        if self.slice_run is not None:
+            self._slice_figures(fig)
         if self.sc.action == "gateway-crash":  # every client of the killed gateway is hit, whatever replica
             loss = client_loss(requests, t0)
             fig.rto_service_s = None if math.isinf(loss.rto_service_s) else loss.rto_service_s
@@ -515,6 +536,22 @@ class _Run:
         self.report["timeline"] = timeline_series(requests, self.samples, t0)
         self.report["status"] = "passed" if all(c.ok for c in checks) else "failed"
         self.note("report", status=self.report["status"])
+
+    def _slice_figures(self, fig: Figures) -> None:
+        """The slice experiment's record into the report, and its figures."""
+        run = self.slice_run
+        assert run is not None
+        if not run.done() or run.cancelled():  # it outlived the drill's observation: its figures fail
+            self.note("slice experiment cut short by the end of the drill")
+            return
+        if run.exception() is not None:
+            raise FaultNotInjected(f"slice experiment: {run.exception()}", subject=self.drill_id)
+        record = self.report["slice_experiment"] = run.result()
+        result, stopped = record.get("report") or {}, record.get("stopped") or {}
+        fig.uncoloured_failed = (result.get("uncoloured") or {}).get("failed")
+        fig.slice_stop_s = stopped.get("after_s") if stopped.get("reason") == "deviation" else None
+        fig.slice_sides_missing = sum(1 for side in ("experiment", "control")
+                                      if not (result.get(side) or {}).get("requests"))
 
 
 async def _probe(gateway_url: str, max_tokens: int, clock: Clock) -> tuple[float, float, str | None]:

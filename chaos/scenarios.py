@@ -24,8 +24,9 @@ from inference.bench.datasets import AZURE_TRACE_ENV as AZURE_TRACE_ENV
 from inference.bench.datasets import read_trace, trace_file
 
 # What happens at t0: faults through the fault manager, a rolling update, the kill of one gateway process,
-# or ``kill -9`` of the control plane itself (run from outside it, restarted after ``outage_s``).
-Action = Literal["fault", "rollout", "gateway-crash", "control-plane-crash"]
+# ``kill -9`` of the control plane itself (run from outside it, restarted after ``outage_s``), or a slice
+# experiment (a coloured fault on a share of the load, against a control slice; ``SliceStep``).
+Action = Literal["fault", "rollout", "gateway-crash", "control-plane-crash", "slice-experiment"]
 LoadKind = Literal["rate", "trace"]
 # How the fault reaches the client: a process dies (connections reset at once), a replica stops answering
 # (only a stall timeout notices), or a replica keeps serving, degraded.
@@ -64,6 +65,12 @@ class Targets:
     rto_api_s: float | None = None  # control-plane-crash: its restart to the API's first answer
     max_faults_past_expiry: int | None = None  # faults still in effect after their expiry
     max_orphans: int | None = None  # processes of this state folder that no control plane owns
+    # slice-experiment: failures of the requests in neither colour (the fault must not reach them), the
+    # seconds from its start to its stop on the deviation (not measured when it stopped otherwise), and
+    # the sides (experiment, control) its report leaves without a request
+    max_uncoloured_failed: int | None = None
+    max_slice_stop_s: float | None = None
+    max_slice_sides_missing: int | None = None
 
 
 # Each target bounds one figure of the report (``chaos.drill_figures.Figures``): target name -> figure name.
@@ -72,6 +79,8 @@ TARGET_FIGURES: dict[str, str] = {
     "max_failed_requests": "requests_failed", "max_tokens_lost": "tokens_lost",
     "max_tokens_duplicated": "tokens_duplicated", "max_writes_lost": "writes_lost", "rto_api_s": "rto_api_s",
     "max_faults_past_expiry": "faults_past_expiry", "max_orphans": "orphans",
+    "max_uncoloured_failed": "uncoloured_failed", "max_slice_stop_s": "slice_stop_s",
+    "max_slice_sides_missing": "slice_sides_missing",
 }
 
 
@@ -90,6 +99,27 @@ class FaultStep:
     def is_single(self) -> bool:
         """Aimed at one replica: ``COUNT(1)`` with no zone."""
         return self.selector.replace(" ", "").upper() == "COUNT(1)" and not self.zone
+
+
+@dataclass(slots=True, frozen=True)
+class SliceStep:
+    """A slice experiment started at t0 (``controlplane.rollouts.experiment``): ``fault`` with ``params`` on
+    the requests of a ``share`` colour, against a control colour of the same share, stopping itself when the
+    experiment side deviates beyond the bounds (or after ``duration_s``)."""
+
+    share: float = 0.1
+    fault: str = "error_rate"
+    params: Mapping[str, float | int | str | bool] = field(default_factory=lambda: {"probability": 1.0})
+    duration_s: float = 14.0  # ends inside the load (from t0), so the drill reads its whole record
+    check_interval_s: float = 0.5
+    bounds: Mapping[str, float] = field(default_factory=lambda: {"max_error_increase": 0.05,
+                                                                 "min_samples": 8})
+
+    def spec(self) -> dict[str, Any]:
+        """As the control plane's slice experiments take it."""
+        return {"share": self.share, "fault": self.fault, "params": dict(self.params),
+                "duration_s": self.duration_s, "check_interval_s": self.check_interval_s,
+                "bounds": dict(self.bounds)}
 
 
 # "azure" as a trace (AZURE_TRACE, AZURE_TRACE_ENV from inference.bench.datasets): the file named by
@@ -161,6 +191,7 @@ class Scenario:
     # it hits; the zone a zone fault takes. Checked against the fleet by ``chaos.drills`` at the start.
     replicas: tuple[str, ...] = ()
     zones: tuple[str, ...] = ()
+    slice_step: SliceStep | None = None  # slice-experiment: what it runs at t0
 
     def __post_init__(self) -> None:
         _positive(rate=self.rate, duration_s=self.duration_s, capacity_deadline_s=self.capacity_deadline_s,
@@ -172,6 +203,8 @@ class Scenario:
             raise ValueError("max_tokens and input_len: must be >= 1")
         if self.action == "fault" and not self.faults:
             raise ValueError(f"{self.id}: a fault scenario needs at least one fault step")
+        if (self.action == "slice-experiment") != (self.slice_step is not None):
+            raise ValueError(f"{self.id}: a slice-experiment scenario, and only one, takes a slice step")
         self._check_aim()
 
     @property
@@ -417,6 +450,13 @@ SCENARIOS: dict[str, Scenario] = {s.id: s for s in (
              "serving new connections at once.", "reset", action="gateway-crash",
              targets=Targets(rto_service_s=_GATEWAY_RTO_S, max_failed_requests=None, max_tokens_lost=None,
                              max_tokens_duplicated=None)),
+    Scenario("slice-error-rate", "Slice experiment: error rate", "Every request of a 10% colour fails "
+             "(error_rate, probability 1, on that colour only) while a 10% control colour is measured beside "
+             "it: the run stops itself on the deviation, the uncoloured 80% see no failure, and the report "
+             "shows both sides with the difference's interval.", "degraded", action="slice-experiment",
+             slice_step=SliceStep(), rate=12.0, duration_s=20.0, fault_at_s=3.0, max_tokens=8,
+             targets=Targets(max_failed_requests=None, max_uncoloured_failed=0, max_slice_stop_s=20.0,
+                             max_slice_sides_missing=0)),
 )}
 
 
@@ -442,7 +482,10 @@ def targets_table() -> str:
 
 
 _OTHER_TARGETS = (("rto_slo_s", "RTO_slo", "s"), ("rto_api_s", "RTO_api", "s"),
-                  ("max_faults_past_expiry", "faults past expiry", ""), ("max_orphans", "orphans", ""))
+                  ("max_faults_past_expiry", "faults past expiry", ""), ("max_orphans", "orphans", ""),
+                  ("max_uncoloured_failed", "uncoloured failed", ""),
+                  ("max_slice_stop_s", "self-stop on the deviation", "s"),
+                  ("max_slice_sides_missing", "sides unreported", ""))
 
 
 def _target(value: float | None, unit: str = "") -> str:

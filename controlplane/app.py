@@ -45,7 +45,7 @@ from controlplane.auth import Auditor, Role, TokenAuthority
 from controlplane.autoscale.loop import Autoscaler
 from controlplane.config import Config, ConfigError
 from controlplane.console import ConsoleProcess, start_console, stop_console
-from controlplane.drills.port import FleetDrillPort
+from controlplane.drills.port import FleetDrillPort, fleet_targets
 from controlplane.drills.service import DrillService
 from controlplane.fleet.backends.select import replica_backend
 from controlplane.fleet.cluster import fleet_cluster
@@ -57,6 +57,10 @@ from controlplane.fleet.registry import load_or_create_secret
 from controlplane.gateway.process import listening_socket
 from controlplane.lab.hosts import LabHosts
 from controlplane.replicas import ReplicaLoad
+from controlplane.rollouts.canary import CanaryController
+from controlplane.rollouts.experiment import SliceExperiments
+from controlplane.rollouts.traffic import TrafficSlices
+from controlplane.rollouts.versions import VersionRegistry
 from controlplane.schedules.scheduler import DrillScheduler, drill_scheduler
 from controlplane.store.database import Store
 from controlplane.store.files import create_private, private_dir
@@ -90,6 +94,7 @@ class ControlPlane:
     admin_token: str | None = None  # set only when this start created it
     admin_password: str | None = None  # the first console admin's password, set only when generated now
     console: ConsoleProcess | None = None
+    slices: TrafficSlices | None = None  # the traffic slices the gateways apply (rollouts/traffic.py)
 
 
 def build(config: Config) -> ControlPlane:
@@ -112,9 +117,11 @@ def build(config: Config) -> ControlPlane:
     telemetry = select_source(config.telemetry, prometheus.url if prometheus else None, fleet.endpoints)
     fleet.error_rate = replica_error_rate(telemetry)
     loads = LoadCache(telemetry)
-    feed = EndpointsFeed(fleet.endpoints, loads.get)
+    slices = TrafficSlices(store, gateways.slice_outcomes)  # canary split and experiment colours
+    feed = EndpointsFeed(fleet.endpoints, loads.get, slices=slices.plan)
     return ControlPlane(config, store, fleet, gateways, feed, telemetry, prometheus, loads,
-                        admin_token=secret if created else None, admin_password=_console_users(config, store))
+                        admin_token=secret if created else None, admin_password=_console_users(config, store),
+                        slices=slices)
 
 
 def api_url(config: Config) -> str:
@@ -220,6 +227,8 @@ class _Running:
     alerts: AlertEngine | None = None
     schedules: DrillScheduler | None = None
     autoscaler: Autoscaler | None = None
+    canary: CanaryController | None = None
+    experiments: SliceExperiments | None = None
     gateways: bool = False
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -261,9 +270,12 @@ async def _start(cp: ControlPlane, running: _Running, api_socket: socket.socket)
     leftovers = await chaos.revert_leftovers()  # a crash mid-drill leaves nothing paused or partitioned
     if leftovers:
         logger.warning("reverted %d faults left active by an earlier control plane", len(leftovers))
+    experiments = running.experiments = None if cp.slices is None else \
+        SliceExperiments(cp.slices, chaos, partial(fleet_targets, cp.fleet), cp.store)  # on coloured slices
     drill_port = FleetDrillPort(cp.fleet, cp.store, gateway=cfg.gateway, state_path=cfg.state_path,
                                 inflight=cp.gateways.inflight, refresh_inflight=cp.gateways.refresh_state,
-                                kill_gateway=cp.gateways.kill_one)
+                                kill_gateway=cp.gateways.kill_one,
+                                slice_experiment=experiments.run_to_end if experiments else None)
     drills = running.drills = DrillService(DrillRunner(drill_port, chaos), cp.store, cfg.state_path,
                                            loop=asyncio.get_running_loop(), api_url=api_url(cfg))
     drills.mark_interrupted()  # a report left "running" by a crash mid-drill
@@ -275,8 +287,12 @@ async def _start(cp: ControlPlane, running: _Running, api_socket: socket.socket)
     services = Services(cp.fleet, cp.store, TokenAuthority(cp.store), Auditor(cp.store), cp.telemetry,
                         chaos, alerts=alerts, drills=drills, feed=cp.feed, gateways=cp.gateways,
                         experiment_hosts=tuple(cfg.chaos.experiment_hosts), api=cfg.api,
-                        active_faults=ledger)
+                        active_faults=ledger, experiments=experiments)
     services.autoscaler = running.autoscaler = Autoscaler(cfg.autoscaler, cp.fleet, cp.telemetry, cp.store)
+    if cp.slices is not None:  # canary releases: the version registry and the controller
+        services.versions = VersionRegistry(cp.store)
+        services.canary = running.canary = CanaryController(cp.fleet, services.versions, cp.slices)
+        running.canary.recover()
     schedules = services.schedules = drill_scheduler(cfg.drills, cp.store, drills,
                                                      loop=asyncio.get_running_loop())
     await asyncio.to_thread(schedules.start)  # before the API answers, so it lists the stored schedules
@@ -311,12 +327,16 @@ async def _stop(cp: ControlPlane, running: _Running) -> None:
         await asyncio.to_thread(running.schedules.shutdown, cp.config.drills.schedule_shutdown_timeout_s)
     if running.autoscaler is not None:
         await running.autoscaler.stop()  # no scaling while the fleet drains
+    if running.canary is not None:
+        await running.canary.stop()  # a release running now aborts
     logger.warning("stopping: draining replicas")
     await asyncio.to_thread(stop_console, cp.console)
     for server in cp.servers:
         server.should_exit = True
     if running.drills is not None:
         await running.drills.aclose()  # a running drill aborts: its load stops and its faults are reverted
+    if running.experiments is not None:
+        await running.experiments.aclose()  # a slice experiment aborts: fault reverted, colours cleared
     if running.chaos is not None:
         await running.chaos.halt_all()  # nothing injected outlives the control plane
         await running.chaos.aclose()

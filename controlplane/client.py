@@ -75,10 +75,20 @@ from controlplane.views import (
     SimulationJob,
     SimulationProgress,
     SimulationResult,
+    SliceBounds,
+    SliceCheck,
+    SliceCounts,
+    SliceDifference,
     SliceExperiment,
     SliceExperimentAbort,
     SliceExperimentStarted,
     SliceExperimentSummary,
+    SliceMetricFigures,
+    SliceReport,
+    SliceRevert,
+    SliceSide,
+    SliceSpec,
+    SliceStop,
     StageMeans,
     Trace,
     UnexpectedAnswer,
@@ -212,11 +222,9 @@ class ControlPlaneClient(Connection):
         """Chaos on a ``share`` colour of traffic against a control colour of the same share; it stops
         itself on a deviation beyond ``bounds`` (max_error_increase, max_latency_ratio, alpha,
         min_samples) or after ``duration_s``. Its id comes back at once."""
-        body: dict[str, Any] = {"share": share, "fault": fault, "params": dict(params or {}),
-                                "duration_s": duration_s, "check_interval_s": check_interval_s,
-                                "colour": colour, "control": control}
-        if bounds:
-            body["bounds"] = dict(bounds)
+        body = {"share": share, "fault": fault, "params": dict(params or {}), "duration_s": duration_s,
+                "check_interval_s": check_interval_s, "bounds": dict(bounds or {}), "colour": colour,
+                "control": control}
         return self._one(SliceExperimentStarted, "POST", "/api/v1/experiments/slices", json=body)
 
     def slice_experiments(self, limit: int = 50) -> list[SliceExperimentSummary]:
@@ -484,6 +492,8 @@ __all__ = [
     "ReleaseView", "ReplicaActivity", "ReplicaExpertLoad", "ReplicaTail", "ReplicaView", "Revert",
     "RolloutView", "RolloutsView", "RuleSwitch", "Scenario", "ScenarioFault", "ScheduleRun", "ScheduleWindow",
     "Series", "SimSlo", "SimTimeline", "SimulationJob", "SimulationProgress", "SimulationResult",
-    "StageMeans", "Trace", "Unreachable", "VersionsView", "Windows", "as_json", "schedule_aim_and_load",
-    "static_policy",
+    "SliceBounds", "SliceCheck", "SliceCounts", "SliceDifference", "SliceExperiment", "SliceExperimentAbort",
+    "SliceExperimentStarted", "SliceExperimentSummary", "SliceMetricFigures", "SliceReport", "SliceRevert",
+    "SliceSide", "SliceSpec", "SliceStop", "StageMeans", "Trace", "Unreachable", "VersionsView", "Windows",
+    "as_json", "schedule_aim_and_load", "static_policy",
 ]

@@ -31,8 +31,10 @@ from controlplane.api.experts import experts_router
 from controlplane.api.gate import Gate
 from controlplane.api.gateways import Gateways, gateways_router
 from controlplane.api.process_metrics import process_metrics_router
+from controlplane.api.rollouts import rollouts_router
 from controlplane.api.schedules import schedules_router
 from controlplane.api.simulations import simulator_router
+from controlplane.api.slice_experiments import slice_experiments_router
 from controlplane.api.spec import document
 from controlplane.api.state_metrics import ControlPlaneState, StateSources
 from controlplane.api.throttle import LoginThrottle
@@ -43,6 +45,9 @@ from controlplane.drills.service import DrillService
 from controlplane.errors import ControlPlaneError, Refused, Unavailable
 from controlplane.fleet.feed import EndpointsFeed
 from controlplane.fleet.reconcile import Fleet
+from controlplane.rollouts.canary import CanaryController
+from controlplane.rollouts.experiment import SliceExperiments
+from controlplane.rollouts.versions import VersionRegistry
 from controlplane.schedules.scheduler import DrillScheduler
 from controlplane.store.database import Store
 from controlplane.store.sqlite import MAX_ROW_ID
@@ -90,6 +95,9 @@ class Services:
     # ActiveFaultCount, the ledger ``chaos`` writes through): /metrics/state never reads the store
     active_faults: Callable[[], int] | None = None
     api: ApiConfig = field(default_factory=ApiConfig)  # the body cap and the login backoff
+    experiments: SliceExperiments | None = None  # slice experiments (/api/v1/experiments/slices)
+    versions: VersionRegistry | None = None  # model versions and releases (rollouts/versions.py)
+    canary: CanaryController | None = None
 
 
 def create_api(services: Services) -> FastAPI:
@@ -122,6 +130,10 @@ def create_api(services: Services) -> FastAPI:
         app.include_router(schedules_router(services.schedules, services.auditor))
     if services.drills is not None:  # after the schedules: /api/v1/drills/{drill_id} would shadow them
         app.include_router(drills_router(services.drills, services.auditor))
+    if services.versions is not None and services.canary is not None:
+        app.include_router(rollouts_router(services.versions, services.canary, services.auditor))
+    if services.experiments is not None:
+        app.include_router(slice_experiments_router(services.experiments, services.auditor))
     if services.feed is not None and services.gateways is not None:
         app.include_router(gateways_router(services.feed, services.gateways, services.store,
                                            services.auditor))

@@ -21,6 +21,7 @@ from controlplane.cli import admin as cli_admin
 from controlplane.cli import alerts as cli_alerts
 from controlplane.cli import autoscaler as cli_autoscaler
 from controlplane.cli import drill as cli_drill
+from controlplane.cli import experiment as cli_experiment
 from controlplane.cli import rollouts as cli_rollouts
 from controlplane.cli import simulate as cli_simulate
 from controlplane.cli.exits import EPILOG, FAILURES, UsageError, exit_code
@@ -239,6 +240,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
     "autoscaler": (cli_autoscaler.SUMMARY, cli_autoscaler.run),
     "simulate": (cli_simulate.SUMMARY, cli_simulate.run),
     "drill": (cli_drill.SUMMARY, cli_drill.run),
+    "experiment": (cli_experiment.SUMMARY, cli_experiment.run),
     "admin": (cli_admin.SUMMARY, cli_admin.run),
 }
 
@@ -307,6 +309,8 @@ def parser() -> argparse.ArgumentParser:
             cli_autoscaler.add_arguments(cmd)
         elif name == "drill":
             cli_drill.add_arguments(cmd)
+        elif name == "experiment":
+            cli_experiment.add_arguments(cmd)
         elif name == "simulate":
             cli_simulate.add_arguments(cmd)
         elif name == "admin":

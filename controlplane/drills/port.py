@@ -15,6 +15,7 @@ from typing import Any
 
 from chaos.drills import FaultNotInjected, FleetSample, Timings
 from chaos.targets import Target
+from controlplane.errors import ControlPlaneError
 from controlplane.fleet.models import ensure_bundled_model, is_bundled
 from controlplane.fleet.reconcile import Fleet
 from controlplane.gateway.config import GatewayConfig
@@ -22,6 +23,8 @@ from controlplane.replicas import ReplicaState
 from controlplane.store.database import Store
 
 MARKS = "drill_marks"
+# Runs a slice experiment from its JSON spec to its end; its record (controlplane.rollouts.experiment).
+SliceExperimentRunner = Callable[[Mapping[str, Any], str], Awaitable[dict[str, Any]]]
 START_TIME_EVENTS = 50  # the latest replica.ready events that give the measured start time
 
 
@@ -49,11 +52,13 @@ class FleetDrillPort:
     def __init__(self, fleet: Fleet, store: Store, *, gateway: GatewayConfig, state_path: Path,
                  inflight: Callable[[], Mapping[str, int]] = dict,
                  refresh_inflight: Callable[[], Awaitable[None]] | None = None,
-                 kill_gateway: Callable[[], str] | None = None) -> None:
+                 kill_gateway: Callable[[], str] | None = None,
+                 slice_experiment: SliceExperimentRunner | None = None) -> None:
         self.fleet, self.store, self.gateway, self.state_path = fleet, store, gateway, state_path
         self._inflight = inflight  # the gateways' streams in flight per replica
         self._refresh_inflight = refresh_inflight  # asks the gateways now (None: the view is always fresh)
         self._kill_gateway = kill_gateway  # the gateway supervisor's kill_one
+        self._slice_experiment = slice_experiment  # controlplane.rollouts.experiment's run_to_end
 
     @property
     def gateway_url(self) -> str:
@@ -77,6 +82,14 @@ class FleetDrillPort:
             return self._kill_gateway()
         except OSError as exc:
             raise FaultNotInjected(f"gateway not killed: {exc}") from exc
+
+    async def run_slice_experiment(self, spec: Mapping[str, Any], by: str) -> dict[str, Any]:
+        if self._slice_experiment is None:
+            raise FaultNotInjected("slice experiments are not available in this control plane")
+        try:
+            return await self._slice_experiment(spec, by)
+        except (ValueError, TypeError, ControlPlaneError) as exc:
+            raise FaultNotInjected(f"slice experiment not started: {exc}") from exc
 
     def targets(self) -> Sequence[Target]:
         return fleet_targets(self.fleet)

@@ -32,9 +32,14 @@ FIGURES: tuple[tuple[str, str, str], ...] = (
     ("rto_api_s", "RTO API (restart to the first answer)", "s"),
     ("faults_past_expiry", "faults in effect past their expiry", ""),
     ("orphans", "orphaned processes", ""),
+    ("uncoloured_failed", "uncoloured requests failed (slice experiment)", ""),
+    ("slice_stop_s", "slice experiment: self-stop on the deviation after", "s"),
+    ("slice_sides_missing", "slice experiment: sides unreported", ""),
 )
-# Shown only when measured: they belong to some scenarios (the control plane's own crash) only.
-OPTIONAL = frozenset({"rto_api_s", "faults_past_expiry", "orphans"})
+# Shown only when measured: they belong to some scenarios (the control plane's own crash, a slice
+# experiment) only.
+OPTIONAL = frozenset({"rto_api_s", "faults_past_expiry", "orphans", "uncoloured_failed", "slice_stop_s",
+                      "slice_sides_missing"})
 MARKERS = ("t_detect", "t_switch", "t_first_ok", "t_slo", "t_capacity")
 
 

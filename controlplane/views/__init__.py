@@ -4,7 +4,7 @@ returns to the CLI and the console (which read attributes, never JSON keys).
 Where it sits: below the client (and its plumbing, :mod:`controlplane.connection`), which re-exports the
 records: the console imports them through it. Above only the error tree. One module per area of the API
 (``fleet``, ``observability``, ``access``, ``chaos``, ``autoscaler``, ``alerts``, ``drills``,
-``schedules``, ``simulations``), and the generic decoder (:mod:`controlplane.views.decoder`).
+``schedules``, ``simulations``, ``experiments``), and the generic decoder (:mod:`controlplane.views.decoder`).
 
 Each record is a frozen dataclass whose fields are named as the API's JSON keys; :func:`decode` builds one
 from an answer, checking every field's type and ignoring keys it does not know (so an older console keeps
@@ -58,6 +58,22 @@ from controlplane.views.drills import (
     Scenario,
     ScenarioFault,
 )
+from controlplane.views.experiments import (
+    SliceBounds,
+    SliceCheck,
+    SliceCounts,
+    SliceDifference,
+    SliceExperiment,
+    SliceExperimentAbort,
+    SliceExperimentStarted,
+    SliceExperimentSummary,
+    SliceMetricFigures,
+    SliceReport,
+    SliceRevert,
+    SliceSide,
+    SliceSpec,
+    SliceStop,
+)
 from controlplane.views.fleet import FleetView, GatewayView, NodeView, ReplicaView, RolloutView
 from controlplane.views.observability import (
     Event,
@@ -92,6 +108,8 @@ __all__ = [
     "PlannedFault", "PolicyOutcome", "Proposal", "Quantiles", "ReplicaActivity", "ReplicaExpertLoad",
     "ReplicaTail", "ReplicaView", "Revert", "RolloutView", "RuleSwitch", "Scenario", "ScenarioFault",
     "ScheduleRun", "ScheduleWindow", "Series", "SimSlo", "SimTimeline", "SimulationJob", "SimulationProgress",
-    "SimulationResult", "StageMeans", "Trace", "UnexpectedAnswer", "Windows", "as_json", "decode",
-    "decode_list", "schedule_aim_and_load",
+    "SimulationResult", "SliceBounds", "SliceCheck", "SliceCounts", "SliceDifference", "SliceExperiment",
+    "SliceExperimentAbort", "SliceExperimentStarted", "SliceExperimentSummary", "SliceMetricFigures",
+    "SliceReport", "SliceRevert", "SliceSide", "SliceSpec", "SliceStop", "StageMeans", "Trace",
+    "UnexpectedAnswer", "Windows", "as_json", "decode", "decode_list", "schedule_aim_and_load",
 ]

@@ -176,9 +176,14 @@ def test_prediction_adds_detection_reprefill_and_backlog() -> None:
 def test_every_shipped_scenario_is_there_with_targets() -> None:
     assert set(SCENARIOS) == {"replica-crash", "replica-hang", "zone-outage", "link-partition",
                               "device-failure", "kv-pressure", "rolling-update", "control-plane-crash",
-                              "gateway-crash", "node-loss"}
-    # A killed gateway takes its clients' streams with it: that drill reports the loss, it cannot forbid it.
-    lossless = {k: s for k, s in SCENARIOS.items() if k != "gateway-crash"}
+                              "gateway-crash", "node-loss", "slice-error-rate"}
+    # A killed gateway takes its clients' streams with it: that drill reports the loss, it cannot forbid it;
+    # a slice experiment fails its experiment colour's requests on purpose, and forbids it to the rest.
+    lossless = {k: s for k, s in SCENARIOS.items() if k not in ("gateway-crash", "slice-error-rate")}
+    sliced = SCENARIOS["slice-error-rate"].targets
+    assert (sliced.max_failed_requests, sliced.max_uncoloured_failed, sliced.max_slice_sides_missing) == \
+        (None, 0, 0)
+    assert sliced.max_slice_stop_s is not None
     assert all(s.targets.max_failed_requests == 0 for s in lossless.values())
     crash = SCENARIOS["control-plane-crash"].targets
     assert (crash.max_writes_lost, crash.max_faults_past_expiry, crash.max_orphans) == (0, 0, 0)

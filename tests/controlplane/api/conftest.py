@@ -34,6 +34,8 @@ from controlplane.fleet.config import FleetConfig
 from controlplane.fleet.feed import EndpointsFeed
 from controlplane.fleet.reconcile import Fleet
 from controlplane.replicas import ReplicaEndpoint
+from controlplane.rollouts.experiment import SliceExperiments
+from controlplane.rollouts.traffic import TrafficSlices
 from controlplane.schedules.scheduler import DrillScheduler, running
 from controlplane.store.database import Store
 from tests.chaos.fakes import RecordingFault
@@ -100,7 +102,9 @@ def serve(tmp_path: Path, store: Store, api: ApiConfig) -> Iterator[Served]:
             alerts=build_engine(AlertsConfig(), store=store, auditor=auditor, telemetry=None, fleet=fleet),
             drills=DrillService(DrillRunner(FakePort(), faults), store, tmp_path),
             feed=EndpointsFeed(fleet.endpoints, lambda _: None), gateways=FakeGateways(), api=api,
-            active_faults=ledger)
+            active_faults=ledger,
+            # slice experiments: the catalogue has no coloured fault kind, so none can start here
+            experiments=SliceExperiments(TrafficSlices(store), faults, lambda: [], store))
         app = create_api(services)
         with TestClient(app, base_url=URL, raise_server_exceptions=False) as client:
             yield Served(client, app, store, tokens)

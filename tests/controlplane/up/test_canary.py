@@ -194,6 +194,12 @@ def test_a_slower_canary_aborts_at_its_first_step_and_stable_clients_see_no_chan
     served = load.served
     on_canary = [s for s in served if s.replica == canary]
     assert on_canary, "the canary's share reached its replica"
+    step_at = next(st["at"] for st in ended.steps if st.get("event") == "step")
+    aborted_at = next(st["at"] for st in ended.steps if st.get("event") == "aborted")
+    last = max(s.started for s in on_canary)
+    print(f"slow canary: step start -> abort decision {aborted_at - step_at:.1f} s "
+          f"({len(analyses)} analysis windows of {STEP_S:g} s); last request sent to it "
+          f"{last - decided:+.1f} s after the test saw the decision")
     late = [s for s in on_canary if s.started > decided + SPLIT_SETTLES_S]
     assert late == [], f"{len(late)} requests went to the aborted canary more than 5 s after the decision"
     before = [s.tpot_s for s in served if s.ok and s.tpot_s and s.started < baseline_until]
@@ -223,6 +229,10 @@ def test_an_identical_canary_promotes_through_every_step(fleet: Running, model_s
                                      min_latency_increase_s=0.05)
         ended = finished(fleet, release.id, timeout=240)
     assert ended.outcome == "promoted", ended
+    first = next(st["at"] for st in ended.steps if st.get("event") == "step")
+    promoting = next(st["at"] for st in ended.steps if st.get("event") == "promoting")
+    print(f"identical canary: steps 20/50/100% passed in {promoting - first:.1f} s, promoted (rolling update "
+          f"of the stable fleet) {ended.ended - promoting if ended.ended else float('nan'):.1f} s later")
     assert [(a["share"], a["decision"]) for a in ended.analyses] == [(0.2, "next"), (0.5, "next"),
                                                                    (1.0, "next")]
     assert all(s.ok for s in load.served), [s for s in load.served if not s.ok][:5]
