@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 PAGES = {"overview": ("/", ".replica-card"), "latency": ("/latency", "#lat-shares td"),
          "chaos": ("/chaos", "#chaos-catalogue tr"), "audit": ("/audit", "#audit-table tr.audit-row")}
 PAGES |= {"drills": ("/drills", "#drills-history tr"), "autoscaler": ("/autoscaler", "#as-decisions tr"),
-          "alerts": ("/alerts", "#al-rules tr.rule-row")}
+          "alerts": ("/alerts", "#al-rules tr.rule-row"), "rollouts": ("/rollouts", "#ro-versions tr")}
 STAGES = ("gateway", "queue", "prefill", "decode", "serialization")
 
 
@@ -268,6 +268,32 @@ def test_audit_page_lists_who_did_what(console: Console, driver: WebDriver) -> N
     assert {("chaos.inject", "ok"), ("chaos.halt", "ok"), ("auth.login", "denied")} <= seen
     screenshot(driver, "audit", publish=True)
     assert_no_console_errors(driver, "audit")
+
+
+def test_rollouts_page_shows_no_release_yet_and_registers_a_version(console: Console,
+                                                                     driver: WebDriver) -> None:
+    visit(driver, console, "rollouts", "#ro-versions tr")
+    wait_for(driver, "#ro-no-versions")
+    wait_for(driver, "#ro-no-release")
+    wait_for(driver, "#ro-no-history")
+    assert "stable 100.0%" in wait_text(driver, "#ro-split-line", r"100\.0%")
+    for control in ("ro-promote", "ro-abort", "ro-pause", "ro-resume"):  # no release to steer
+        assert not driver.find_element(By.ID, control).is_enabled(), control
+    assert driver.find_element(By.ID, "ro-start").is_enabled()
+    with console.running.client() as api:
+        model = api.fleet().model
+    for field, value in (("ro-new-name", "v1"), ("ro-new-model", model), ("ro-new-notes", "what serves now")):
+        driver.find_element(By.ID, field).send_keys(value)
+    driver.find_element(By.ID, "ro-add").click()
+    wait_text(driver, "#ro-added", r"registered v1")
+    [row] = rows_of(driver, "#ro-versions tr.version-row")
+    assert row["version"] == "v1" and row["current"] == "true"  # the fleet's model: the current version
+    driver.find_element(By.ID, "ro-add").click()  # again: the API's refusal, as a note
+    assert "already registered" in wait_text(driver, "#ro-add-refused", r"refused")
+    screenshot(driver, "rollouts")
+    assert_no_console_errors(driver, "rollouts")
+    with console.running.client() as api:
+        assert api.versions().current == "v1" and api.rollouts().release is None
 
 
 def test_every_page_renders_without_browser_errors(console: Console, driver: WebDriver) -> None:
