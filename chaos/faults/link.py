@@ -39,19 +39,21 @@ class LinkControl(Protocol):
     async def remove(self, toxic_id: str) -> bool: ...
 
 
+_COLOUR = ParamInfo("colour", "string", "only requests of this traffic colour (a slice experiment's); "
+                    "absent: every request", required=False)
 _DELAY = FaultKindInfo(
     kind="link-delay", family="network",
     description="the gateway's requests to the replica wait latency_ms (+ up to jitter_ms) before they go",
     params=(ParamInfo("latency_ms", "number", "added delay per request, (0, 60000] ms"),
             ParamInfo("jitter_ms", "number", "extra random delay, [0, 60000] ms", required=False,
-                      default=0)))
+                      default=0), _COLOUR))
 _ABORT = FaultKindInfo(
     kind="link-abort", family="network",
     description="the gateway's link to the replica fails: new connections are refused (refuse), or every "
                 "stream is cut after_ms after it started or after the fault began (reset)",
     params=(ParamInfo("mode", "string", "refuse or reset", required=False, default="refuse"),
             ParamInfo("after_ms", "number", "reset: how long a stream lives, [0, 60000] ms", required=False,
-                      default=0)),
+                      default=0), _COLOUR),
     takes_down=True)
 
 
@@ -109,7 +111,7 @@ class LinkDelayFault(_LinkFault):
 
     def toxic(self, params: dict[str, Scalar]) -> dict[str, Scalar]:
         return {"kind": "latency", "latency_s": _number(params, "latency_ms") / 1000,
-                "jitter_s": _number(params, "jitter_ms") / 1000}
+                "jitter_s": _number(params, "jitter_ms") / 1000, **_coloured(params)}
 
 
 class LinkAbortFault(_LinkFault):
@@ -124,7 +126,13 @@ class LinkAbortFault(_LinkFault):
             raise ValueError(f"params.after_ms: must be in [0, {MAX_LATENCY_MS}]")
 
     def toxic(self, params: dict[str, Scalar]) -> dict[str, Scalar]:
-        return {"kind": str(params["mode"]), "after_s": _number(params, "after_ms") / 1000}
+        return {"kind": str(params["mode"]), "after_s": _number(params, "after_ms") / 1000,
+                **_coloured(params)}
+
+
+def _coloured(params: Mapping[str, Scalar]) -> dict[str, Scalar]:
+    colour = params.get("colour")
+    return {} if colour is None else {"colour": colour}
 
 
 def link_faults(link: LinkControl | None) -> list[Fault]:

@@ -44,6 +44,8 @@ class ToxicRequest(BaseModel):
     after_s: float = Field(0.0, ge=0, le=3600)
     duration_s: float | None = Field(None, gt=0, le=MAX_TOXIC_SECONDS,
                                      description="the gateway removes the toxic after this long")
+    colour: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]{0,31}$",
+                               description="only requests of this traffic colour (none: every request)")
 
 
 class AdmissionRequest(BaseModel):

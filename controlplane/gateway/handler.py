@@ -252,7 +252,7 @@ class Gateway:
                          decision.replica_id, decision.scores)
             try:
                 headers = {**(job.spans.attempt(endpoint, path) or {}), **job.assignment.upstream_headers()}
-                upstream = await self._attempt(endpoint, path, body, headers or None)
+                upstream = await self._attempt(endpoint, path, body, headers or None, job.assignment.colour)
             except UpstreamError as exc:
                 job.spans.failed(exc)
                 job.failed.add(endpoint.replica_id)
@@ -269,13 +269,13 @@ class Gateway:
         raise last.to_client(self.config.retry_after_s) from last
 
     async def _attempt(self, endpoint: ReplicaEndpoint, path: str, body: dict[str, Any],
-                       headers: dict[str, str] | None) -> Upstream:
+                       headers: dict[str, str] | None, colour: str | None = None) -> Upstream:
         """Send to one replica (with its traceparent) and wait for its first event; in flight until closed."""
         self._acquire(endpoint.replica_id)
         upstream: Upstream | None = None
         try:
             if self.toxics:
-                await self._through_toxics(endpoint.replica_id)
+                await self._through_toxics(endpoint.replica_id, colour)
             async with self.liveness.watching(endpoint.replica_id):
                 response = await self._send(endpoint, path, body, headers)
                 upstream = Upstream(endpoint, response, self._release)
@@ -289,10 +289,10 @@ class Gateway:
                 await upstream.aclose()
             raise
 
-    async def _through_toxics(self, replica_id: str) -> None:
-        if self.toxics.refuses(replica_id):
+    async def _through_toxics(self, replica_id: str, colour: str | None) -> None:
+        if self.toxics.refuses(replica_id, colour):
             raise UpstreamError(replica_id, "connect", "link refused (link-abort fault)")
-        delay = self.toxics.request_delay(replica_id)
+        delay = self.toxics.request_delay(replica_id, colour)
         if delay > 0:
             await asyncio.sleep(delay)
 
@@ -360,7 +360,7 @@ class Gateway:
         batch: list[dict[str, Any]] = []
         try:
             while (event := await upstream.next_event(self.config.stall_timeout_s)) is not None:
-                if self.toxics and self.toxics.reset_due(upstream.replica_id, opened):
+                if self.toxics and self.toxics.reset_due(upstream.replica_id, opened, job.assignment.colour):
                     raise UpstreamError(upstream.replica_id, "broken", "link reset (link-abort fault)")
                 self.liveness.heard(upstream.replica_id)
                 try:

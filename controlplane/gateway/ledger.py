@@ -52,8 +52,10 @@ class Ledger:
         job.spans.finish(trace)
         outcome = Outcome.of(trace)
         self.samples.record(job.assignment, outcome)
-        for name in job.assignment.slices():
-            self.metrics.slice_requests.labels(name, "ok" if outcome.ok else "failed").inc()
+        result = "ok" if outcome.ok else "failed"
+        self.metrics.version_requests.labels(job.assignment.version or "stable", result).inc()
+        if job.assignment.colour is not None:
+            self.metrics.colour_requests.labels(job.assignment.colour, result).inc()
         try:
             self.on_trace(trace)
         except Exception:

@@ -41,9 +41,11 @@ class GatewayMetrics:
                                  ["replica"], registry=r)
         self.readmissions = Counter(f"{PREFIX}readmissions", "Ejected replicas re-admitted by the probe",
                                     ["replica"], registry=r)
-        self.slice_requests = Counter(f"{PREFIX}slice_requests", "Requests answered by traffic slice "
-                                      "(version:<name>, colour:<name>) and outcome (ok, failed)",
-                                      ["slice", "outcome"], registry=r)
+        self.version_requests = Counter(f"{PREFIX}version_requests", "Requests answered by the model version "
+                                        "the traffic split sent them to (stable: outside every share), by "
+                                        "outcome (ok, failed)", ["version", "outcome"], registry=r)
+        self.colour_requests = Counter(f"{PREFIX}colour_requests", "Coloured requests answered, by colour "
+                                       "and outcome (ok, failed)", ["colour", "outcome"], registry=r)
         self.rejected = Counter(f"{PREFIX}rejected", "Requests refused before routing, by reason",
                                 ["reason"], registry=r)
         self.inflight = Gauge(f"{PREFIX}inflight_requests", "Upstream requests in flight, by replica",

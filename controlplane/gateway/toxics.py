@@ -7,8 +7,9 @@ also counts towards ejection). ``reset``: streams to the replica are cut ``after
 or after the toxic was added, whichever is later; the gateway resumes them elsewhere.
 
 A toxic may carry a lifetime (``duration_s``): it then ends by itself in the gateway, so a link fault
-expires on time even while the control plane that injected it is down. The control plane names each
-toxic (the same id on every gateway), which makes adding and removing idempotent.
+expires on time even while the control plane that injected it is down. A toxic may name a ``colour``:
+then only requests of that traffic slice (:mod:`controlplane.gateway.slices`) feel it. The control plane
+names each toxic (the same id on every gateway), which makes adding and removing idempotent.
 
 With no toxic in place the gateway pays one truth test per request and per chunk.
 """
@@ -21,6 +22,8 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+from inference.faults import COLOUR_PATTERN
 
 KINDS = ("latency", "refuse", "reset")
 
@@ -35,12 +38,16 @@ class Toxic:
     jitter_s: float = 0.0
     after_s: float = 0.0
     expires_at: float | None = None  # the gateway's clock; None: until removed
+    colour: str | None = None  # only requests of this colour; None: every request
 
     def to_json(self, now: float) -> dict[str, str | float | None]:
         left = None if self.expires_at is None else round(max(self.expires_at - now, 0.0), 3)
         return {"toxic_id": self.toxic_id, "replica_id": self.replica_id, "kind": self.kind,
                 "latency_s": self.latency_s, "jitter_s": self.jitter_s, "after_s": self.after_s,
-                "expires_in_s": left}
+                "expires_in_s": left, "colour": self.colour}
+
+    def touches(self, colour: str | None) -> bool:
+        return self.colour is None or self.colour == colour
 
 
 class LinkToxics:
@@ -68,10 +75,14 @@ class LinkToxics:
             raise ValueError("latency_s, jitter_s and after_s must be finite and >= 0")
         if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
             raise ValueError(f"duration_s: must be > 0, got {duration_s}")
+        colour = toxic.get("colour")
+        if colour is not None and not (isinstance(colour, str) and COLOUR_PATTERN.match(colour)):
+            raise ValueError(f"colour: 1-32 of a-z, 0-9 and '-', got {colour!r}")
         toxic_id = toxic_id or f"toxic-{next(self._ids)}"
         now = self._clock()
         expires_at = None if duration_s is None else now + duration_s
-        self._toxics[toxic_id] = Toxic(toxic_id, replica_id, str(kind), now, **values, expires_at=expires_at)
+        self._toxics[toxic_id] = Toxic(toxic_id, replica_id, str(kind), now, **values, expires_at=expires_at,
+                                       colour=colour)
         return toxic_id
 
     def remove(self, toxic_id: str) -> bool:
@@ -89,19 +100,19 @@ class LinkToxics:
             del self._toxics[toxic_id]
         return bool(over)
 
-    def request_delay(self, replica_id: str) -> float:
-        """Seconds a request to ``replica_id`` waits before it is sent."""
+    def request_delay(self, replica_id: str, colour: str | None = None) -> float:
+        """Seconds a request of ``colour`` to ``replica_id`` waits before it is sent."""
         return sum(t.latency_s + self._random.uniform(0, t.jitter_s)
-                   for t in self.active(replica_id) if t.kind == "latency")
+                   for t in self.active(replica_id) if t.kind == "latency" and t.touches(colour))
 
-    def refuses(self, replica_id: str) -> bool:
-        return any(t.kind == "refuse" for t in self.active(replica_id))
+    def refuses(self, replica_id: str, colour: str | None = None) -> bool:
+        return any(t.kind == "refuse" and t.touches(colour) for t in self.active(replica_id))
 
-    def reset_due(self, replica_id: str, stream_started: float) -> bool:
-        """Whether a stream to ``replica_id`` opened at ``stream_started`` must be cut now."""
+    def reset_due(self, replica_id: str, stream_started: float, colour: str | None = None) -> bool:
+        """Whether a stream of ``colour`` to ``replica_id`` opened at ``stream_started`` must be cut now."""
         now = self._clock()
-        return any(t.kind == "reset" and now >= max(t.added_at, stream_started) + t.after_s
-                   for t in self.active(replica_id))
+        return any(t.kind == "reset" and t.touches(colour)
+                   and now >= max(t.added_at, stream_started) + t.after_s for t in self.active(replica_id))
 
 
 class LocalLinks:

@@ -159,3 +159,34 @@ def test_a_replica_silent_for_the_stall_timeout_loses_the_requests_waiting_for_a
         assert [r.headers.get("x-gateway-tried") for r in responses].count("r0") == 1
         assert 0.3 <= waited < 2.0  # stall timeout 0.3 s; first-byte timeout 5 s
     run(body, routing="round-robin", stall_timeout_s=0.3, first_byte_timeout_s=5.0, eject_after_failures=10)
+
+
+def test_a_coloured_toxic_refuses_only_its_colours_requests() -> None:
+    """A slice experiment's link fault: the coloured requests to r0 fail over, the others reach r0."""
+    from controlplane.gateway.slices import Share, SlicePlan
+
+    plan = SlicePlan(colours=(Share("chaos", 0.5),))
+
+    async def body(h: Harness) -> None:
+        h.gateway.toxics.add("r0", {"kind": "refuse", "colour": "chaos"})
+        for i in range(30):
+            request = body_of("completion", prompt=f"q{i}", max_tokens=2)
+            response = await h.post(path_of("completion"), request)
+            assert response.status_code == 200
+        chaos = [t for t in h.traces if t.retries]
+        assert chaos and all(t.replica_id != "r0" for t in chaos)
+        reached = [hd for hd in h.fleet["r0"].headers]
+        assert reached and all(hd.get("x-llmsre-colour") != "chaos" for hd in reached)
+        with pytest.raises(ValueError, match="colour"):
+            h.gateway.toxics.add("r0", {"kind": "refuse", "colour": "Not A Colour"})
+
+    async def main() -> None:
+        from .fakes import FakeFleet
+
+        harness = Harness(FakeFleet(), slices=lambda: plan, routing="round-robin", eject_after_failures=100,
+                          retry_budget_ratio=1.0)  # every refused coloured request may go elsewhere
+        try:
+            await body(harness)
+        finally:
+            await harness.close()
+    asyncio.run(main())

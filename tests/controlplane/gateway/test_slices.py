@@ -166,3 +166,32 @@ def test_a_canary_without_a_ready_replica_sends_its_share_to_the_stable_fleet() 
         assert len(fleet["r0"].requests) + len(fleet["r1"].requests) == 40
 
     asyncio.run(main())
+
+
+def test_the_gateway_counts_requests_by_version_and_colour() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from .fakes import MODEL, FakeFleet
+    from .test_fake_replicas import Harness
+
+    fleet = FakeFleet()
+    fleet["r2"].labels = ((VERSION_LABEL, "v2"),)
+    plan = SlicePlan(split=(Share("v2", 0.5),), colours=(Share("chaos", 0.5),))
+
+    async def main() -> dict[tuple[str, str, str], float]:
+        harness = Harness(fleet, slices=lambda: plan)
+        try:
+            for i in range(40):
+                body = {"model": MODEL, "prompt": f"q{i}", "max_tokens": 2, "temperature": 0.0}
+                assert (await harness.post("/v1/completions", body)).status_code == 200
+            page = harness.gateway.metrics.page().decode()
+        finally:
+            await harness.close()
+        return {(s.name, s.labels.get("version", s.labels.get("colour", "")), s.labels["outcome"]): s.value
+                for f in text_string_to_metric_families(page) for s in f.samples
+                if s.name.endswith(("version_requests_total", "colour_requests_total"))}
+
+    counts = asyncio.run(main())
+    by_version = {k[1]: v for k, v in counts.items() if k[0].endswith("version_requests_total")}
+    assert by_version["v2"] == len(fleet["r2"].requests) and by_version["stable"] == 40 - by_version["v2"]
+    assert 0 < counts[("llmsre_gateway_colour_requests_total", "chaos", "ok")] < 40
