@@ -1,5 +1,6 @@
 """Chaos: the fault catalogue (unavailable kinds greyed, with why), an inject form with a blast-radius
-preview (the API's dry run), and the active faults with their time left and a revert button.
+preview (the API's dry run), the active faults with their time left and a revert button, and slice
+experiments (:mod:`dashboards.slice_panel`: chaos on a coloured share of traffic against a control colour).
 
 Viewers see everything with every control disabled; the API refuses their calls anyway.
 """
@@ -12,7 +13,7 @@ import dash
 from dash import ALL, Input, Output, State, ctx, dcc, html
 
 from controlplane.client import ApiError, BlastRadius, FaultKind, FaultParam
-from dashboards import figures, session
+from dashboards import figures, session, slice_panel
 from dashboards.shell import REFRESH
 
 
@@ -65,6 +66,7 @@ def layout(**_: Any) -> html.Div:
                     ),
                 ],
             ),
+            slice_panel.section(operate),
             html.H3("Catalogue"),
             html.Table(_catalogue(kinds), id="chaos-catalogue", className="data"),
             dcc.Store(id="chaos-available", data=available),

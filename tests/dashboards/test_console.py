@@ -176,6 +176,11 @@ def test_pause_fault_from_the_chaos_page_then_halt_all_reverts_it(console: Conso
         assert ("kind-unavailable" in (greyed.get_attribute("class") or "")) == (not info.available), kind
         if not info.available:
             assert f"unavailable: {info.unavailable_reason}" in rows[kind]["text"]
+    # the slice-experiments section, empty: no experiment yet, start open to an admin, nothing to abort
+    wait_for(driver, "#sx-section #sx-none")
+    wait_for(driver, "#sx-history #sx-no-history")
+    assert driver.find_element(By.ID, "sx-start").is_enabled()
+    assert not driver.find_element(By.ID, "sx-abort").is_enabled()
     choose(driver, "chaos-kind", "pause")
     choose(driver, "chaos-replicas", "az-b-1")
     duration = driver.find_element(By.ID, "chaos-duration")
@@ -224,9 +229,11 @@ def test_a_viewer_sees_the_chaos_page_but_cannot_inject(console: Console, driver
     log_in(driver, console.url, "viewer", console.viewer_password)
     visit(driver, console, "chaos", "#chaos-catalogue tr[data-kind]")
     wait_text(driver, "#who", r"viewer \(viewer\)")
-    for control in ("chaos-inject", "chaos-preview", "halt-all", "chaos-release"):
+    wait_for(driver, "#sx-none")
+    for control in ("chaos-inject", "chaos-preview", "halt-all", "chaos-release", "sx-start", "sx-abort"):
         assert not driver.find_element(By.ID, control).is_enabled(), control
     assert "may not inject" in driver.find_element(By.ID, "chaos-role-note").text
+    assert "may not start or abort" in driver.find_element(By.ID, "sx-role-note").text
     screenshot(driver, "chaos-viewer")
     assert_no_console_errors(driver, "chaos as viewer")
 
