@@ -2,7 +2,8 @@
 
 Data flow: a seeded random workload (token ids, no text) -> three paths timed one after another in this
 process, on the same model folder, device, dtype and torch threads -> one :class:`OfflineResult` that is
-printed as a table with the targets and the roofline block, and optionally written as JSON.
+printed as a table with the targets, the KV-cache footprint and the roofline block
+(:mod:`inference.bench.offline_result`), and optionally written as JSON.
 
 The paths: our engine with every request submitted at once (``LLM.generate``); transformers ``generate``
 one request at a time; transformers on padded static batches in arrival order, where only each request's
@@ -21,18 +22,31 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
+from inference.bench.kv_cache import kv_cache_footprint
+from inference.bench.offline_result import (
+    ENGINE,
+    HF_BATCH_SIZE,
+    HF_ONE,
+    HF_STATIC,
+    LABELS,
+    BenchRequest,
+    OfflineConfig,
+    OfflineResult,
+    PathResult,
+    WorkloadSpec,
+    format_result,
+)
+from inference.bench.offline_result import TARGETS as TARGETS  # re-exported: the benchmark's interface
 from inference.bench.roofline import (
     RooflineConfig,
     RooflineReport,
     estimate,
-    format_report,
     mean_decode_context,
     measure_machine,
     model_cost,
@@ -44,172 +58,17 @@ from inference.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-ENGINE = "engine"
-HF_ONE = "hf-one-at-a-time"
-HF_STATIC = "hf-static-batches"
-LABELS = {ENGINE: "engine (all at once)", HF_ONE: "HF one at a time", HF_STATIC: "HF static batches"}
-# (baseline path, how many times its output tokens/s the engine must reach)
-TARGETS = ((HF_STATIC, 2.0), (HF_ONE, 8.0))
 TOKENIZER_FILE = "tokenizer.json"
-HF_BATCH_SIZE = 16
 
 
 class BenchmarkError(Exception):
     """The benchmark cannot run as configured (a missing optional dependency, an unusable model)."""
 
 
-@dataclass(slots=True, frozen=True)
-class WorkloadSpec:
-    """Random requests: lengths uniform in the closed ranges, token ids uniform over non-special ids."""
-
-    num_requests: int = 64
-    min_prompt_len: int = 32
-    max_prompt_len: int = 512
-    min_output_len: int = 16
-    max_output_len: int = 256
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("num_requests", "min_prompt_len", "max_prompt_len", "min_output_len", "max_output_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
-        if self.min_prompt_len > self.max_prompt_len:
-            raise ValueError(f"prompt lengths: min {self.min_prompt_len} > max {self.max_prompt_len}")
-        if self.min_output_len > self.max_output_len:
-            raise ValueError(f"output lengths: min {self.min_output_len} > max {self.max_output_len}")
-
-
 # Warm-up requests: short, and drawn from their own random stream so that no prompt block of the timed
 # workload is already in the engine's prefix cache.
 WARMUP_SPEC = WorkloadSpec(num_requests=2, min_prompt_len=8, max_prompt_len=24, min_output_len=4,
                            max_output_len=8)
-
-
-@dataclass(slots=True, frozen=True)
-class BenchRequest:
-    prompt_token_ids: tuple[int, ...]
-    output_len: int
-
-
-@dataclass(slots=True, frozen=True)
-class OfflineConfig:
-    """``hf_one_at_a_time_requests``: run that baseline on the first N requests only (None: all)."""
-
-    model: str = "default"
-    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    skip_hf: bool = False
-    hf_one_at_a_time_requests: int | None = None
-    hf_batch_size: int = HF_BATCH_SIZE
-    roofline: RooflineConfig = field(default_factory=RooflineConfig)
-    show_progress: bool = True
-    repeats: int = 3  # the engine and the static batches: best of this many runs (one-at-a-time: one run)
-
-    def __post_init__(self) -> None:
-        n = self.hf_one_at_a_time_requests
-        if n is not None and not 1 <= n <= self.workload.num_requests:
-            raise ValueError(f"hf_one_at_a_time_requests: must be between 1 and num_requests "
-                             f"({self.workload.num_requests}), got {n}")
-        if self.repeats <= 0:
-            raise ValueError(f"repeats: must be a positive integer, got {self.repeats}")
-        if self.hf_batch_size <= 0:
-            raise ValueError(f"hf_batch_size: must be a positive integer, got {self.hf_batch_size}")
-
-
-@dataclass(slots=True, frozen=True)
-class PathResult:
-    """One timed path. ``num_output_tokens`` counts useful tokens: each request's own requested output;
-    ``num_generated_tokens`` everything the path computed (more than that only for padded batches)."""
-
-    name: str
-    label: str
-    num_requests: int
-    num_output_tokens: int
-    num_generated_tokens: int
-    seconds: float
-    note: str = ""
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.num_output_tokens / self.seconds
-
-
-@dataclass(slots=True, frozen=True)
-class Target:
-    baseline: str
-    baseline_label: str
-    required_ratio: float
-    ratio: float | None  # None when the baseline was skipped
-
-    @property
-    def passed(self) -> bool | None:
-        return None if self.ratio is None else self.ratio >= self.required_ratio
-
-    @property
-    def description(self) -> str:
-        return f"engine >= {self.required_ratio:g}x {self.baseline_label}"
-
-
-@dataclass(slots=True, frozen=True)
-class OfflineResult:
-    model_path: str
-    device: str
-    dtype: str
-    num_threads: int
-    workload: WorkloadSpec
-    num_prompt_tokens: int
-    output_lens: tuple[int, ...]  # each request's requested output length, in arrival order
-    max_num_seqs: int
-    kv_cache_dtype: str
-    num_preemptions: int
-    paths: tuple[PathResult, ...]
-    roofline: RooflineReport | None
-
-    @property
-    def num_requested_output_tokens(self) -> int:
-        return sum(self.output_lens)
-
-    def path(self, name: str) -> PathResult | None:
-        return next((p for p in self.paths if p.name == name), None)
-
-    def ratio(self, name: str, baseline: str) -> float | None:
-        """``name``'s output tokens/s over ``baseline``'s; None when either path did not run."""
-        path, base = self.path(name), self.path(baseline)
-        if path is None or base is None:
-            return None
-        return path.tokens_per_s / base.tokens_per_s
-
-    @property
-    def baselines(self) -> tuple[PathResult, ...]:
-        return tuple(p for p in self.paths if p.name != ENGINE)
-
-    @property
-    def targets(self) -> tuple[Target, ...]:
-        return tuple(Target(name, _label_of(self, name), required, self.ratio(ENGINE, name))
-                     for name, required in TARGETS)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["paths"] = [{**asdict(p), "tokens_per_s": p.tokens_per_s,
-                          "ratios": {b.name: self.ratio(p.name, b.name) for b in self.baselines}}
-                         for p in self.paths]
-        data["targets"] = [{"description": t.description, "baseline": t.baseline,
-                            "required_ratio": t.required_ratio, "ratio": t.ratio, "passed": t.passed}
-                           for t in self.targets]
-        if self.roofline is not None:
-            r = self.roofline
-            data["roofline"]["derived"] = {
-                "weights_seconds": r.weights_seconds, "kv_seconds": r.kv_seconds,
-                "memory_seconds": r.memory_seconds, "compute_seconds": r.compute_seconds,
-                "bound_seconds": r.bound_seconds, "percent_of_bound": r.percent_of_bound,
-                "bound_tokens_per_s": r.bound_tokens_per_s, "peak_gflops": r.rates.peak_gflops}
-        return data
-
-
-def _label_of(result: OfflineResult, name: str) -> str:
-    path = result.path(name)
-    return path.label if path is not None else LABELS[name]
 
 
 # ---- the workload ------------------------------------------------------------------------------
@@ -403,10 +262,8 @@ def measure_roofline(engine: LLMEngine, requests: Sequence[BenchRequest],
     observed = observe_decode(engine.step_stats)
     if observed is None:
         return None
-    mc, layout = engine.model_config, engine.runner.layout
-    cost = model_cost(engine.model, num_attention_heads=mc.num_attention_heads, head_dim=mc.head_dim,
-                      num_layers=mc.num_hidden_layers,
-                      kv_bytes_per_token=layout.bytes_per_block // layout.block_size)
+    mc = engine.model_config
+    cost = model_cost(engine.model, mc, kv_bytes_per_token=engine.runner.layout.bytes_per_token)
     rates = measure_machine(device=engine.device.torch_device, dtype=engine.dtype,
                             decode_batch=round(observed.mean_batch), hidden_size=mc.hidden_size,
                             config=config, synchronize=engine.device.synchronize)
@@ -441,65 +298,16 @@ def run_offline(config: OfflineConfig) -> OfflineResult:
         workload=config.workload, num_prompt_tokens=sum(len(r.prompt_token_ids) for r in requests),
         output_lens=tuple(r.output_len for r in requests),
         max_num_seqs=config.engine.max_num_seqs, kv_cache_dtype=config.engine.kv_cache_dtype,
-        num_preemptions=preemptions, paths=tuple(paths), roofline=roofline)
-
-
-# ---- printing ----------------------------------------------------------------------------------
-def format_result(result: OfflineResult) -> str:
-    w = result.workload
-    lines = [
-        f"Offline throughput: {w.num_requests} requests (seed {w.seed}), prompts {w.min_prompt_len}-"
-        f"{w.max_prompt_len} tokens ({result.num_prompt_tokens} in all), outputs {w.min_output_len}-"
-        f"{w.max_output_len} tokens ({result.num_requested_output_tokens} in all); greedy, ignore_eos",
-        f"model {result.model_path} on {result.device}, {result.dtype}, torch threads {result.num_threads}; "
-        f"engine max_num_seqs {result.max_num_seqs}, kv cache {result.kv_cache_dtype}, "
-        f"{result.num_preemptions} preemptions",
-        "",
-        format_table(result),
-        "",
-        format_targets(result),
-    ]
-    if result.roofline is not None:
-        lines += ["", format_report(result.roofline)]
-    else:
-        lines += ["", "Machine limit: the engine ran no pure-decode step; nothing to compare."]
-    return "\n".join(lines)
-
-
-def format_table(result: OfflineResult) -> str:
-    baselines = result.baselines
-    header = ["path", "requests", "output tokens", "seconds", "output tok/s",
-              *(f"vs {b.label}" for b in baselines)]
-    rows = [header]
-    notes: list[str] = []
-    for p in result.paths:
-        label = p.label
-        if p.note:
-            notes.append(f"{'*' * (len(notes) + 1)} {p.label}: {p.note}")
-            label += " " + "*" * len(notes)
-        ratios = [result.ratio(p.name, b.name) for b in baselines]
-        rows.append([label, str(p.num_requests), str(p.num_output_tokens), f"{p.seconds:.2f}",
-                     f"{p.tokens_per_s:.1f}", *(f"{r:.2f}x" for r in ratios if r is not None)])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    text = ["  ".join(cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i])
-                      for i, cell in enumerate(row)) for row in rows]
-    return "\n".join(text + notes)
-
-
-def format_targets(result: OfflineResult) -> str:
-    lines = ["Targets"]
-    for t in result.targets:
-        verdict = "SKIPPED (baseline not run)" if t.passed is None else (
-            f"{'PASS' if t.passed else 'FAIL'} ({t.ratio:.2f}x)")
-        lines.append(f"  {t.description}: {verdict}")
-    return "\n".join(lines)
+        num_preemptions=preemptions, paths=tuple(paths), roofline=roofline,
+        kv_cache=kv_cache_footprint(engine))
 
 
 # ---- the command line --------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
     defaults, engine = WorkloadSpec(), EngineConfig()
     p.add_argument("--model", default="default",
-                   help="'default' (built on first use) or a Hugging Face folder")
+                   help="'default' (Llama) or 'default-moe' (DeepSeek-V3), built on first use, or a "
+                        "Hugging Face folder")
     p.add_argument("--num-requests", type=int, default=defaults.num_requests)
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--max-num-seqs", type=int, default=engine.max_num_seqs)

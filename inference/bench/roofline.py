@@ -2,13 +2,25 @@
 
 Three parts, in the order the offline benchmark calls them: :func:`measure_machine` times a large
 ``copy_`` (memory bandwidth) and two GEMMs (a square one and the engine's decode shape); :func:`model_cost`
-reads from the loaded model what one decode step must move and compute; :func:`estimate` combines both
-with the engine's pure-decode steps (``LLMEngine.step_stats``) into a :class:`RooflineReport`: the fastest
-a decode step could be on this machine and how close the engine comes to it.
+reads from the loaded model and its config what one decode step must move and compute; :func:`estimate`
+combines both with the engine's pure-decode steps (``LLMEngine.step_stats``) into a
+:class:`RooflineReport`: the fastest a decode step could be on this machine and how close the engine
+comes to it.
+
+Both families the engine serves are costed as the engine computes them. Llama-style attention reads each
+cached token's keys and values and does ``2 x heads x head_dim`` multiply-adds on them per layer.
+DeepSeek-V3's latent attention reads one latent row per cached token and layer and, weight-absorbed as the
+engine decodes, does ``heads x (kv_lora_rank + qk_rope_head_dim)`` multiply-adds for the scores and
+``heads x kv_lora_rank`` for the values. A mixture-of-experts layer streams its dense parts (router,
+shared experts) every step but only the routed experts the step's batch hits: for a batch of B tokens
+each choosing k of E experts, the expected number of distinct experts is ``E x (1 - (1 - k/E)^B)``
+(routing taken as uniform and independent), averaged over the observed decode batches; each token
+multiplies through only its k experts.
 
 The bound is a lower bound on time, so every choice errs optimistic: bandwidth is the best of several
 copies, compute uses the faster of the two GEMM rates, and step time is ``max(memory, compute)`` rather
-than their sum.
+than their sum. The one exception is the expert count: for a given k, uniform routing spreads a batch
+over the most distinct experts, and a skewed router streams fewer.
 """
 
 from __future__ import annotations
@@ -16,12 +28,16 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import nn
+
+from inference.models.config import ModelConfig
+from inference.models.deepseek import DeepseekMoE
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +94,12 @@ class ModelCost:
     """What one decoded token costs the model, independent of the batch.
 
     ``streamed_weight_bytes``: the weights a decode step reads in full (all of them but an untied input
-    embedding, of which a step gathers only its batch's rows). ``matmul_params``: the weights every token
-    multiplies through (2 FLOPs each). ``attention_flops_per_context_token``: QK^T and PV over one cached
-    token, all layers (4 x heads x head_dim x layers).
+    embedding, of which a step gathers only its batch's rows, and the routed experts). ``matmul_params``:
+    the weights every token multiplies through (2 FLOPs each), routed experts aside.
+    ``attention_flops_per_context_token``: the scores and the weighted values over one cached token, all
+    layers (4 x heads x head_dim x layers; latent attention: 2 x heads x (2 x kv_lora_rank +
+    qk_rope_head_dim) x layers). Routed experts: ``routed_expert_bytes`` and ``routed_expert_params`` are
+    one expert's share summed over the mixture-of-experts layers (all zero for a dense model).
     """
 
     num_params: int
@@ -89,15 +108,35 @@ class ModelCost:
     matmul_params: int
     kv_bytes_per_token: int
     attention_flops_per_context_token: int
+    num_routed_experts: int = 0
+    experts_per_token: int = 0
+    num_moe_layers: int = 0
+    routed_expert_bytes: int = 0
+    routed_expert_params: int = 0
+    attention_detail: str = ""  # how the attention FLOPs were counted, where not plain multi-head
+
+    @property
+    def active_matmul_params(self) -> int:
+        """Weights one token multiplies through: the dense ones and its ``experts_per_token`` experts."""
+        return self.matmul_params + self.experts_per_token * self.routed_expert_params
+
+    def expected_experts_hit(self, batch: float) -> float:
+        """Distinct routed experts a layer reads for ``batch`` tokens: E x (1 - (1 - k/E)^batch)."""
+        e, k = self.num_routed_experts, self.experts_per_token
+        if e == 0 or batch <= 0:
+            return 0.0
+        miss: float = (1.0 - k / e) ** batch
+        return e * (1.0 - miss)
 
 
 @dataclass(slots=True, frozen=True)
 class DecodeObservation:
-    """The engine's pure-decode steps (no prefill token in the step)."""
+    """The engine's pure-decode steps (no prefill token in the step); ``batch_steps``: (batch, steps)."""
 
     num_steps: int
     mean_seconds: float
     mean_batch: float
+    batch_steps: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -112,8 +151,21 @@ class RooflineReport:
         return self.observed.mean_batch * self.mean_context * self.cost.kv_bytes_per_token
 
     @property
+    def mean_experts_hit(self) -> float:
+        """Expected distinct routed experts per layer and step, averaged over the observed steps."""
+        cost, o = self.cost, self.observed
+        if not o.batch_steps:
+            return cost.expected_experts_hit(o.mean_batch)
+        steps = sum(n for _, n in o.batch_steps)
+        return sum(cost.expected_experts_hit(b) * n for b, n in o.batch_steps) / steps
+
+    @property
+    def weight_bytes_per_step(self) -> float:
+        return self.cost.streamed_weight_bytes + self.mean_experts_hit * self.cost.routed_expert_bytes
+
+    @property
     def weights_seconds(self) -> float:
-        return self.cost.streamed_weight_bytes / self.rates.bandwidth_bytes_per_s
+        return self.weight_bytes_per_step / self.rates.bandwidth_bytes_per_s
 
     @property
     def kv_seconds(self) -> float:
@@ -127,7 +179,7 @@ class RooflineReport:
     def flops_per_step(self) -> float:
         batch = self.observed.mean_batch
         attention = self.cost.attention_flops_per_context_token * self.mean_context
-        return batch * (2 * self.cost.matmul_params + attention)
+        return batch * (2 * self.cost.active_matmul_params + attention)
 
     @property
     def compute_seconds(self) -> float:
@@ -209,23 +261,41 @@ def _best_time(fn: Callable[[], object], *, repeats: int, synchronize: Callable[
 
 
 # ---- what the model costs ----------------------------------------------------------------------
-def model_cost(model: nn.Module, *, num_attention_heads: int, head_dim: int, num_layers: int,
-               kv_bytes_per_token: int) -> ModelCost:
-    """Read parameter counts and bytes from the loaded model (whatever dtype it was loaded in)."""
+def model_cost(model: nn.Module, config: ModelConfig, *, kv_bytes_per_token: int) -> ModelCost:
+    """Read parameter counts and bytes from the loaded model (whatever dtype it was loaded in), and the
+    attention and expert shapes from its config."""
     params = list(model.named_parameters())
     has_lm_head = any(name.endswith("lm_head.weight") for name, _ in params)
-    num_params = weight_bytes = streamed = matmul = 0
+    moe_layers = [m for m in model.modules() if isinstance(m, DeepseekMoE)]
+    routed = {id(p) for m in moe_layers for p in (m.experts_gate_up, m.experts_down)}
+    num_params = weight_bytes = streamed = matmul = routed_bytes = routed_params = 0
     for name, p in params:
         nbytes = p.numel() * p.element_size()
         num_params += p.numel()
         weight_bytes += nbytes
+        if id(p) in routed:  # [experts, out, in]: read and multiplied only where the batch routes
+            routed_bytes += nbytes
+            routed_params += p.numel()
+            continue
         gathered = name.endswith("embed_tokens.weight") and has_lm_head  # untied: rows looked up, not read
         if not gathered:
             streamed += nbytes
             if p.dim() == 2:
                 matmul += p.numel()
-    return ModelCost(num_params, weight_bytes, streamed, matmul, kv_bytes_per_token,
-                     4 * num_attention_heads * head_dim * num_layers)
+    heads, layers, detail = config.num_attention_heads, config.num_hidden_layers, ""
+    if config.mla is None:
+        attention = 4 * heads * config.head_dim * layers
+    else:  # weight-absorbed decode: scores over [latent | rope], values in latent space
+        latent, rope = config.mla.kv_lora_rank, config.mla.qk_rope_head_dim
+        attention = 2 * heads * (2 * latent + rope) * layers
+        detail = (f"latent rows, weight-absorbed: 2 x {heads} heads x (({latent} + {rope}) scores + {latent} "
+                  f"values) x {layers} layers")
+    e, k = (0, 0) if config.moe is None or not moe_layers else (config.moe.n_routed_experts,
+                                                                 config.moe.num_experts_per_tok)
+    return ModelCost(num_params, weight_bytes, streamed, matmul, kv_bytes_per_token, attention,
+                     num_routed_experts=e, experts_per_token=k, num_moe_layers=len(moe_layers),
+                     routed_expert_bytes=routed_bytes // max(e, 1),
+                     routed_expert_params=routed_params // max(e, 1), attention_detail=detail)
 
 
 # ---- what the engine did -----------------------------------------------------------------------
@@ -245,8 +315,10 @@ def observe_decode(step_stats: Iterable[StepLike]) -> DecodeObservation | None:
     steps = [s for s in step_stats if s.num_prefill_tokens == 0 and s.num_decode_tokens > 0]
     if not steps:
         return None
+    batches = Counter(s.num_decode_tokens for s in steps)
     return DecodeObservation(len(steps), sum(s.duration for s in steps) / len(steps),
-                             sum(s.num_decode_tokens for s in steps) / len(steps))
+                             sum(s.num_decode_tokens for s in steps) / len(steps),
+                             tuple(sorted(batches.items())))
 
 
 def mean_decode_context(lengths: Iterable[tuple[int, int]]) -> float:
@@ -281,19 +353,39 @@ def format_report(report: RooflineReport) -> str:
         f"  GEMM {r.dtype:<12} {r.square_gemm.gflops:.1f} GFLOP/s at {r.square_gemm.shape}; "
         f"{r.decode_gemm.gflops:.1f} GFLOP/s at decode shape {r.decode_gemm.shape}",
         f"  model             {c.num_params / 1e6:.2f} M parameters, {c.weight_bytes / 1e6:.1f} MB; "
-        f"{c.streamed_weight_bytes / 1e6:.1f} MB read per decode step; "
+        f"{report.weight_bytes_per_step / 1e6:.1f} MB read per decode step; "
         f"KV {c.kv_bytes_per_token / 1024:.1f} KiB per token",
+        *_family_lines(report),
         f"  engine decode     {o.num_steps} pure-decode steps: mean {o.mean_seconds * 1e3:.2f} ms, "
         f"mean batch {batch:.1f}, mean context {ctx:.0f} tokens",
         f"  memory time   = (weights + batch x context x KV/token) / bandwidth"
-        f" = ({c.streamed_weight_bytes / 1e6:.1f} MB + {report.kv_bytes_per_step / 1e6:.1f} MB)"
+        f" = ({report.weight_bytes_per_step / 1e6:.1f} MB + {report.kv_bytes_per_step / 1e6:.1f} MB)"
         f" / {bw:.2f} GB/s = {report.memory_seconds * 1e3:.2f} ms",
-        f"  compute time  = batch x (2 x matmul params + attention FLOPs/token x context) / peak GEMM"
-        f" = {batch:.1f} x (2 x {c.matmul_params / 1e6:.2f} M + {c.attention_flops_per_context_token} x "
-        f"{ctx:.0f}) / {r.peak_gflops:.1f} GFLOP/s = {report.compute_seconds * 1e3:.2f} ms",
+        f"  compute time  = batch x (2 x {'active ' if c.num_routed_experts else ''}matmul params + "
+        f"attention FLOPs/token x context) / peak GEMM"
+        f" = {batch:.1f} x (2 x {c.active_matmul_params / 1e6:.2f} M + "
+        f"{c.attention_flops_per_context_token} x {ctx:.0f}) / {r.peak_gflops:.1f} GFLOP/s = "
+        f"{report.compute_seconds * 1e3:.2f} ms",
         f"  bound         = max(memory, compute) = {report.bound_seconds * 1e3:.2f} ms per step "
         f"({report.bound_tokens_per_s:.0f} tokens/s at batch {batch:.1f}; engine decodes "
         f"{report.observed_tokens_per_s:.0f} tokens/s)",
         f"  engine at {report.percent_of_bound:.1f}% of the bound (bound / measured mean step)",
     ]
     return "\n".join(lines)
+
+
+def _family_lines(report: RooflineReport) -> list[str]:
+    """What latent attention and routed experts change in the count; nothing for a dense Llama."""
+    c, lines = report.cost, []
+    if c.attention_detail:
+        lines.append(f"  attention         {c.attention_detail} = "
+                     f"{c.attention_flops_per_context_token} FLOPs per cached token")
+    if c.num_routed_experts:
+        e, k = c.num_routed_experts, c.experts_per_token
+        lines.append(
+            f"  experts           {e} routed, {k} per token, in {c.num_moe_layers} layers "
+            f"({c.routed_expert_bytes / 1e6:.2f} MB per expert across them): expected "
+            f"{report.mean_experts_hit:.1f} of {e} hit per layer and step = E x (1 - (1 - k/E)^batch) "
+            f"over the observed batches; {c.streamed_weight_bytes / 1e6:.1f} MB dense "
+            f"+ {report.mean_experts_hit * c.routed_expert_bytes / 1e6:.1f} MB experts")
+    return lines

@@ -1,7 +1,9 @@
 """The offline benchmark runs all three paths on the default model and reports self-consistent figures.
 
 One small run (4 short requests; the one-at-a-time baseline on the first 2) feeds every claim about the
-result's structure. No claim is about speed: the figures depend on the machine and its load.
+result's structure, and one more of the same size on the bundled DeepSeek-V3 (``default-moe``) checks that
+its roofline counts latent attention and routed experts. No claim is about speed: the figures depend on
+the machine and its load.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from inference.bench.offline import (
     make_workload,
     run_offline,
 )
-from inference.bench.roofline import RooflineConfig, mean_decode_context
+from inference.bench.roofline import ModelCost, RooflineConfig, mean_decode_context
 from inference.config import EngineConfig
 
 pytest.importorskip("transformers")
@@ -33,13 +35,22 @@ TINY = WorkloadSpec(num_requests=4, min_prompt_len=8, max_prompt_len=40, min_out
 HF_SUBSET = 2
 
 
-@pytest.fixture(scope="module")
-def result() -> OfflineResult:
-    config = OfflineConfig(workload=TINY, engine=EngineConfig(device="cpu"), repeats=2,
-                           hf_one_at_a_time_requests=HF_SUBSET,
+def tiny_run(model: str, *, repeats: int = 2, hf_subset: int = HF_SUBSET) -> OfflineResult:
+    config = OfflineConfig(model=model, workload=TINY, engine=EngineConfig(device="cpu"), repeats=repeats,
+                           hf_one_at_a_time_requests=hf_subset,
                            roofline=RooflineConfig(copy_mib=32, gemm_size=256, repeats=2),
                            show_progress=False)
     return run_offline(config)
+
+
+@pytest.fixture(scope="module")
+def result() -> OfflineResult:
+    return tiny_run("default")
+
+
+@pytest.fixture(scope="module")
+def moe_result() -> OfflineResult:
+    return tiny_run("default-moe", repeats=1, hf_subset=1)
 
 
 def test_every_path_counts_exactly_the_requested_output_tokens(result: OfflineResult) -> None:
@@ -85,6 +96,14 @@ def test_roofline_numbers_are_positive_and_add_up(result: OfflineResult) -> None
     assert r.memory_seconds == pytest.approx(r.weights_seconds + r.kv_seconds)
     assert r.bound_seconds == max(r.memory_seconds, r.compute_seconds) > 0
     assert r.percent_of_bound == pytest.approx(100 * r.bound_seconds / r.observed.mean_seconds)
+    # the default Llama: multi-head attention over every cached key and value, no routed experts
+    assert r.cost.attention_flops_per_context_token == 4 * 4 * 64 * 6
+    assert r.cost.num_routed_experts == 0 and r.mean_experts_hit == 0
+    assert r.weight_bytes_per_step == r.cost.streamed_weight_bytes
+    assert r.cost.active_matmul_params == r.cost.matmul_params
+    kv = result.kv_cache
+    assert kv is not None
+    assert kv.stored_bytes_per_token == kv.multi_head_bytes_per_token == r.cost.kv_bytes_per_token
 
 
 def test_printed_report_and_json_carry_the_figures(result: OfflineResult) -> None:
@@ -124,3 +143,42 @@ def test_left_pad_puts_prompts_flush_right_under_the_mask() -> None:
     ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_default_moe_runs_every_path_and_its_roofline_counts_latent_rows_and_routed_experts(
+        moe_result: OfflineResult) -> None:
+    assert [p.name for p in moe_result.paths] == [ENGINE, HF_ONE, HF_STATIC]  # transformers loads the folder
+    assert all(p.num_output_tokens > 0 and p.seconds > 0 for p in moe_result.paths)
+    assert moe_result.paths[0].num_output_tokens == sum(moe_result.output_lens)
+    r = moe_result.roofline
+    assert r is not None
+    cost = r.cost
+    # 4 heads; scores over [latent 64 | rope 16], values in the 64-wide latent; 6 layers
+    assert cost.attention_flops_per_context_token == 2 * 4 * (2 * 64 + 16) * 6
+    assert cost.kv_bytes_per_token == 80 * 4 * 6  # one float32 latent row per token and layer
+    assert (cost.num_routed_experts, cost.experts_per_token, cost.num_moe_layers) == (16, 4, 5)
+    assert cost.routed_expert_params == 3 * 128 * 256 * 5  # gate, up and down of 128 x 256, in 5 layers
+    assert cost.routed_expert_bytes == 4 * cost.routed_expert_params
+    # a step streams the dense weights and the experts its batch hits: at least k, at most all E
+    assert 4 <= r.mean_experts_hit <= 16
+    assert r.weight_bytes_per_step == pytest.approx(cost.streamed_weight_bytes
+                                                    + r.mean_experts_hit * cost.routed_expert_bytes)
+    assert r.weight_bytes_per_step < cost.weight_bytes
+    assert cost.active_matmul_params == cost.matmul_params + 4 * cost.routed_expert_params
+    assert sum(n for _, n in r.observed.batch_steps) == r.observed.num_steps
+    kv = moe_result.kv_cache
+    assert kv is not None and (kv.stored_bytes_per_token, kv.multi_head_bytes_per_token) == (1_920, 7_680)
+    text = format_result(moe_result)
+    assert "KV cache" in text and "4.0x the stored" in text
+    assert "latent rows, weight-absorbed" in text and "16 routed, 4 per token" in text
+    assert json.loads(json.dumps(moe_result.to_dict()))["kv_cache"]["derived"]["ratio"] == pytest.approx(4.0)
+
+
+def test_expected_experts_hit_is_the_mean_of_uniform_routing() -> None:
+    cost = ModelCost(0, 0, 0, 0, 0, 0, num_routed_experts=16, experts_per_token=4)
+    assert cost.expected_experts_hit(0) == 0 and cost.expected_experts_hit(1) == pytest.approx(4)
+    rng = random.Random(0)
+    for batch in (2, 5, 12):
+        trials = [len({e for _ in range(batch) for e in rng.sample(range(16), 4)}) for _ in range(4000)]
+        assert cost.expected_experts_hit(batch) == pytest.approx(sum(trials) / len(trials), rel=0.02)
+    assert ModelCost(0, 0, 0, 0, 0, 0).expected_experts_hit(8) == 0
