@@ -181,15 +181,14 @@ class Fleet:
         return self.rollout
 
     async def _prepare_models(self) -> None:
-        """Build each model once before its replicas start (they would each wait on one build otherwise); a
-        failed build is logged, not retried: each replica then tries itself and logs why it cannot."""
-        if self.prepare_model is None:
-            return
+        """Build each model once before its first replica starts (not when adopted replicas run it: their
+        first pass must not wait); a failed build is logged, and each replica then tries itself."""
+        prepare, running = self.prepare_model, {r.spec.model for r in self.replicas.values()}
         for model in (self.model, *(x.model for x in (self.rollout, self.canary) if x is not None)):
-            if model not in self._prepared:
+            if prepare is not None and model not in self._prepared | running:
                 self._prepared.add(model)
                 try:
-                    await asyncio.to_thread(self.prepare_model, model)
+                    await asyncio.to_thread(prepare, model)
                 except Exception:
                     logger.exception("could not build the model %s before starting its replicas", model)
 

@@ -299,3 +299,24 @@ def test_rollout_rolls_back_when_the_new_replica_errors_more_than_the_old_ones(t
     [event] = h.store.events(kind_prefix="rollout.rolled_back")
     assert "30.0%" in event.detail["reason"] and "2.0%" in event.detail["reason"]
     assert {e.model for e in h.fleet.endpoints()} == {"default"} and h.fleet.num_ready() == 3
+
+
+def test_a_model_is_built_before_its_first_replica_but_never_for_adopted_replicas(tmp_path: Path) -> None:
+    """At a fresh start the model is built before the spawns; after a restart the adopted replicas run it
+    already, so the pass that marks them ready does not wait on a build (clients would find none ready)."""
+    built: list[str] = []
+    first = make(tmp_path)
+    first.fleet.prepare_model = built.append
+    asyncio.run(first.fleet._prepare_models())
+    first.tick()
+    first.tick()
+    assert built == ["default"]
+    second = make(tmp_path)
+    second.backend.running = set(first.backend.running)
+    second.fleet.prepare_model = built.append
+    second.fleet.adopt_or_clean()
+    asyncio.run(second.fleet._prepare_models())
+    assert built == ["default"]  # not built again: adopted replicas serve it
+    second.fleet.start_canary("v2", "/models/v2")
+    asyncio.run(second.fleet._prepare_models())
+    assert built == ["default", "/models/v2"]  # a canary's new model is built before its replica
