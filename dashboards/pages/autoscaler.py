@@ -50,7 +50,7 @@ from dashboards.shell import REFRESH
 
 DECISIONS = 200  # decision records drawn and listed
 LOG_ROWS = 50
-SIM_POLL_MS = 700  # how often a running simulation job is polled
+SIM_POLL_MS = 300  # how often a running simulation job is polled (a run takes a second or two)
 # The policy editor's numbers: (form field, label, step); a target's field is its metric, whose setting is
 # AUTOSCALER_TARGETS[metric], every other field is the setting itself.
 NUMBERS = (

@@ -351,7 +351,7 @@ def test_autoscaler_policy_editor_and_pause_change_the_live_loop(console: Consol
     assert_no_console_errors(driver, "autoscaler editor")
 
 
-SIM_TRACE_S = 3600  # an hour of the bursty trace, uncompressed: seconds of simulation per policy
+SIM_TRACE_S = 7200  # two hours of the bursty trace: 1.3 s of simulation on a quiet machine, 4 polls
 
 
 def _sim_progress(browser: WebDriver) -> list[Any]:
