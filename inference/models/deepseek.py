@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.mla import LatentAttention
-from inference.models.config import MlaShape, ModelConfig, MoeShape
+from inference.models.config import ModelConfig
+from inference.models.deepseek_shapes import MlaShape, MoeShape
 from inference.models.llama import CausalLM, LlamaMLP, RMSNorm
 from inference.models.rope import apply_rotary, apply_rotary_interleaved
 

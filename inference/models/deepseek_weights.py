@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from inference.models.config import MlaShape, ModelConfig, MoeShape
+from inference.models.config import ModelConfig
+from inference.models.deepseek_shapes import MlaShape, MoeShape
 
 Shapes = dict[str, tuple[int, ...]]
 Getter = Callable[[str], torch.Tensor]  # checkpoint tensor by name
