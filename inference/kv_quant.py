@@ -60,14 +60,7 @@ class KVCacheStore:
 
     def _gather(self, name: str, cache: torch.Tensor, block_tables: torch.Tensor,
                 length: int | None) -> torch.Tensor:
-        b, nb = block_tables.shape
-        flat = block_tables.flatten()
-        out = self.workspace.take(name, flat.numel(), cache[0].numel(), dtype=cache.dtype,
-                                  device=cache.device)
-        x = _select_blocks(cache, flat, out).view(b, nb * self.block_size, *cache.shape[2:])
-        if length is not None:
-            x = x[:, :length]
-        return x.transpose(1, 2)
+        return _gather_blocks(self.workspace, name, cache, block_tables, self.block_size, length)
 
 
 class Int8KVCacheStore(KVCacheStore):
@@ -129,6 +122,19 @@ class Int8KVCacheStore(KVCacheStore):
         return x.transpose(1, 2)
 
 
+def _gather_blocks(workspace: GatherWorkspace, name: str, cache: torch.Tensor, block_tables: torch.Tensor,
+                   block_size: int, length: int | None) -> torch.Tensor:
+    """The blocks of ``block_tables`` [B, nb] of a [blocks, block_size, heads, dim] cache as [B, heads, L,
+    dim]; L = length or nb * block_size."""
+    b, nb = block_tables.shape
+    flat = block_tables.flatten()
+    out = workspace.take(name, flat.numel(), cache[0].numel(), dtype=cache.dtype, device=cache.device)
+    x = _select_blocks(cache, flat, out).view(b, nb * block_size, *cache.shape[2:])
+    if length is not None:
+        x = x[:, :length]
+    return x.transpose(1, 2)
+
+
 def _select_blocks(cache: torch.Tensor, block_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Rows of ``cache`` [num_blocks, ...] as [len(block_ids), block elements].
 
@@ -138,11 +144,11 @@ def _select_blocks(cache: torch.Tensor, block_ids: torch.Tensor, out: torch.Tens
     return torch.index_select(cache.view(cache.shape[0], -1), 0, block_ids, out=out)
 
 
-class LatentCacheStore(KVCacheStore):
+class LatentCacheStore:
     """MLA: one ``[kv_lora_rank | qk_rope_head_dim]`` row per token, shared by every head; no values.
 
-    Stored as the keys of a one-head cache, so gathering returns ``[B, 1, L, width]``: the key tensor of
-    a one-key-head attention, whose first ``kv_lora_rank`` columns are also its values.
+    Laid out as a one-head cache, so gathering returns ``[B, 1, L, width]``: the key tensor of a
+    one-key-head attention, whose first ``kv_lora_rank`` columns are also its values.
     """
 
     def __init__(self, num_blocks: int, block_size: int, width: int, *, dtype: torch.dtype,
@@ -161,7 +167,7 @@ class LatentCacheStore(KVCacheStore):
 
     def gather_latent(self, block_tables: torch.Tensor, length: int | None) -> torch.Tensor:
         """Rows of ``block_tables`` [B, nb] as [B, 1, L, width]; L = length or nb * block_size."""
-        return self._gather("k", self.k, block_tables, length)
+        return _gather_blocks(self.workspace, "k", self.k, block_tables, self.block_size, length)
 
 
 class Int8LatentCacheStore(LatentCacheStore):
