@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import httpx
 import pytest
 
 from controlplane.client import ControlPlaneClient
@@ -78,18 +79,26 @@ def start(config: Path, tmp: Path, token: str) -> Running:
 
 
 def wait_ready(running: Running, want: int) -> float:
+    """Seconds until ``want`` replicas are ready at the control plane and routable at the gateway (the
+    gateway learns the replica set from the control plane's feed a moment after the fleet says ready)."""
     started = time.monotonic()
     deadline = started + START_TIMEOUT_S
     while time.monotonic() < deadline:
         assert running.process.poll() is None, running.log.read_text()[-3000:]
         try:
             with running.client() as client:
-                if client.fleet().ready_replicas >= want:
+                if client.fleet().ready_replicas >= want and len(routable_at(running.gateway)) >= want:
                     return time.monotonic() - started
         except Exception:
             pass
         time.sleep(0.5)
     raise AssertionError(f"fleet not ready in time:\n{running.log.read_text()[-3000:]}")
+
+
+def routable_at(gateway: str) -> list[str]:
+    """The replicas a gateway routes to now, by its ``/health``."""
+    health = httpx.get(f"{gateway}/health", timeout=5, trust_env=False).json()
+    return list(health["routable"])
 
 
 def replica_pids(state_dir: Path) -> set[int]:
