@@ -19,7 +19,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -43,6 +43,7 @@ from controlplane.api.process_metrics import STATE_PATH
 from controlplane.api.state_metrics import ActiveFaultCount
 from controlplane.auth import Auditor, Role, TokenAuthority
 from controlplane.autoscale.loop import Autoscaler
+from controlplane.autoscale.profile import resolve_profile_path
 from controlplane.config import Config, ConfigError
 from controlplane.console import ConsoleProcess, start_console, stop_console
 from controlplane.drills.port import FleetDrillPort, fleet_targets
@@ -288,7 +289,10 @@ async def _start(cp: ControlPlane, running: _Running, api_socket: socket.socket)
                         chaos, alerts=alerts, drills=drills, feed=cp.feed, gateways=cp.gateways,
                         experiment_hosts=tuple(cfg.chaos.experiment_hosts), api=cfg.api,
                         active_faults=ledger, experiments=experiments)
-    services.autoscaler = running.autoscaler = Autoscaler(cfg.autoscaler, cp.fleet, cp.telemetry, cp.store)
+    # the profile `controlplane calibrate` measured on this host, unless the config names one
+    scaling = replace(cfg.autoscaler, replica_profile=resolve_profile_path(cfg.autoscaler.replica_profile,
+                                                                           cfg.state_path))
+    services.autoscaler = running.autoscaler = Autoscaler(scaling, cp.fleet, cp.telemetry, cp.store)
     if cp.slices is not None:  # canary releases: the version registry and the controller
         services.versions = VersionRegistry(cp.store)
         services.canary = running.canary = CanaryController(cp.fleet, services.versions, cp.slices)

@@ -207,7 +207,8 @@ def create_api(services: Services) -> FastAPI:
 
     app.include_router(auth_router(services.store, services.tokens, services.auditor,
                                    LoginThrottle(services.api.login)))
-    app.include_router(simulator_router(services.auditor, services.store))
+    profile_path = services.autoscaler.config.replica_profile if services.autoscaler is not None else ""
+    app.include_router(simulator_router(services.auditor, services.store, profile_path))
 
     @app.get("/api/v1/latency/breakdown", tags=["observability"])
     def latency_breakdown(window_s: float = Query(300.0, gt=0, le=7 * 86400), scope: str = "fleet",

@@ -94,8 +94,8 @@ class SimulationJobs:
     ``lock`` is held for the whole of any run; ``POST /simulate`` takes it too.
     """
 
-    def __init__(self, store: Store, auditor: Auditor) -> None:
-        self.store, self.auditor = store, auditor
+    def __init__(self, store: Store, auditor: Auditor, profile_path: str = "") -> None:
+        self.store, self.auditor, self.profile_path = store, auditor, profile_path
         self.lock = threading.Lock()
         self._running_id: int | None = None
         self._progress: dict[str, Any] = {}  # of the running job; written by its thread
@@ -144,7 +144,7 @@ class SimulationJobs:
     def _run(self, job_id: int, body: SimulateRequest, who: Principal) -> None:
         as_batch_work()  # this thread is the job's own: the data plane and the loops come first
         try:
-            result = run_what_if(body, progress=self._advance)
+            result = run_what_if(body, progress=self._advance, profile_path=self.profile_path)
         except ValueError as exc:
             self._finish(job_id, body, who, error=str(exc))
         except Exception as exc:  # a failure becomes the job's error, not a dead thread with a running record
@@ -197,10 +197,11 @@ class SimulationJobs:
         return view
 
 
-def simulator_router(auditor: Auditor, store: Store) -> APIRouter:
+def simulator_router(auditor: Auditor, store: Store, profile_path: str = "") -> APIRouter:
+    """``profile_path``: the replica profile the control plane runs on ("": the shipped one)."""
     router = APIRouter(prefix="/api/v1", tags=["simulator"])
     viewer, operator = require(Role.VIEWER), require(Role.OPERATOR)
-    jobs = SimulationJobs(store, auditor)
+    jobs = SimulationJobs(store, auditor, profile_path)
     if interrupted := jobs.mark_interrupted():
         logger.warning("%d simulation(s) running when the control plane stopped: interrupted", interrupted)
 
@@ -211,7 +212,7 @@ def simulator_router(auditor: Auditor, store: Store) -> APIRouter:
             auditor.record(who, "simulate.run", body.trace, params, "denied", "a simulation is running")
             raise Conflict(BUSY.format(running=""))
         try:
-            result = await in_batch_thread(lambda: run_what_if(body))
+            result = await in_batch_thread(lambda: run_what_if(body, profile_path=profile_path))
         except ValueError as exc:
             auditor.record(who, "simulate.run", body.trace, params, "error", str(exc))
             raise Refused(str(exc)) from exc
@@ -258,17 +259,20 @@ def _summary(result: dict[str, Any]) -> str:
     )
 
 
-def run_what_if(body: SimulateRequest, progress: Progress | None = None) -> dict[str, Any]:
+def run_what_if(body: SimulateRequest, progress: Progress | None = None, *,
+                profile_path: str = "") -> dict[str, Any]:
     """The simulation behind the endpoints (also callable without HTTP); ValueError for bad input.
+    ``profile_path``: the replica profile the control plane runs on ("": the shipped one).
 
     ``progress`` sees the fraction of all policies' runs done and the policy simulated now.
     """
-    from controlplane.autoscale.profile import load_profile
+    from controlplane.autoscale.profile import describe, load_profile
     from controlplane.sim.simulator import PolicySpec, SimSettings, Slo, compare
     from controlplane.sim.trace import BurstyConfig, TraceShape, azure_trace, shaped, synthetic_bursty
 
     specs = [PolicySpec.parse(p) for p in body.policies]
-    profile = load_profile()
+    profile = load_profile(profile_path or None)
+    about = describe(profile, profile_path)
     shape = TraceShape(
         compress=body.compress,
         token_scale=body.token_scale,
@@ -304,6 +308,8 @@ def run_what_if(body: SimulateRequest, progress: Progress | None = None) -> dict
         "trace": body.trace,
         "num_requests": len(requests),
         "profile": profile.source,
+        "profile_path": about["path"],
+        "profile_fit": about["fit"],
         "slo": {"ttft_s": settings.slo.ttft_s, "tpot_s": settings.slo.tpot_s},
         "policies": [r.to_json() for r in reports],
     }

@@ -20,6 +20,7 @@ from controlplane import __version__
 from controlplane.cli import admin as cli_admin
 from controlplane.cli import alerts as cli_alerts
 from controlplane.cli import autoscaler as cli_autoscaler
+from controlplane.cli import calibrate as cli_calibrate
 from controlplane.cli import drill as cli_drill
 from controlplane.cli import experiment as cli_experiment
 from controlplane.cli import rollouts as cli_rollouts
@@ -38,7 +39,8 @@ from controlplane.cli.options import (
 from controlplane.client import TOKEN_ENV, ActiveFault, FaultKind, FleetView, as_json
 from controlplane.config import load_config
 
-LOCAL_COMMANDS = frozenset({"up", "simulate", "hash-password", "admin"})  # they never talk to the API
+# they never talk to the API
+LOCAL_COMMANDS = frozenset({"up", "simulate", "calibrate", "hash-password", "admin"})
 CLI_TOKEN_SECRET = "controlplane_cli_token"  # `chaos run`: the operator's token, among the secrets redacted
 
 
@@ -239,6 +241,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
     "alerts": (cli_alerts.SUMMARY, cli_alerts.run),
     "autoscaler": (cli_autoscaler.SUMMARY, cli_autoscaler.run),
     "simulate": (cli_simulate.SUMMARY, cli_simulate.run),
+    "calibrate": (cli_calibrate.SUMMARY, cli_calibrate.run),
     "drill": (cli_drill.SUMMARY, cli_drill.run),
     "experiment": (cli_experiment.SUMMARY, cli_experiment.run),
     "admin": (cli_admin.SUMMARY, cli_admin.run),
@@ -313,6 +316,8 @@ def parser() -> argparse.ArgumentParser:
             cli_experiment.add_arguments(cmd)
         elif name == "simulate":
             cli_simulate.add_arguments(cmd)
+        elif name == "calibrate":
+            cli_calibrate.add_arguments(cmd)
         elif name == "admin":
             cli_admin.add_arguments(cmd)
     add_connection_options_below(p, skip=LOCAL_COMMANDS)

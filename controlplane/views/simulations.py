@@ -46,6 +46,8 @@ class SimulationResult:
     profile: str  # the replica profile's source
     slo: SimSlo
     policies: tuple[PolicyOutcome, ...]
+    profile_path: str = "shipped"  # the file the profile came from (results recorded before: unknown)
+    profile_fit: str = ""  # its fit error on calibration and held-out points
 
 
 @dataclass(slots=True, frozen=True)

@@ -466,7 +466,8 @@ def _follow(job_id: int | None) -> tuple[Any, ...]:
                            id="as-sim-refused" if job.status == "error" else "as-sim-interrupted")
         return "", notice, [], keep, keep, True
     note = (f"{result.num_requests} requests of the {result.trace} trace; SLO: TTFT <= "
-            f"{result.slo.ttft_s} s, TPOT <= {result.slo.tpot_s} s; replica profile: {result.profile}")
+            f"{result.slo.ttft_s} s, TPOT <= {result.slo.tpot_s} s; replica profile: {result.profile} "
+            f"({result.profile_path}; fit error {result.profile_fit or 'unknown'})")
     return "", note, _comparison(result.policies), simulation_timeline(result), keep, True
 
 

@@ -392,6 +392,8 @@ def test_what_if_simulator_compares_policies_on_a_trace(console: Console, driver
         assert 0.0 <= float(row["slo"]) <= 1.0
     note = driver.find_element(By.ID, "as-sim-note").text
     assert re.search(r"\d+ requests of the synthetic-bursty trace", note), note
+    # which profile the result came from, and how well it fits its held-out points
+    assert re.search(r"replica profile: .+ \((shipped|/\S+\.json); fit error .+ held out\)", note), note
     traces = {t["name"]: t["n"] for t in plot_data(driver, "as-sim-graph")}
     assert traces.get("ours replicas", 0) > 0 and traces.get("hpa replicas", 0) > 0, traces
     with console.running.client() as api:

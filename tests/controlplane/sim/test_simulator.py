@@ -28,7 +28,7 @@ from controlplane.autoscale.policies import (
     decide,
     target_tracking,
 )
-from controlplane.autoscale.profile import CalibrationPlan, ReplicaProfile, calibrate, load_profile
+from controlplane.autoscale.profile import ReplicaProfile, load_profile
 from controlplane.config import load_config
 from controlplane.fleet.reconcile import Fleet
 from controlplane.sim.fleet import FleetSim, ScaleEvent
@@ -333,15 +333,24 @@ def test_the_shipped_profile_loads_and_predicts_positive_step_times() -> None:
 
 
 @pytest.mark.timeout(240)
-def test_calibration_measures_a_real_replica() -> None:
-    plan = CalibrationPlan(
-        prefill_lens=(64, 512), decode_batches=(1, 8), decode_contexts=(128,), decode_tokens=8, repeats=1
-    )
-    profile = calibrate(plan)
-    assert profile.start_s > 0 and len(profile.points) == 4
-    long, short = profile.points[1], profile.points[0]
-    assert long.seconds > short.seconds  # a longer prefill takes longer
+def test_calibrate_measures_a_real_replica_and_prints_its_fit(tmp_path: Path) -> None:
+    """``controlplane calibrate --quick``: the table of points, the fit error, a profile file (installed, or
+    beside it as .rejected when the held-out error is over the bound on a busy host: both are honest)."""
+    out = tmp_path / "profile.json"
+    done = subprocess.run([sys.executable, "-m", "controlplane", "calibrate", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=200)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    written = out if done.returncode == 0 else out.with_name(out.name + ".rejected")
+    profile = load_profile(written)
+    assert profile.start_s > 0 and len(profile.points) == 6 and len(profile.held_out) == 2
+    prefill_64, prefill_1024 = profile.points[0], profile.points[2]
+    assert prefill_1024.seconds > prefill_64.seconds  # a longer prefill takes longer
     assert profile.kv_capacity_tokens > 1000 and profile.max_num_seqs >= 1
+    # what it printed is what it wrote: each point measured against the fit, and the errors
+    assert profile.fit_error().describe() in done.stdout
+    for point in (*profile.points, *profile.held_out):
+        assert f"{point.seconds * 1e3:7.1f}ms {profile.predict(point) * 1e3:7.1f}ms" in done.stdout
+    assert str(written) in done.stdout
 
 
 # ---- CLI and REST -------------------------------------------------------------------------------

@@ -1,0 +1,192 @@
+"""``controlplane calibrate``'s measurement: one real replica of the default model, timed step by step.
+
+It starts a replica as the control plane does (its own process, ``num_threads`` torch threads), times its
+start (spawn to ``/ready``), prefills of several lengths (time to first token of a one-token completion;
+each prompt is fresh random ids, so the prefix cache never skips the work) and decode steps of several
+batch sizes at several context lengths (the median gap between tokens while every stream of the batch
+decodes), in rounds over all points, each point keeping its best round; reads its KV capacity from
+``vllm:cache_config_info``; fits :class:`~controlplane.autoscale.profile.ReplicaProfile` to the calibration
+points and reports its error on held-out points measured the same way but never fitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from controlplane.autoscale.profile import ProfilePoint, ReplicaProfile, fit
+
+# token ids below this are the default model's special tokens (see inference.bench.datasets)
+FIRST_PROMPT_TOKEN_ID = 16
+VOCAB_SIZE = 512
+
+Progress = Callable[[int, int, str], None]  # (measurements done, in all, what was just measured)
+
+
+@dataclass(slots=True, frozen=True)
+class Decode:
+    batch: int
+    context: int
+
+
+@dataclass(slots=True, frozen=True)
+class CalibrationPlan:
+    prefill_lens: tuple[int, ...] = (64, 256, 512, 1024)
+    decodes: tuple[Decode, ...] = tuple(Decode(b, c) for c in (128, 1024) for b in (1, 4, 16, 48))
+    held_out_prefill_lens: tuple[int, ...] = (128, 384, 768)
+    held_out_decodes: tuple[Decode, ...] = (Decode(8, 512), Decode(32, 256), Decode(24, 768))
+    decode_tokens: int = 16  # steady steps timed per stream, once the whole batch decodes
+    repeats: int = 3  # rounds over every point; each keeps its best (decode: its best median step)
+    num_threads: int = 1  # as the control plane starts replicas on a shared 2-core machine
+
+    def __post_init__(self) -> None:
+        if len(self.prefill_lens) + len(self.decodes) < 5:
+            raise ValueError("a calibration needs at least 5 points for the model's 5 coefficients")
+        if self.repeats < 1 or self.decode_tokens < 4 or self.num_threads < 1:
+            raise ValueError("repeats and num_threads: >= 1; decode_tokens: >= 4")
+
+    @property
+    def num_points(self) -> int:
+        return (len(self.prefill_lens) + len(self.decodes) + len(self.held_out_prefill_lens)
+                + len(self.held_out_decodes))
+
+    @property
+    def num_measurements(self) -> int:
+        return self.num_points * self.repeats
+
+
+QUICK_PLAN = CalibrationPlan(
+    prefill_lens=(64, 384, 1024), decodes=(Decode(1, 128), Decode(8, 128), Decode(24, 768)),
+    held_out_prefill_lens=(256,), held_out_decodes=(Decode(12, 512),), decode_tokens=8, repeats=1)
+
+
+def calibrate(plan: CalibrationPlan = CalibrationPlan(), *,
+              progress: Progress | None = None) -> ReplicaProfile:
+    """Start one real replica, time its start, prefill and decode steps, and fit the profile."""
+    from inference.launcher import ReplicaProcess, free_port
+    from inference.models.default import ensure_default_model
+
+    say = progress or (lambda *_: None)
+    ensure_default_model()  # built once per state folder; not part of a replica's start time
+    replica = ReplicaProcess(free_port(), replica_id="calibrate-0",
+                             extra_args=["--num-threads", str(plan.num_threads)])
+    started = time.monotonic()
+    with replica:
+        replica.wait_ready(timeout=180)
+        start_s = time.monotonic() - started
+        say(0, plan.num_measurements, f"replica ready after {start_s:.2f}s")
+        points, held_out, limits = asyncio.run(_measure(replica.base_url, plan, say))
+    source = (f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.node()} "
+              f"({platform.processor() or platform.machine()}), default model, {plan.num_threads} torch "
+              f"thread(s)")
+    return fit(points, held_out, start_s=round(start_s, 3), source=source, **limits)
+
+
+async def _measure(url: str, plan: CalibrationPlan,
+                   say: Progress) -> tuple[list[ProfilePoint], list[ProfilePoint], dict[str, int]]:
+    """Every point once per round, ``repeats`` rounds: a slow spell of a shared host then costs each point
+    at most one of its repetitions, and each point keeps its best (a slow spell is not the engine's cost)."""
+    rng = random.Random(0)
+    steps: list[int | Decode] = [*plan.prefill_lens, *plan.held_out_prefill_lens, *plan.decodes,
+                                 *plan.held_out_decodes]
+    seconds: dict[int, list[float]] = {i: [] for i in range(len(steps))}
+    generated: dict[int, list[int]] = {i: [] for i in range(len(steps))}
+    done, total = 0, plan.num_measurements
+    async with httpx.AsyncClient(base_url=url, timeout=120, trust_env=False) as client:
+        limits = await _limits(client)
+        await _stream(client, _prompt(rng, 32), 4)  # warm-up: first requests pay for lazy setup
+        for _ in range(plan.repeats):
+            for i, step in enumerate(steps):
+                if isinstance(step, Decode):
+                    median, tokens = await _decode_once(client, rng, step, plan.decode_tokens)
+                    seconds[i].append(median)
+                    generated[i].extend(tokens)
+                    what = f"decode batch {step.batch} at context {step.context}: {median * 1e3:.1f} ms/step"
+                else:
+                    seconds[i].append((await _stream(client, _prompt(rng, step), 1))[0])
+                    what = f"prefill {step} tokens: {seconds[i][-1] * 1e3:.1f} ms"
+                done += 1
+                say(done, total, what)
+    points = []
+    for i, step in enumerate(steps):
+        best = round(min(seconds[i]), 6)
+        if isinstance(step, Decode):
+            context = step.batch * (step.context + statistics.fmean(generated[i]))
+            points.append(ProfilePoint(step.batch, 0, round(context), best))
+        else:
+            points.append(ProfilePoint(0, step, 0, best))
+    n_prefill, n_held = len(plan.prefill_lens), len(plan.held_out_prefill_lens)
+    n_decode = len(plan.decodes)
+    fitted = points[:n_prefill] + points[n_prefill + n_held:n_prefill + n_held + n_decode]
+    held_out = points[n_prefill:n_prefill + n_held] + points[n_prefill + n_held + n_decode:]
+    return fitted, held_out, limits
+
+
+async def _decode_once(client: httpx.AsyncClient, rng: random.Random, d: Decode,
+                       steady_tokens: int) -> tuple[float, list[int]]:
+    """One repetition of a decode point: the median step while the whole batch decodes, and for each of
+    those steps the tokens its sequence had generated."""
+    # Streams are admitted one prefill at a time: the first has ~batch tokens by the time the last has its
+    # first. Each asks for enough tokens that all are still decoding for `steady_tokens` steps.
+    tokens = d.batch + steady_tokens
+    runs = await asyncio.gather(*(_stream(client, _prompt(rng, d.context), tokens) for _ in range(d.batch)))
+    if not (gaps := _steady_gaps(runs)):
+        raise RuntimeError(f"decode batch {d.batch} at context {d.context}: no step with the whole batch "
+                           f"decoding (the replica admitted fewer at once)")
+    return statistics.median(g for g, _ in gaps), [i for _, i in gaps]
+
+
+async def _limits(client: httpx.AsyncClient) -> dict[str, int]:
+    """KV capacity from the replica's ``vllm:cache_config_info``; other limits are the engine defaults."""
+    from inference.config import EngineConfig
+
+    defaults = EngineConfig()
+    limits = {"max_num_seqs": defaults.max_num_seqs,
+              "max_num_batched_tokens": defaults.max_num_batched_tokens}
+    text = (await client.get("/metrics")).text
+    for line in text.splitlines():
+        if line.startswith("vllm:cache_config_info{"):
+            inside = line[line.index("{") + 1: line.index("}")]
+            labels = dict(part.split("=", 1) for part in inside.split(","))
+            blocks = int(labels["num_gpu_blocks"].strip('"'))
+            limits["kv_capacity_tokens"] = blocks * int(labels["block_size"].strip('"'))
+    return limits
+
+
+def _prompt(rng: random.Random, length: int) -> list[int]:
+    # fresh random ids each time: a repeated prompt would hit the prefix cache and skip its prefill
+    return [rng.randrange(FIRST_PROMPT_TOKEN_ID, VOCAB_SIZE) for _ in range(length)]
+
+
+async def _stream(client: httpx.AsyncClient, prompt: list[int], max_tokens: int) -> list[float]:
+    """Token arrival times of one streamed completion, relative to when it was sent (first = TTFT)."""
+    body = {"model": "default", "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+            "temperature": 0.0, "ignore_eos": True}
+    sent, times = time.monotonic(), []
+    async with client.stream("POST", "/v1/completions", json=body) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"calibration request failed: HTTP {resp.status_code} "
+                               f"{(await resp.aread())[:200]!r}")
+        async for line in resp.aiter_lines():
+            data = line[5:].strip() if line.startswith("data:") else "[DONE]"
+            if data != "[DONE]" and json.loads(data).get("choices"):
+                times.append(time.monotonic() - sent)
+    return times
+
+
+def _steady_gaps(runs: Sequence[list[float]]) -> list[tuple[float, int]]:
+    """Gaps between tokens while every stream of a batch is decoding (from the last first token to the
+    first last token), each with the number of tokens its stream had generated before it."""
+    full_from = max(r[0] for r in runs if r)
+    full_until = min(r[-1] for r in runs if r)
+    return [(b - a, i + 1) for r in runs for i, (a, b) in enumerate(itertools.pairwise(r))
+            if a >= full_from and b <= full_until]

@@ -1,0 +1,97 @@
+"""``controlplane calibrate``: measure this host's replica and write the profile the control plane runs on.
+
+controlplane calibrate                      # about two minutes; writes <state_dir>/replica_profile.json
+controlplane calibrate --quick --out p.json
+
+It starts one replica of the default model (as ``controlplane up`` does: its own process, one torch thread
+by default), times its start, prefills and decode steps (:mod:`controlplane.autoscale.calibrate`), fits the
+step-time model (:mod:`controlplane.autoscale.profile`) and prints every point measured against what the
+fit predicts, calibration and held-out points apart. The profile goes to the state folder, where the
+autoscaler and the what-if simulator of a control plane started afterwards find it. A fit whose error on
+held-out points is over the bound (15%) is not installed there: it is written beside, as
+``<out>.rejected``, and the command exits 1 (``--force`` installs it anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from controlplane.autoscale.profile import CALIBRATED_PROFILE, HELD_OUT_BOUND, ProfilePoint, ReplicaProfile
+from controlplane.cli.exits import UsageError
+
+SUMMARY = "measure this host's replica (prefill, decode steps, KV capacity, start) and write its profile"
+
+
+def add_arguments(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--config", default=None, help="the TOML file `controlplane up` runs with (its "
+                                                    "state_dir receives the profile)")
+    cmd.add_argument("--out", default=None, help=f"write the profile here (default: <state_dir>/"
+                                                 f"{CALIBRATED_PROFILE})")
+    cmd.add_argument("--threads", type=int, default=1, help="torch threads of the replica, as the fleet "
+                                                            "runs it (default %(default)s)")
+    cmd.add_argument("--quick", action="store_true", help="fewer points, one repetition (about 30 s)")
+    cmd.add_argument("--force", action="store_true", help=f"install the profile even if its held-out "
+                                                          f"error is over {HELD_OUT_BOUND:.0%}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    from controlplane.autoscale.calibrate import QUICK_PLAN, CalibrationPlan, calibrate
+    from controlplane.config import load_config
+
+    if args.threads < 1:
+        raise UsageError("calibrate: --threads must be >= 1")
+    out = Path(args.out) if args.out else load_config(args.config).state_path / CALIBRATED_PROFILE
+    if not out.parent.is_dir():
+        raise UsageError(f"calibrate: {out.parent} is not a folder")
+    plan = replace(QUICK_PLAN if args.quick else CalibrationPlan(), num_threads=args.threads)
+    started = time.monotonic()
+    with tqdm(total=plan.num_measurements, desc="calibrate", unit="step") as bar:
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(done - bar.n)
+            bar.set_postfix_str(what)
+
+        profile = calibrate(plan, progress=progress)
+    print(report(profile))
+    error = profile.fit_error()
+    rejected = error.held_out_max is not None and error.held_out_max > HELD_OUT_BOUND and not args.force
+    target = out.with_name(out.name + ".rejected") if rejected else out
+    target.write_text(json.dumps(profile.to_json(), indent=1) + "\n")
+    took = time.monotonic() - started
+    if rejected:
+        print(f"held-out error {error.held_out_max:.1%} is over the {HELD_OUT_BOUND:.0%} bound: "
+              f"not installed; written to {target} (measured in {took:.0f}s; rerun when the host is quiet, "
+              f"or --force)")
+        return 1
+    print(f"profile written to {target} (measured in {took:.0f}s); a control plane started now uses it")
+    return 0
+
+
+def report(profile: ReplicaProfile) -> str:
+    """Every point, measured against predicted, then the model and its errors."""
+    lines = [f"{'SET':<9} {'STEP':<28} {'MEASURED':>9} {'PREDICTED':>9} {'ERROR':>7}"]
+    for kind, points in (("fit", profile.points), ("held-out", profile.held_out)):
+        for p in points:
+            lines.append(f"{kind:<9} {_what(p):<28} {p.seconds * 1e3:7.1f}ms "
+                         f"{profile.predict(p) * 1e3:7.1f}ms {profile.relative_error(p):6.1%}")
+    lines.append(
+        f"step = {profile.step_base_s * 1e3:.2f} ms + {profile.per_seq_s * 1e3:.3f} ms/decoding seq + "
+        f"{profile.per_prefill_token_s * 1e3:.4f} ms/prefill token + {profile.per_prefill_pair_s * 1e9:.2f} "
+        f"ns/prefill attention pair + {profile.per_context_token_s * 1e6:.4f} us/context token")
+    lines.append(f"start {profile.start_s:.2f}s; KV capacity {profile.kv_capacity_tokens:,} tokens; "
+                 f"{profile.max_num_seqs} sequences, {profile.max_num_batched_tokens} tokens a step at most")
+    lines.append(f"fit error: {profile.fit_error().describe()} (bound {HELD_OUT_BOUND:.0%} held out)")
+    return "\n".join(lines)
+
+
+def _what(p: ProfilePoint) -> str:
+    if p.num_decode == 0:
+        return f"prefill {p.num_prefill_tokens} tokens"
+    return f"decode {p.num_decode} seqs x {p.context_tokens // p.num_decode} ctx"

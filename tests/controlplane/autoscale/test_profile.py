@@ -1,0 +1,103 @@
+"""The replica profile: its step-time model, its fit, and the profile the control plane picks.
+
+The shipped profile was written by ``controlplane calibrate`` on the development machine: its calibration
+and held-out points are real timings of a replica, so fitting them again must give the shipped
+coefficients, and the fit must predict every held-out point within the bound the calibration keeps.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from controlplane.autoscale.profile import (
+    HELD_OUT_BOUND,
+    ProfilePoint,
+    ReplicaProfile,
+    attention_pairs,
+    fit,
+    load_profile,
+    refit,
+    resolve_profile_path,
+)
+
+COEFFICIENTS = ("step_base_s", "per_seq_s", "per_prefill_token_s", "per_context_token_s",
+                "per_prefill_pair_s")
+TRUE = ReplicaProfile(step_base_s=0.004, per_seq_s=0.0004, per_prefill_token_s=0.00015,
+                      per_context_token_s=2e-7, per_prefill_pair_s=6e-8, start_s=3.0)
+
+
+def synthetic_points(profile: ReplicaProfile) -> list[ProfilePoint]:
+    prefills = [ProfilePoint(0, n, 0, profile.step_time(num_decode=0, num_prefill_tokens=n, context_tokens=0))
+                for n in (64, 256, 512, 1024)]
+    decodes = [ProfilePoint(b, 0, b * c, profile.step_time(num_decode=b, num_prefill_tokens=0,
+                                                           context_tokens=b * c))
+               for b in (1, 4, 16, 48) for c in (128, 1024)]
+    return prefills + decodes
+
+
+def test_attention_pairs_count_what_a_chunk_attends() -> None:
+    assert attention_pairs(1) == 1 and attention_pairs(3) == 6  # 1 + 2 + 3
+    # a prompt prefilled in two chunks attends the same pairs as in one
+    assert attention_pairs(600) + attention_pairs(400, before=600) == attention_pairs(1000)
+
+
+def test_prefill_is_super_linear_and_decode_grows_with_context() -> None:
+    per_token = [TRUE.step_time(num_decode=0, num_prefill_tokens=n, context_tokens=0) / n
+                 for n in (256, 1024)]
+    assert per_token[1] > per_token[0] > TRUE.per_prefill_token_s
+    short, long = (TRUE.step_time(num_decode=16, num_prefill_tokens=0, context_tokens=16 * c)
+                   for c in (128, 1024))
+    assert long > short
+
+
+def test_fit_recovers_the_coefficients_of_exact_points() -> None:
+    fitted = fit(synthetic_points(TRUE), start_s=3.0)
+    for name in COEFFICIENTS:
+        assert getattr(fitted, name) == pytest.approx(getattr(TRUE, name), rel=1e-3), name
+    assert fitted.fit_error().calibration_max < 1e-3
+
+
+def test_fit_error_is_reported_on_points_it_never_saw() -> None:
+    held = [ProfilePoint(8, 0, 8 * 512, TRUE.step_time(num_decode=8, num_prefill_tokens=0,
+                                                       context_tokens=8 * 512) * 1.3)]  # 30% slower
+    error = fit(synthetic_points(TRUE), held, start_s=3.0).fit_error()
+    assert error.held_out_max == pytest.approx(0.3 / 1.3, rel=1e-2)  # predicted 1.0 of a measured 1.3
+    assert "held out" in error.describe()
+
+
+def test_the_shipped_profile_is_a_calibration_within_its_bound_on_held_out_points() -> None:
+    shipped = load_profile()
+    assert shipped.held_out, "no held-out point in the shipped profile: `controlplane calibrate` writes them"
+    assert len(shipped.points) >= 5 and shipped.start_s > 0 and shipped.kv_capacity_tokens > 0
+    again = refit(shipped)
+    for name in COEFFICIENTS:
+        assert getattr(again, name) == pytest.approx(getattr(shipped, name), rel=1e-6, abs=1e-12), name
+    error = shipped.fit_error()
+    assert error.held_out_max is not None and error.held_out_max <= HELD_OUT_BOUND, error.describe()
+    # the form follows the engine: decode attention reads the context, so the fit gives it a cost
+    assert shipped.per_context_token_s > 0
+
+
+def test_a_profile_written_before_the_attention_term_still_loads(tmp_path: Path) -> None:
+    old = {"step_base_s": 0.003, "per_seq_s": 0.0004, "per_prefill_token_s": 0.0002,
+           "per_context_token_s": 1e-7, "start_s": 3.5,
+           "points": [{"num_decode": 0, "num_prefill_tokens": 64, "context_tokens": 0, "seconds": 0.016}]}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    profile = load_profile(path)
+    assert profile.per_prefill_pair_s == 0 and profile.points[0].prefill_pairs == attention_pairs(64)
+    assert profile.fit_error().held_out_max is None
+
+
+def test_the_control_plane_runs_on_the_configured_then_the_calibrated_then_the_shipped_profile(
+        tmp_path: Path) -> None:
+    assert resolve_profile_path("", tmp_path) == ""  # nothing calibrated: the shipped one
+    calibrated = tmp_path / "replica_profile.json"
+    calibrated.write_text(json.dumps(replace(TRUE, points=()).to_json()))
+    assert resolve_profile_path("", tmp_path) == str(calibrated)
+    assert resolve_profile_path("/etc/elsewhere.json", tmp_path) == "/etc/elsewhere.json"
+    assert load_profile(resolve_profile_path("", tmp_path)).per_prefill_pair_s == TRUE.per_prefill_pair_s
