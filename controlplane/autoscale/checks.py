@@ -22,12 +22,13 @@ def autoscaler_problems(cfg: AutoscalerConfig) -> list[tuple[str, str]]:
     check(cfg.tick_s > 0, "tick_s", "must be > 0")
     check(0 <= cfg.min_replicas <= cfg.max_replicas, "min_replicas",
           f"need 0 <= min_replicas <= max_replicas, got {cfg.min_replicas}/{cfg.max_replicas}")
-    for key in ("target_waiting_per_replica", "target_kv_cache_usage", "ttft_slo_s",
+    for key in ("target_waiting_per_replica", "target_kv_cache_usage", "ttft_slo_s", "tpot_slo_s",
                 "target_tokens_per_s_per_replica", "target_engine_load_per_replica", "anomaly_cooldown_s",
                 "anomaly_min_rate_sigma", "anomaly_min_ttft_sigma_s"):
         check(getattr(cfg, key) > 0, key, "must be > 0")
     problems.extend(_policy_problems(cfg))
     check(0 <= cfg.tolerance < 1, "tolerance", "must be in [0, 1)")
+    check(0.5 <= cfg.slo_quantile < 1, "slo_quantile", "must be in [0.5, 1)")
     check(cfg.metrics_window_s >= 0, "metrics_window_s", "must be >= 0 (0: the telemetry window)")
     check(cfg.scale_down_stabilization_s >= 0, "scale_down_stabilization_s", "must be >= 0")
     check(cfg.scale_up_max_step >= 1 and cfg.scale_down_max_step >= 1, "scale_up_max_step",

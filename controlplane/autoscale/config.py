@@ -44,6 +44,11 @@ class AutoscalerConfig:
     target_waiting_per_replica: float = 4.0
     target_kv_cache_usage: float = 0.8
     ttft_slo_s: float = 1.0  # P95 time to first token
+    tpot_slo_s: float = 0.1  # time per output token
+    # Sizing by work (controlplane.autoscale.work): prefill by Erlang C against the TTFT SLO at this
+    # quantile, decode slots against the TPOT SLO, KV demand against KV capacity; the largest proposes.
+    work_sizing: bool = True
+    slo_quantile: float = 0.95
     target_tokens_per_s_per_replica: float = 400.0
     # Offered engine load: request rate x mean prompt and output tokens, in engine seconds per second (the
     # replica profile converts tokens to engine time). It sizes the fleet and is panic mode's demand; the
@@ -52,7 +57,7 @@ class AutoscalerConfig:
     # Guards forbid scaling down while over their target but do not size the fleet: TTFT has a floor and
     # lags, a queue is a backlog to drain, so ceil(current x metric / target) on them overshoots.
     guards: list[str] = field(default_factory=lambda: ["ttft_p95_s", "waiting_per_replica"])
-    replica_profile: str = ""  # measured profile JSON (python -m controlplane.sim profile); "": shipped
+    replica_profile: str = ""  # measured profile JSON (controlplane calibrate); "": shipped
     tolerance: float = 0.1
     metrics_window_s: float = 0.0  # rate and quantile window; 0: the telemetry source's own window
     scale_down_stabilization_s: float = 300.0

@@ -40,8 +40,10 @@ from controlplane.autoscale.policies import applied as applied_policy
 from controlplane.autoscale.policies import decide as decide_policy
 from controlplane.autoscale.profile import ReplicaProfile
 from controlplane.autoscale.windows import Window, active_window
+from controlplane.autoscale.work import WorkNeeds, work_needs
 
 METRICS = AUTOSCALER_METRICS
+WORK_SUPERSEDES = ("engine_load_per_replica", "tokens_per_s_per_replica")  # guards when sizing by work
 
 
 @dataclass(slots=True, frozen=True)
@@ -60,6 +62,7 @@ class Observation:
     panic_request_rate: float | None = None  # over the panic window
     mean_prompt_tokens: float | None = None  # of the requests finished in the metrics window
     mean_output_tokens: float | None = None
+    work: WorkNeeds | None = None  # replicas the offered work needs (controlplane.autoscale.work)
 
 
 @dataclass(slots=True, frozen=True)
@@ -90,7 +93,11 @@ def ours_policy(cfg: AutoscalerConfig) -> PolicyConfig:
               "kv_cache_usage": cfg.target_kv_cache_usage, "ttft_p95_s": cfg.ttft_slo_s,
               "tokens_per_s_per_replica": cfg.target_tokens_per_s_per_replica,
               "engine_load_per_replica": cfg.target_engine_load_per_replica}
-    targets = tuple(MetricTarget(name, values[name], guard=name in cfg.guards) for name in METRICS)
+    # Sizing by work replaces the sizing by engine load and by generated tokens: both price decode at a
+    # fixed reference batch, so long answers decoded in large batches read as up to twice the work they
+    # are. They stay guards (no scale-down while over their targets).
+    guards = {*cfg.guards, *(WORK_SUPERSEDES if cfg.work_sizing else ())}
+    targets = tuple(MetricTarget(name, values[name], guard=name in guards) for name in METRICS)
     return PolicyConfig(
         min_replicas=cfg.min_replicas, max_replicas=cfg.max_replicas, targets=targets,
         tolerance=cfg.tolerance,
@@ -113,7 +120,24 @@ def offered_engine_load(profile: ReplicaProfile, *, request_rate: float | None,
     if mean_prompt_tokens is None or mean_output_tokens is None:
         return None
     return profile.engine_load(prompt_tokens_per_s=request_rate * mean_prompt_tokens,
-                               generated_tokens_per_s=request_rate * mean_output_tokens)
+                               generated_tokens_per_s=request_rate * mean_output_tokens,
+                               mean_prompt_tokens=mean_prompt_tokens)
+
+
+def offered_work(profile: ReplicaProfile, cfg: AutoscalerConfig, *, request_rate: float | None,
+                 mean_prompt_tokens: float | None, mean_output_tokens: float | None) -> WorkNeeds | None:
+    """Replicas the offered work needs (:func:`controlplane.autoscale.work.work_needs`) at the SLOs, and
+    (``with_margin``) at the rate plus the tolerance, which bounds a scale-down."""
+    def needs(rate: float | None) -> WorkNeeds | None:
+        return work_needs(profile, rate=rate, mean_prompt=mean_prompt_tokens, mean_output=mean_output_tokens,
+                          ttft_slo_s=cfg.ttft_slo_s, tpot_slo_s=cfg.tpot_slo_s, quantile=cfg.slo_quantile,
+                          kv_headroom=cfg.target_kv_cache_usage)
+
+    now = needs(request_rate)
+    margin = needs(None if request_rate is None else request_rate * (1 + cfg.tolerance))
+    if now is None or margin is None:
+        return now
+    return replace(now, with_margin=margin.replicas)
 
 
 def per_replica(value: float | None, ready: int) -> float | None:
@@ -138,6 +162,8 @@ def decide(obs: Observation, state: LoopState, cfg: AutoscalerConfig,
     """Proposals, merge and clamps for one observation: the plan, and the state after this observation
     (history, panic window, anomaly model). It does not assume the plan was applied: see :func:`applied`."""
     extra: list[Proposal] = []
+    if cfg.work_sizing and obs.work is not None and obs.request_rate:
+        extra.append(Proposal("work", obs.work.proposal(obs.current), obs.work.reason))
     reading, anomaly = None, state.anomaly
     if anomaly is not None:
         # Without requests there is no latency to judge (the target source reads it as 0).
@@ -187,7 +213,9 @@ def record_body(obs: Observation, plan: Plan, *, tick: int, mode: str, applied: 
                    "request_rate": _round(obs.request_rate),
                    "panic_request_rate": _round(obs.panic_request_rate),
                    "mean_prompt_tokens": _round(obs.mean_prompt_tokens),
-                   "mean_output_tokens": _round(obs.mean_output_tokens), "notes": list(obs.notes)},
+                   "mean_output_tokens": _round(obs.mean_output_tokens), "notes": list(obs.notes),
+                   "work": None if obs.work is None else {"prefill": obs.work.prefill,
+                                                          "decode": obs.work.decode, "kv": obs.work.kv}},
         "proposals": [{"source": p.source, "replicas": p.replicas, "reason": p.reason} for p in d.proposals],
         "recommendation": d.recommendation, "panic": d.panic, "window": window,
         "bounds": list(plan.bounds), "clamps": list(plan.clamps), "final": plan.replicas,

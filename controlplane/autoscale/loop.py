@@ -20,7 +20,15 @@ from typing import Any, Protocol
 
 from controlplane.autoscale.checks import autoscaler_problems
 from controlplane.autoscale.config import AutoscalerConfig, ScheduleWindowConfig
-from controlplane.autoscale.decide import Observation, Plan, applied, decide, new_state, record_body
+from controlplane.autoscale.decide import (
+    Observation,
+    Plan,
+    applied,
+    decide,
+    new_state,
+    offered_work,
+    record_body,
+)
 from controlplane.autoscale.observe import observe_telemetry
 from controlplane.autoscale.policies import Recommendation
 from controlplane.autoscale.profile import load_profile
@@ -166,6 +174,9 @@ class Autoscaler:
         obs = await asyncio.to_thread(observe_telemetry, self.telemetry, endpoints, now=self.clock(),
                                       wall=self.wall(), current=current, window_s=window_s,
                                       profile=self.profile, panic_window_s=cfg.panic_window_s)
+        obs = dataclasses.replace(obs, work=offered_work(self.profile, cfg, request_rate=obs.request_rate,
+                                             mean_prompt_tokens=obs.mean_prompt_tokens,
+                                             mean_output_tokens=obs.mean_output_tokens))
         plan, self.state = await asyncio.to_thread(decide, obs, self.state, cfg, windows)
         body = self._apply(obs, plan, cfg)
         if body["applied"]:  # only a scale that happened starts a scale-down period

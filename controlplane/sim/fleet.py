@@ -17,6 +17,12 @@ Speed: between two events a replica that only decodes runs ``k`` identical steps
 its next sequence finishes, or until an arrival it could admit), so the cost is per request, not per
 token. Within a segment the step time uses the batch's mean context (exact when the model's
 ``per_context_token_s`` is 0).
+
+Shared cores (``host_cores``): by default each replica has a core of its own. Given ``host_cores``, the
+replicas share that many cores (as local replica processes of one torch thread each share a host): a
+segment's step time is stretched by ``max(1, busy / host_cores)``, ``busy`` counting the replicas running a
+segment when it starts, itself included. The stretch is fixed for the segment; a replica that starts or
+stops stepping later does not change it.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from controlplane.autoscale.profile import ReplicaProfile
+from controlplane.autoscale.profile import ReplicaProfile, attention_pairs
 from controlplane.sim.replica import Replica, ReplicaPhase, RequestOutcome, SimSequence
 from controlplane.sim.trace import SimRequest
 
@@ -107,10 +113,14 @@ class FleetSim:
         initial_ready: bool = True,
         progress: Callable[[float, float], None] | None = None,
         short_window_s: float = 6.0,
+        host_cores: int | None = None,
     ) -> None:
         if initial_replicas < 0 or tick_s <= 0 or sample_s <= 0:
             raise ValueError("initial_replicas must be >= 0, tick_s and sample_s > 0")
+        if host_cores is not None and host_cores < 1:
+            raise ValueError(f"host_cores: must be >= 1 or None, got {host_cores}")
         self.profile = profile
+        self.host_cores = host_cores
         self.short_window_s = short_window_s
         self.requests = sorted(requests, key=lambda r: r.arrival)
         self.duration = (
@@ -249,6 +259,7 @@ class FleetSim:
                 num_decode=n,
                 num_prefill_tokens=sum(c for _, c in chunks),
                 context_tokens=replica.context_tokens(),
+                prefill_pairs=sum(attention_pairs(take, seq.prefilled) for seq, take in chunks),
             )
         elif n:
             steps = replica.decoders[0][0] - replica.step
@@ -261,9 +272,17 @@ class FleetSim:
             self._maybe_stop(replica)
             return
         replica.busy = True
+        dt *= self._core_share()
         replica.seg_start, replica.seg_dt, replica.seg_steps = self.now, dt, steps
         replica.version += 1
         self.clock.push(self.now + steps * dt, "step", replica, replica.version)
+
+    def _core_share(self) -> float:
+        """How much slower a step runs on shared cores: busy replicas (this one included) per core, >= 1."""
+        if self.host_cores is None:
+            return 1.0
+        busy = sum(r.busy for r in self.replicas)
+        return max(1.0, busy / self.host_cores)
 
     def _end_segment(self, replica: Replica) -> None:
         steps = replica.seg_steps

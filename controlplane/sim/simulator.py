@@ -39,7 +39,14 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from controlplane.autoscale.config import AutoscalerConfig
-from controlplane.autoscale.decide import LoopState, applied, offered_engine_load, ours_policy, per_replica
+from controlplane.autoscale.decide import (
+    LoopState,
+    applied,
+    offered_engine_load,
+    offered_work,
+    ours_policy,
+    per_replica,
+)
 from controlplane.autoscale.decide import Observation as LiveObservation
 from controlplane.autoscale.decide import decide as live_decide
 from controlplane.autoscale.policies import (
@@ -110,12 +117,16 @@ class SimSettings:
     stabilization_s: float = 300.0  # both policies' scale-down window, and the reversal window
     crashes: tuple[float, ...] = ()  # simulated times at which the busiest ready replica dies
     sample_s: float = 10.0
+    # None: every replica has cores of its own; N: the replicas share N cores (steps stretch, see fleet.py)
+    host_cores: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_replicas <= self.initial_replicas <= self.max_replicas:
             raise ValueError("need 1 <= min_replicas <= initial_replicas <= max_replicas")
         if self.ours_tick_s <= 0 or self.hpa_tick_s <= 0 or self.sample_s <= 0:
             raise ValueError("ticks and sample_s: must be > 0")
+        if self.host_cores is not None and self.host_cores < 1:
+            raise ValueError(f"host_cores: must be >= 1 or None, got {self.host_cores}")
 
 
 # ---- policies on the simulated fleet ----------------------------------------------------------
@@ -132,6 +143,7 @@ def autoscaler_config(profile: ReplicaProfile, settings: SimSettings) -> Autosca
         min_replicas=settings.min_replicas,
         max_replicas=settings.max_replicas,
         ttft_slo_s=settings.slo.ttft_s,
+        tpot_slo_s=settings.slo.tpot_s,
         target_tokens_per_s_per_replica=round(tokens, 1),
         tolerance=0.1,
         scale_down_stabilization_s=settings.stabilization_s,
@@ -210,6 +222,9 @@ class LivePolicy:
             panic_request_rate=obs.arrivals_per_s_short,
             mean_prompt_tokens=obs.mean_prompt_tokens,
             mean_output_tokens=obs.mean_output_tokens,
+            work=offered_work(self.profile, self.config, request_rate=obs.arrivals_per_s,
+                              mean_prompt_tokens=obs.mean_prompt_tokens,
+                              mean_output_tokens=obs.mean_output_tokens),
         )
         plan, state = live_decide(live, self.state, self.config, [])
         self.state = applied(state, live, plan)
@@ -333,6 +348,7 @@ def simulate(
         crashes=settings.crashes,
         sample_s=settings.sample_s,
         progress=hook,
+        host_cores=settings.host_cores,
     ).run()
     return _report(spec.label, sim, settings, time.perf_counter() - started)
 

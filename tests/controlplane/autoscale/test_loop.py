@@ -65,11 +65,13 @@ def first(o: Observation, cfg: AutoscalerConfig) -> Plan:
 
 
 def config(**changes: Any) -> AutoscalerConfig:
-    """The defaults of our policy (guards, scale-down period, panic without rate limit), round targets."""
+    """The defaults of our policy (guards, scale-down period, panic without rate limit), round targets.
+    Sizing by work is off: these tests drive target tracking, panic mode and the clamps through the metrics
+    (tests/controlplane/autoscale/test_work.py drives the work source)."""
     base = {"min_replicas": 1, "max_replicas": 10, "target_waiting_per_replica": 4.0,
             "target_kv_cache_usage": 0.8, "ttft_slo_s": 1.0, "target_tokens_per_s_per_replica": 100.0,
             "target_engine_load_per_replica": 1.0, "anomaly_enabled": False,
-            "scale_down_stabilization_s": 60.0}
+            "scale_down_stabilization_s": 60.0, "work_sizing": False}
     return AutoscalerConfig(**{**base, **changes})
 
 
@@ -87,14 +89,20 @@ def profile_file(tmp_path: Path) -> str:
 
 
 # ---- our policy: one definition for the live loop and the simulator --------------------------------
-def test_our_policy_sizes_on_engine_load_and_guards_ttft_and_the_queue_by_default() -> None:
+def test_our_policy_sizes_by_work_and_guards_ttft_the_queue_and_the_reference_loads_by_default() -> None:
     defaults = AutoscalerConfig()
+    assert defaults.work_sizing
     policy = ours_policy(defaults)
     assert {t.name: (t.target, t.guard) for t in policy.targets} == {
         "waiting_per_replica": (4.0, True), "kv_cache_usage": (0.8, False), "ttft_p95_s": (1.0, True),
-        "tokens_per_s_per_replica": (400.0, False), "engine_load_per_replica": (0.7, False)}
+        "tokens_per_s_per_replica": (400.0, True), "engine_load_per_replica": (0.7, True)}
+    # without sizing by work, the engine load and the generated tokens size the fleet
+    by_load = ours_policy(AutoscalerConfig(work_sizing=False))
+    assert {t.name for t in by_load.targets if not t.guard} == {"kv_cache_usage", "tokens_per_s_per_replica",
+                                                                "engine_load_per_replica"}
     assert policy.scale_down_period_s == 60.0 and policy.panic_skips_rate_limit
-    plain = ours_policy(AutoscalerConfig(guards=[], scale_down_period_s=0, panic_skips_rate_limit=False))
+    plain = ours_policy(AutoscalerConfig(guards=[], scale_down_period_s=0, panic_skips_rate_limit=False,
+                                         work_sizing=False))
     assert not any(t.guard for t in plain.targets) and plain.scale_down_period_s == 0
     assert MetricTarget("ttft_p95_s", 1.0) in plain.targets
 

@@ -1,0 +1,139 @@
+"""Sizing the fleet by the work it is offered: prefill, decode and KV cache as separate terms.
+
+Request rates alone hide what a request costs: a 1,500-token prompt takes a replica a hundred times longer
+to prefill than a 15-token one, and a reasoning answer holds a decode slot a hundred times longer than a code
+completion. :func:`work_needs` turns the request rate and the mean prompt and output lengths of the
+requests that finished in the window into three replica counts, each from the replica profile
+(:mod:`controlplane.autoscale.profile`) and the SLO, with no tuned constant:
+
+- **prefill** (TTFT): a replica prefills one prompt at a time, ``S`` seconds for the mean prompt (the
+  profile's step times over its chunks, each step also carrying the replica's decode batch); the gateway
+  routes to the least loaded replica, so the fleet is an M/M/c queue of prefills. The count is the
+  smallest ``c`` whose Erlang-C waiting time meets the TTFT SLO at the SLO quantile,
+  ``P(wait > T - S) <= 1 - q``, with ``P(wait > t) = C(c, a) exp(-(c - a) t / S)`` and ``a = rate x S``
+  (the classic staffing rule).
+- **decode** (TPOT): the largest batch ``b`` whose step, at the requests' mean context, takes at most half
+  the TPOT SLO (the other half is for the prefill chunks that share those steps); Little's law gives the
+  sequences decoding at once, ``L = rate x output x step(b)``, and ``ceil(L / b)`` replicas hold them.
+- **KV cache**: those ``L`` sequences hold ``prompt + output / 2`` tokens each on average; the count keeps
+  the fleet's KV capacity at most ``kv_headroom`` full (the target of the KV-usage metric, so preemption
+  stays rare).
+
+The largest of the three is the ``work`` proposal of :func:`controlplane.autoscale.decide.decide`; the queue
+and TTFT guards still hold scale-down back, and every input and count is in the proposal's reason.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from controlplane.autoscale.profile import ReplicaProfile
+
+MAX_REPLICAS_CONSIDERED = 1000  # the Erlang-C search stops here (an SLO no fleet meets)
+
+
+@dataclass(slots=True, frozen=True)
+class WorkNeeds:
+    prefill: int
+    decode: int
+    kv: int
+    reason: str
+    # the replicas the same work needs at the rate plus the policy's tolerance: a scale-down goes no lower
+    # (a rate hovering at a step of the count would otherwise flip it every window, as HPA's tolerance
+    # prevents for its ratios)
+    with_margin: int = 0
+
+    @property
+    def replicas(self) -> int:
+        return max(self.prefill, self.decode, self.kv)
+
+    def proposal(self, current: int) -> int:
+        """Up to what the work needs now; down only to what it needs with the margin."""
+        return self.replicas if self.replicas >= current else min(current, max(self.replicas,
+                                                                               self.with_margin))
+
+
+def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: float | None,
+               mean_output: float | None, ttft_slo_s: float, tpot_slo_s: float, quantile: float = 0.95,
+               kv_headroom: float = 0.8) -> WorkNeeds | None:
+    """Replicas the offered work needs per term; None when the rate or the request sizes are unknown."""
+    if rate is None or mean_prompt is None or mean_output is None:
+        return None
+    if rate <= 0:
+        return WorkNeeds(0, 0, 0, "no request in the window")
+    prompt, output = max(mean_prompt, 1.0), max(mean_output, 1.0)
+    context = prompt + output / 2
+    batch, step = decode_batch(profile, context, tpot_slo_s)
+    in_decode = rate * output * step  # Little's law: sequences decoding at once
+    decode = math.ceil(in_decode / batch)
+    # the decode batch a replica carries while it prefills: the decoding sequences over the decode count
+    carried = math.ceil(in_decode / max(decode, 1))
+    service = prefill_seconds(profile, prompt, decoding=carried, context=context)
+    # A prefill longer than the TTFT SLO misses it on any fleet: more replicas cannot help that request,
+    # so the queue is then held to a wait no longer than the prefill itself.
+    budget = ttft_slo_s - service if service < ttft_slo_s else service
+    prefill = erlang_c_servers(rate * service, service, budget, quantile)
+    kv = math.ceil(in_decode * context / (kv_headroom * profile.kv_capacity_tokens))
+    within = (f"{ttft_slo_s:g}s TTFT" if service < ttft_slo_s else
+              f"the prefill's own {service:.2f}s (it alone is over the {ttft_slo_s:g}s TTFT SLO)")
+    prefill_note = (f"{prefill} (Erlang C: {rate:.3g} req/s x {service * 1e3:.0f} ms prefill of "
+                    f"{prompt:.0f} tokens, P{quantile * 100:g} wait within {within})")
+    reason = (f"prefill {prefill_note}; decode {decode} ({in_decode:.1f} sequences of {output:.0f} tokens "
+              f"at batch {batch}, {step * 1e3:.0f} ms steps within {tpot_slo_s:g}s TPOT / 2); KV {kv} "
+              f"({in_decode * context:,.0f} tokens held, {kv_headroom:.0%} of {profile.kv_capacity_tokens:,} "
+              f"each)")
+    return WorkNeeds(min(prefill, MAX_REPLICAS_CONSIDERED), decode, kv, reason)
+
+
+def decode_batch(profile: ReplicaProfile, context: float, tpot_slo_s: float) -> tuple[int, float]:
+    """The largest batch whose decode step at ``context`` tokens each takes at most half the TPOT SLO
+    (at least 1), and that step's seconds."""
+    best = 1
+    for batch in range(1, profile.max_num_seqs + 1):
+        if _decode_step(profile, batch, context) <= tpot_slo_s / 2:
+            best = batch
+    return best, _decode_step(profile, best, context)
+
+
+def _decode_step(profile: ReplicaProfile, batch: int, context: float) -> float:
+    return profile.step_time(num_decode=batch, num_prefill_tokens=0, context_tokens=round(batch * context))
+
+
+def prefill_seconds(profile: ReplicaProfile, prompt: float, *, decoding: int, context: float) -> float:
+    """Seconds a replica takes to prefill a prompt of ``prompt`` tokens in chunks of its step budget, each
+    step also decoding ``decoding`` sequences of ``context`` tokens (chunked prefill shares the step)."""
+    left, done, seconds = round(prompt), 0, 0.0
+    budget = max(profile.max_num_batched_tokens - decoding, 1)
+    while left > 0:
+        chunk = min(left, budget)
+        seconds += profile.step_time(num_decode=decoding, num_prefill_tokens=chunk,
+                                     context_tokens=round(decoding * context),
+                                     prefill_pairs=chunk * done + chunk * (chunk + 1) // 2)
+        left, done = left - chunk, done + chunk
+    return seconds
+
+
+def erlang_c_servers(offered: float, service_s: float, wait_budget_s: float, quantile: float) -> int:
+    """The fewest servers of an M/M/c queue with ``offered`` Erlangs (arrival rate x ``service_s``) whose
+    waiting time stays within ``wait_budget_s`` at ``quantile``; MAX_REPLICAS_CONSIDERED when none does."""
+    if wait_budget_s <= 0:
+        return MAX_REPLICAS_CONSIDERED
+    c = max(1, math.floor(offered) + 1)
+    while c < MAX_REPLICAS_CONSIDERED:
+        if erlang_c(c, offered) * math.exp(-(c - offered) * wait_budget_s / service_s) <= 1 - quantile:
+            return c
+        c += 1
+    return MAX_REPLICAS_CONSIDERED
+
+
+def erlang_c(servers: int, offered: float) -> float:
+    """Probability that an arrival waits in an M/M/c queue (Erlang C), computed through Erlang B's stable
+    recurrence; 1.0 when the queue is unstable."""
+    if offered >= servers:
+        return 1.0
+    b = 1.0
+    for k in range(1, servers + 1):
+        b = offered * b / (k + offered * b)
+    rho = offered / servers
+    return b / (1 - rho + rho * b)

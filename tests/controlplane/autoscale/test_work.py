@@ -1,0 +1,100 @@
+"""Sizing by work (``controlplane.autoscale.work``): prefill, decode and KV cache each drive scale-up.
+
+Synthetic snapshots through the same ``decide`` the live loop and the simulator call: at one request rate,
+long prompts, long outputs and a small KV cache each ask for more replicas than short requests do, the reason
+says which term and with what inputs, and a rate hovering at a step of the count does not flip the fleet.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.autoscale.config import AutoscalerConfig
+from controlplane.autoscale.decide import Observation, decide, new_state, offered_work
+from controlplane.autoscale.profile import ReplicaProfile
+from controlplane.autoscale.work import erlang_c, erlang_c_servers, prefill_seconds, work_needs
+
+PROFILE = ReplicaProfile(step_base_s=0.005, per_seq_s=0.0004, per_prefill_token_s=0.00015,
+                         per_context_token_s=2e-7, per_prefill_pair_s=6e-8, start_s=3.0)
+CONFIG = AutoscalerConfig(min_replicas=1, max_replicas=20, anomaly_enabled=False)
+QUIET = {"waiting_per_replica": 0.0, "kv_cache_usage": 0.1, "ttft_p95_s": 0.2,
+         "tokens_per_s_per_replica": 50.0, "engine_load_per_replica": 0.3}
+
+
+def plan_for(rate: float, prompt: float, output: float, *, current: int = 2,
+             profile: ReplicaProfile = PROFILE) -> tuple[int, str]:
+    work = offered_work(profile, CONFIG, request_rate=rate, mean_prompt_tokens=prompt,
+                        mean_output_tokens=output)
+    obs = Observation(now=1000.0, wall=1000.0, current=current, ready=current, starting=0, metrics=QUIET,
+                      request_rate=rate, mean_prompt_tokens=prompt, mean_output_tokens=output, work=work)
+    plan, _ = decide(obs, new_state(CONFIG), CONFIG, [])
+    reasons = [p.reason for p in plan.decision.proposals if p.source == "work"]
+    return plan.replicas, reasons[0] if reasons else ""
+
+
+def test_erlang_c_matches_the_textbook() -> None:
+    assert erlang_c(1, 0.5) == pytest.approx(0.5)  # M/M/1: an arrival waits with probability rho
+    assert erlang_c(2, 1.0) == pytest.approx(1 / 3)
+    assert erlang_c(3, 3.0) == 1.0  # unstable: everyone waits
+    # one server at rho 0.5 and a 1 s service: P(wait > t) = 0.5 exp(-0.5 t) <= 5% needs t >= 4.6 s
+    assert erlang_c_servers(0.5, 1.0, 4.7, 0.95) == 1 and erlang_c_servers(0.5, 1.0, 4.5, 0.95) == 2
+
+
+def test_prefill_in_chunks_costs_what_one_chunk_would_plus_the_extra_steps() -> None:
+    one = prefill_seconds(PROFILE, 1000, decoding=0, context=0)
+    assert one == pytest.approx(PROFILE.step_time(num_decode=0, num_prefill_tokens=1000, context_tokens=0))
+    two = prefill_seconds(PROFILE, 2000, decoding=0, context=0)  # two chunks of the 1024-token budget
+    assert two > 2 * one  # the second chunk attends to the first: super-linear
+
+
+def test_long_prompts_scale_up_where_short_ones_at_the_same_rate_do_not() -> None:
+    short, _ = plan_for(4.0, prompt=200, output=50)
+    long, reason = plan_for(4.0, prompt=1500, output=50)
+    assert short <= 2 < long
+    assert reason.startswith(f"prefill {long} (Erlang C: 4 req/s x ") and "1500 tokens" in reason
+
+
+def test_long_outputs_scale_up_by_the_decode_slots_they_hold() -> None:
+    short, _ = plan_for(3.0, prompt=200, output=20)
+    long, reason = plan_for(3.0, prompt=200, output=2000)
+    needs = work_needs(PROFILE, rate=3.0, mean_prompt=200, mean_output=2000, ttft_slo_s=1.0, tpot_slo_s=0.1)
+    assert needs is not None and needs.decode > needs.prefill
+    assert short <= 2 < long == needs.decode
+    assert f"decode {long} (" in reason
+
+
+def test_kv_demand_scales_up_when_the_cache_is_small() -> None:
+    small_cache = ReplicaProfile(**{**PROFILE.to_json(), "kv_capacity_tokens": 8_192, "points": ()})
+    replicas, reason = plan_for(2.0, prompt=1000, output=400, profile=small_cache, current=4)
+    needs = work_needs(small_cache, rate=2.0, mean_prompt=1000, mean_output=400, ttft_slo_s=1.0,
+                       tpot_slo_s=0.1)
+    assert needs is not None and needs.kv > max(needs.prefill, needs.decode)
+    assert replicas == needs.kv > 4 and f"KV {replicas} (" in reason
+
+
+def test_a_rate_at_a_step_of_the_count_does_not_scale_down_within_the_tolerance() -> None:
+    # find the rate at which prefill needs 3 instead of 2 replicas, then sit just under it
+    rate = 0.5
+    while (work_needs(PROFILE, rate=rate, mean_prompt=1500, mean_output=50, ttft_slo_s=1.0,
+                      tpot_slo_s=0.1) or pytest.fail("unknown")).replicas < 3:
+        rate += 0.05
+    under = rate - 0.05
+    assert plan_for(under, prompt=1500, output=50, current=2)[0] == 2
+    held, _ = plan_for(under * (1 - CONFIG.tolerance / 2), prompt=1500, output=50, current=3)
+    assert held == 3  # within the tolerance of the step: no scale-down
+    down, _ = plan_for(under * 0.5, prompt=1500, output=50, current=3)
+    assert down < 3  # well under it: the work no longer holds the fleet
+
+
+def test_unknown_sizes_or_no_traffic_propose_nothing_from_work() -> None:
+    unknown = offered_work(PROFILE, CONFIG, request_rate=2.0, mean_prompt_tokens=None,
+                           mean_output_tokens=None)
+    assert unknown is None
+    _, reason = plan_for(0.0, prompt=500, output=50)
+    assert reason == ""
+
+
+def test_a_prefill_longer_than_the_slo_holds_its_queue_to_its_own_length_not_to_max_replicas() -> None:
+    slow = ReplicaProfile(**{**PROFILE.to_json(), "per_prefill_token_s": 0.002, "points": ()})
+    replicas, reason = plan_for(0.5, prompt=1000, output=20, profile=slow)
+    assert replicas < CONFIG.max_replicas and "it alone is over the 1s TTFT SLO" in reason

@@ -1,0 +1,54 @@
+"""Replicas sharing a host's cores (``SimSettings.host_cores``): steps stretch by busy replicas per core."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.autoscale.profile import ReplicaProfile
+from controlplane.sim.fleet import FleetSim
+from controlplane.sim.simulator import PolicySpec, SimSettings, simulate
+from controlplane.sim.trace import SimRequest
+
+STEP = 0.01
+
+
+def fixed() -> ReplicaProfile:
+    """Every step takes ``STEP`` seconds, whatever it holds."""
+    return ReplicaProfile(step_base_s=STEP, per_seq_s=0.0, per_prefill_token_s=0.0, per_context_token_s=0.0,
+                          start_s=5.0)
+
+
+def two_at_once() -> list[SimRequest]:
+    return [SimRequest(0, 0.0, 100, 5), SimRequest(1, 0.0, 100, 5)]  # one on each of two replicas
+
+
+def finishes(host_cores: int | None) -> list[float | None]:
+    sim = FleetSim(fixed(), two_at_once(), initial_replicas=2, policy=None, tick_s=15.0,
+                   host_cores=host_cores).run()
+    assert [r.step for r in sim.replicas] == [5, 5]  # each replica served one request in 5 steps
+    return [o.finish for o in sim.outcomes]
+
+
+def test_two_busy_replicas_on_one_core_take_twice_as_long_as_on_two_cores() -> None:
+    assert finishes(2) == pytest.approx([5 * STEP, 5 * STEP])
+    assert finishes(1) == pytest.approx([10 * STEP, 10 * STEP])
+
+
+def test_no_host_cores_is_a_core_per_replica() -> None:
+    assert finishes(None) == finishes(2) == finishes(8)
+
+
+def test_a_lone_busy_replica_is_not_slowed_by_idle_ones() -> None:
+    sim = FleetSim(fixed(), [SimRequest(0, 0.0, 100, 5)], initial_replicas=3, policy=None, tick_s=15.0,
+                   host_cores=1).run()
+    assert sim.outcomes[0].finish == pytest.approx(5 * STEP)
+
+
+def test_settings_carry_host_cores_to_the_fleet() -> None:
+    shared = simulate(two_at_once(), PolicySpec.parse("static:2"), profile=fixed(),
+                      settings=SimSettings(initial_replicas=2, host_cores=1))
+    own = simulate(two_at_once(), PolicySpec.parse("static:2"), profile=fixed(),
+                   settings=SimSettings(initial_replicas=2))
+    assert shared.tpot_p95_s == pytest.approx(2 * STEP) and own.tpot_p95_s == pytest.approx(STEP)
+    with pytest.raises(ValueError, match="host_cores"):
+        SimSettings(host_cores=0)
