@@ -1,1 +1,1 @@
-"""Data files shipped with the control plane (the default replica profile)."""
+"""Data files shipped with the control plane (the default replica profile, the evaluation set's traces)."""

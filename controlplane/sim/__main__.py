@@ -1,49 +1,49 @@
-"""``python -m controlplane.sim profile|bench``: measure a replica profile from one real replica, or run the
-policy benchmark (ours against the HPA baseline on the Azure trace and a synthetic bursty one)."""
+"""``python -m controlplane.sim bench|evalset``: the policy benchmark (ours against the HPA baseline on the
+Azure trace and a synthetic bursty one, or on the evaluation set), or the evaluation set's traces (checked
+against their recipes, or regenerated with ``--write``). A replica profile is measured by
+``controlplane calibrate``."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from collections.abc import Sequence
-from dataclasses import replace
 
-from controlplane.autoscale.profile import CalibrationPlan, calibrate
 from controlplane.sim import bench as sim_bench
+from controlplane.sim import evalset
 
 
 # ---- the module's commands --------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m controlplane.sim", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    prof = sub.add_parser("profile", help="measure a replica profile from one real replica (about a minute)")
-    prof.add_argument("--out", required=True, help="JSON file to write")
-    prof.add_argument("--threads", type=int, default=1, help="torch threads of the replica")
     bench = sub.add_parser(
-        "bench", help="ours vs the HPA baseline on the Azure trace and a synthetic bursty one"
+        "bench", help="ours vs the HPA baseline on the Azure trace and bursty ones, or the evaluation set"
     )
     sim_bench.add_arguments(bench)
+    traces = sub.add_parser("evalset", help="the evaluation set's traces: summary and check, or --write")
+    traces.add_argument("--write", action="store_true",
+                        help="regenerate the kept files (controlplane/data/evalset/) from their recipes")
     args = p.parse_args(argv)
-    if args.command == "profile":
-        return _profile(args)
+    if args.command == "evalset":
+        return _evalset(write=args.write)
     return sim_bench.run(args)
 
 
-def _profile(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
-    profile = calibrate(replace(CalibrationPlan(), num_threads=args.threads), progress=print)
-    with open(args.out, "w") as f:
-        json.dump(profile.to_json(), f, indent=1)
-    print(
-        f"step = {profile.step_base_s * 1e3:.2f} ms + {profile.per_seq_s * 1e3:.3f} ms/seq + "
-        f"{profile.per_prefill_token_s * 1e3:.4f} ms/prefill token + {profile.per_context_token_s * 1e6:.4f} "
-        f"us/context token; start {profile.start_s:.2f}s -> {args.out} "
-        f"(measured in {time.perf_counter() - started:.0f}s)"
-    )
-    return 0
-
+def _evalset(*, write: bool) -> int:
+    """Print each trace's summary; with ``write`` regenerate the files, otherwise check them."""
+    if write:
+        sizes = evalset.write_evalset()
+        print(f"wrote {len(sizes)} traces, {sum(sizes.values()) / 1e3:.0f} kB, to {evalset.data_folder()}")
+    stale = []
+    for name in evalset.NAMES:
+        rows = evalset.evalset_rows(name)
+        kept = [(r.arrival, r.prompt_len, r.output_len) for r in evalset.load_evalset(name)]
+        stale += [] if kept == rows else [name]
+        print(evalset.summary(name, rows) + ("" if kept == rows else "  (kept file differs from its recipe)"))
+    if stale:
+        print(f"stale: {', '.join(stale)}; regenerate with python -m controlplane.sim evalset --write")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,184 @@
+"""The evaluation set: the kept files are their recipes, each trace has the shape its recipe promises, and
+``python -m controlplane.sim bench --set eval`` prints its table. No test asserts a policy's verdict."""
+
+from __future__ import annotations
+
+import gzip
+import statistics
+from dataclasses import replace
+from functools import cache
+from importlib import resources
+
+import pytest
+
+from controlplane.sim.__main__ import main
+from controlplane.sim.bench import Verdict, static_replicas
+from controlplane.sim.evalset import (
+    DATA_FOLDER,
+    DATA_PACKAGE,
+    NAMES,
+    SUFFIX_RANGE,
+    SYSTEM_PROMPTS,
+    Row,
+    decode_rows,
+    encode_rows,
+    evalset_rows,
+    evalset_trace,
+    load_evalset,
+    minute_counts,
+)
+from controlplane.sim.simulator import PolicyReport, SimSettings, Timeline
+from controlplane.sim.trace import BurstyConfig, TraceShape, synthetic_bursty
+
+
+@cache
+def rows(name: str) -> list[Row]:
+    return evalset_rows(name)
+
+
+def kept_file(name: str) -> bytes:
+    return resources.files(DATA_PACKAGE).joinpath(DATA_FOLDER, f"{name}.csv.gz").read_bytes()
+
+
+# ---- the kept files ----------------------------------------------------------------------------
+def test_the_set_holds_the_seven_shapes() -> None:
+    assert set(NAMES) == {
+        "long-prompt", "code-completion", "long-output", "bursty", "diurnal", "flash-crowd", "shared-prefix"
+    }
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_kept_file_equals_its_regenerated_recipe(name: str) -> None:
+    kept = decode_rows(kept_file(name))
+    assert len(kept) == len(rows(name))
+    assert kept == rows(name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_trace_spans_the_hour_in_arrival_order_at_trace_scale(name: str) -> None:
+    arrivals = [t for t, _, _ in rows(name)]
+    assert arrivals == sorted(arrivals)
+    assert 0 <= arrivals[0] < 60 and 3540 < arrivals[-1] < 3600
+    assert all(p >= 1 and o >= 1 for _, p, o in rows(name))
+
+
+def test_the_loader_shapes_the_kept_file_as_the_recipe_is_shaped() -> None:
+    shape = TraceShape(compress=2.0, token_scale=0.25, duration_s=600, max_prompt_len=1536)
+    assert load_evalset("long-prompt", shape) == evalset_trace("long-prompt", shape)
+    loaded = load_evalset("long-prompt", shape)
+    assert max(r.arrival for r in loaded) < 300 and max(r.prompt_len for r in loaded) == 1536
+
+
+def test_an_unknown_trace_is_refused_with_the_known_names() -> None:
+    with pytest.raises(ValueError, match="long-prompt"):
+        load_evalset("nope")
+
+
+def test_the_same_rows_always_encode_to_the_same_bytes() -> None:
+    sample = rows("long-output")[:100]
+    assert encode_rows(sample) == encode_rows(sample)
+    header = gzip.decompress(encode_rows(sample)).decode().splitlines()[0]
+    assert header == "arrival_s,prompt_tokens,output_tokens"
+    assert decode_rows(encode_rows(sample)) == sample
+
+
+def test_the_kept_set_stays_small() -> None:
+    assert sum(len(kept_file(name)) for name in NAMES) < 1_500_000
+
+
+# ---- each shape as its recipe promises -------------------------------------------------------------
+def test_long_prompt_prompts_are_4000_to_8000_tokens_and_outputs_short() -> None:
+    prompts = [p for _, p, _ in rows("long-prompt")]
+    assert min(prompts) >= 4000 and max(prompts) <= 8000
+    assert 100 <= statistics.median(o for _, _, o in rows("long-prompt")) <= 200
+
+
+def test_code_completion_has_short_outputs_after_long_contexts_and_a_working_day_ramp() -> None:
+    assert statistics.median(o for _, _, o in rows("code-completion")) <= 40
+    assert max(o for _, _, o in rows("code-completion")) <= 100
+    assert all(1500 <= p <= 2500 for _, p, _ in rows("code-completion"))
+    per_minute = minute_counts(rows("code-completion"))
+    assert statistics.mean(per_minute[30:45]) >= 3 * statistics.mean(per_minute[:8])
+
+
+def test_long_output_generates_far_more_than_it_reads() -> None:
+    assert statistics.median(o for _, _, o in rows("long-output")) >= 800
+    assert statistics.median(p for _, p, _ in rows("long-output")) <= 400
+
+
+def test_bursty_is_the_synthetic_bursty_trace_seed_0() -> None:
+    bursty = synthetic_bursty(BurstyConfig(seed=0))
+    assert rows("bursty") == [(round(r.arrival, 3), r.prompt_len, r.output_len) for r in bursty]
+
+
+def test_diurnal_peak_minute_is_at_least_three_times_the_trough() -> None:
+    per_minute = minute_counts(rows("diurnal"))
+    assert max(per_minute) >= 3 * min(per_minute)
+    assert per_minute.index(max(per_minute)) in range(20, 40)  # the peak is mid-hour
+
+
+def test_flash_crowd_has_a_minute_at_five_times_the_median_rate_for_a_few_minutes() -> None:
+    per_minute = minute_counts(rows("flash-crowd"))
+    typical = statistics.median(per_minute)
+    assert max(per_minute) >= 5 * typical
+    crowded = [i for i, n in enumerate(per_minute) if n >= 4 * typical]
+    assert 1 <= len(crowded) <= 6 and crowded[-1] - crowded[0] == len(crowded) - 1  # one crowd
+
+
+def test_shared_prefix_prompts_are_one_of_a_few_system_prompts_plus_a_short_suffix() -> None:
+    prefixes = []
+    for _, prompt, _ in rows("shared-prefix"):
+        prefix = max(p for p in SYSTEM_PROMPTS if p < prompt)
+        assert SUFFIX_RANGE[0] <= prompt - prefix <= SUFFIX_RANGE[1]
+        prefixes.append(prefix)
+    assert all(prefixes.count(p) >= 0.05 * len(prefixes) for p in SYSTEM_PROMPTS)
+    total = sum(p for _, p, _ in rows("shared-prefix"))
+    assert sum(prefixes) >= 0.8 * total  # most prompt tokens are a shared prefix
+
+
+# ---- the benchmark over the set ---------------------------------------------------------------
+def report(policy: str, attainment: float, replica_seconds: float, duration_s: float = 100.0) -> PolicyReport:
+    return PolicyReport(
+        policy=policy, num_requests=100, slo_attainment=attainment, replica_seconds=replica_seconds,
+        scale_events=0, reversals=0, ttft_p95_s=0.1, tpot_p95_s=0.01, unfinished=0, duration_s=duration_s,
+        wall_s=0.0, timeline=Timeline([], [], [], [], []),
+    )
+
+
+def test_the_eval_verdict_allows_one_point_below_hpa_and_the_azure_verdict_does_not() -> None:
+    ours, hpa = report("ours", 0.985, 80.0), report("hpa", 0.99, 100.0)
+    assert Verdict("t", ours, hpa, attainment_slack=0.01).is_met
+    assert not Verdict("t", ours, hpa).is_met
+    assert not Verdict("t", replace(ours, slo_attainment=0.975), hpa, attainment_slack=0.01).is_met
+
+
+def test_the_static_baseline_is_the_ceiling_of_hpas_mean_replicas() -> None:
+    settings = SimSettings()
+    assert static_replicas(report("hpa", 1.0, 250.0), settings) == 3  # 2.5 replicas on average
+    assert static_replicas(report("hpa", 1.0, 300.0), settings) == 3
+    assert static_replicas(report("hpa", 1.0, 5000.0), settings) == settings.max_replicas
+
+
+def test_bench_on_the_eval_set_prints_every_policy_for_each_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--set", "eval", "--duration-s", "600", "--only", "long-output", "--only", "flash-crowd"]
+    code = main(argv)
+    out = capsys.readouterr().out
+    assert code in (0, 1)  # the verdict is the policy's business, not this test's
+    assert "ours" in out and "hpa" in out and "static:N, N = ceil(HPA mean replicas)" in out
+    names = ("long-output", "flash-crowd")
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith(names)}
+    assert set(lines) == {"long-output", "flash-crowd"}
+    for line in lines.values():
+        cells = line.split("|")
+        assert len(cells) == 5  # trace and requests, ours, hpa, static, verdict
+        assert all(cell.count("%") == 1 for cell in cells[1:4])
+        assert cells[4].split()[-1] == "MET" or cells[4].strip().endswith("NOT MET")
+    assert "target met on" in out
+
+
+def test_evalset_command_finds_the_kept_files_equal_to_their_recipes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["evalset"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in NAMES) and "differs" not in out
