@@ -1,4 +1,5 @@
-"""``python -m controlplane.bench``: the control plane's benchmarks (``gateway``, ``fleet``, ``soak``)."""
+"""``python -m controlplane.bench``: the control plane's benchmarks (``gateway``, ``fleet``, ``soak``,
+``sim-vs-live``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 
 from controlplane.bench.fleet import FleetBenchError, add_fleet_arguments, fleet_main
 from controlplane.bench.gateway import BenchError, add_gateway_arguments, gateway_main
+from controlplane.bench.sim_vs_live import SimVsLiveError, add_sim_vs_live_arguments, sim_vs_live_main
 from controlplane.bench.soak import SoakError, add_soak_arguments, soak_main
 from controlplane.lab.network import LabError
 from inference.launcher import unwind_on_sigterm
@@ -27,13 +29,17 @@ def main(argv: list[str] | None = None) -> int:
                                        "descriptors, tasks, KV blocks, store rows and series")
     add_soak_arguments(soak)
     soak.set_defaults(func=soak_main)
+    svl = sub.add_parser("sim-vs-live", help="the fleet simulator against a live autoscaled fleet on the "
+                                             "same trace slice: attainment, P95 latencies, replica-seconds")
+    add_sim_vs_live_arguments(svl)
+    svl.set_defaults(func=sim_vs_live_main)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request would load the client
     unwind_on_sigterm()
     try:
         return int(args.func(args))
-    except (BenchError, FleetBenchError, LabError, SoakError, ValueError) as exc:
+    except (BenchError, FleetBenchError, LabError, SimVsLiveError, SoakError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

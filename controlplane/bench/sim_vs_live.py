@@ -1,0 +1,394 @@
+"""``python -m controlplane.bench sim-vs-live``: the fleet simulator against the live fleet, on one slice
+of a trace.
+
+One slice of the shipped Azure conversation trace (``--trace-start``, ``--duration`` seconds of replay,
+``--compress``, ``--token-scale``, prompts and outputs capped as the simulator's benchmark caps them) runs
+twice, with the same replica profile and the same autoscaler configuration:
+
+- live: a real ``controlplane up`` (its own state folder under a temporary folder, free loopback ports, the
+  built default model linked in, Prometheus, alerts and console off: the in-process scraper feeds the
+  autoscaler; the gateway routes, queues and waits as the simulator's does), 1 replica at start,
+  ``[autoscaler]`` written field by field from :func:`controlplane.sim.simulator.autoscaler_config` and
+  read back to check that the control plane runs exactly the simulator's configuration. The load client
+  (``python -m inference.bench serve``) replays the slice against the gateway; the fleet is read every
+  second through ``/api/v1/fleet`` (replicas paid for: starting, ready, draining or ejected, as the
+  simulator counts replica-seconds), the scale events are the autoscaler's applied decision records, and
+  the CPU time of the run's processes and of the rest of the host is counted while the load runs;
+- simulated: the same slice through ``azure_trace`` (the load client's own reader: request count and total
+  tokens are compared and must match), ``simulate(..., PolicySpec("ours"))`` with 1 initial replica and
+  ``host_cores`` = this machine's cores (the live replicas share them).
+
+Both sides are measured over the same span, from the load's start to the slice's last arrival: SLO
+attainment (:class:`~controlplane.sim.simulator.Slo`; a failed request is a miss), P95 TTFT and TPOT,
+replica-seconds, scale events. Targets: attainment within 5 points, replica-seconds within 15%, P95 TTFT
+within 25%; exit 1 when one is missed, 2 when the run could not be set up. The figures and the chart:
+:mod:`controlplane.bench.sim_vs_live_report`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from controlplane.autoscale.config import AutoscalerConfig
+from controlplane.autoscale.profile import DEFAULT_PROFILE, load_profile, resolve_profile_path
+from controlplane.bench.sim_vs_live_report import format_report, live_side, sim_side, verdicts, write_html
+from controlplane.client import ControlPlaneClient
+from controlplane.config import load_config
+from controlplane.errors import ControlPlaneError
+from controlplane.sim.simulator import PolicySpec, SimSettings, autoscaler_config, simulate
+from controlplane.sim.trace import SimRequest, TraceShape, azure_trace, trace_duration
+from inference.bench.datasets import AZURE_TRACE
+from inference.bench.report import RequestRecord, read_jsonl
+from inference.environment import child_environment
+from inference.launcher import free_port
+from inference.models.default import ensure_default_model
+
+# Chosen by simulating slices of the trace on this 2-core machine's fleet (1 to 4 replicas, shared cores):
+# the first 300 s, 2.5 times as fast (12 requests/s on average), take the fleet from 1 to 3 replicas about
+# a minute in. A slice that needs a second replica in its first 30 s is avoided: the live loop's rates are
+# over a 30 s window that still holds the idle time before the load, the simulator's over the time since
+# its start, so the two would differ there by construction.
+TRACE_START_S = 0.0
+COMPRESS = 2.5
+TOKEN_SCALE = 0.25
+DURATION_S = 300.0
+MAX_REPLICAS = 4
+ALIVE = frozenset({"starting", "ready", "draining", "ejected"})  # replicas paid for (fleet.py's "alive")
+START_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 60.0
+LOAD_GRACE_S = 120.0  # after the last arrival, for requests in flight to finish
+# The gateway as the simulator models it (``controlplane.sim.fleet``): least-request routing, no admission
+# control, no giving up on a queued request. With its defaults it sheds load (a shed request never reaches
+# a replica's telemetry, so the autoscaler does not see it) and takes a request waiting 2 s in a replica's
+# queue for a stall (503 after its retries), neither of which the simulator has. The replicas' own queue
+# bound (128 requests) still holds.
+GATEWAY_AS_SIMULATED = {"routing": "least-request", "max_inflight_per_replica": 1_000_000,
+                        "stall_timeout_s": LOAD_GRACE_S, "first_byte_timeout_s": LOAD_GRACE_S}
+
+
+class SimVsLiveError(ControlPlaneError, RuntimeError):
+    """The comparison could not be set up (the control plane did not start, the load client failed)."""
+
+
+@dataclass(slots=True, frozen=True)
+class Slice:
+    trace_start_s: float
+    duration_s: float  # of replay
+    compress: float
+    token_scale: float
+    max_prompt_len: int
+    max_output_len: int
+
+    def shape(self) -> TraceShape:
+        return TraceShape(compress=self.compress, token_scale=self.token_scale, start_s=self.trace_start_s,
+                          duration_s=self.duration_s * self.compress, max_prompt_len=self.max_prompt_len,
+                          max_output_len=self.max_output_len)
+
+
+# ---- the configuration both sides run ----------------------------------------------------------
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str | list):
+        return json.dumps(value)
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def autoscaler_table(config: AutoscalerConfig) -> str:
+    """``[autoscaler]`` with every field of ``config`` that differs from the defaults (and ``enabled``)."""
+    defaults = AutoscalerConfig()
+    lines = ["[autoscaler]", "enabled = true"]
+    for f in dataclasses.fields(AutoscalerConfig):
+        value = getattr(config, f.name)
+        if f.name not in ("enabled", "windows") and value != getattr(defaults, f.name):
+            lines.append(f"{f.name} = {toml_value(value)}")
+    if config.windows:
+        raise ValueError("sim-vs-live: schedule windows are not compared")
+    return "\n".join(lines) + "\n"
+
+
+def write_config(workdir: Path, autoscaler: AutoscalerConfig) -> tuple[Path, str, str]:
+    """The live run's TOML (free loopback ports, 1 replica, the simulator's autoscaler): (path, API URL,
+    gateway URL). The file is read back as ``controlplane up`` reads it: its autoscaler must be the one
+    given."""
+    api, gateway = free_port(), free_port()
+    config = workdir / "controlplane.toml"
+    config.write_text(f'state_dir = "{workdir / "state"}"\n[api]\nport = {api}\n[gateway]\nport = {gateway}\n'
+                      + "".join(f"{k} = {toml_value(v)}\n" for k, v in GATEWAY_AS_SIMULATED.items())
+                      + f"[fleet]\nreplicas = 1\nbase_port = {free_port() + 100}\n"
+                      + '[prometheus]\nenabled = "off"\n'
+                      + "[alerts]\nenabled = false\n[console]\nenabled = false\n"
+                      + autoscaler_table(autoscaler))
+    live = load_config(config).autoscaler
+    if live != autoscaler:
+        raise SimVsLiveError(f"the live autoscaler config is not the simulator's:\n{live}\n{autoscaler}")
+    return config, f"http://127.0.0.1:{api}", f"http://127.0.0.1:{gateway}"
+
+
+def profile_path(configured: str, state_dir: Path) -> str:
+    """The profile file both sides run on: ``--profile``, else the host's calibrated one, else the shipped."""
+    chosen = resolve_profile_path(configured, state_dir)
+    if chosen:
+        return str(Path(chosen).resolve())
+    return str(resources.files("controlplane.data").joinpath(DEFAULT_PROFILE))
+
+
+# ---- the live run -------------------------------------------------------------------------------
+@contextlib.contextmanager
+def control_plane(config: Path, workdir: Path, token: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``controlplane up`` in its own session; stopped with SIGINT (it drains), SIGKILL if that hangs,
+    then whatever process of its state folder survived is killed too."""
+    with (workdir / "up.log").open("wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "controlplane", "up", "--config", str(config)],
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env=child_environment({"CONTROLPLANE_ADMIN_TOKEN": token,
+                                                          "PYTHONUNBUFFERED": "1"}))
+    try:
+        yield process
+    finally:
+        stop(process, workdir / "state")
+
+
+def stop(process: subprocess.Popen[bytes], state: Path) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    for pid in leftover_pids(state):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def leftover_pids(state: Path) -> list[int]:
+    """Processes of this run's state folder (in their command line or environment): none after a stop."""
+    needle, pids = str(state).encode(), []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if needle in (proc / "cmdline").read_bytes() or needle in (proc / "environ").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def wait_ready(process: subprocess.Popen[bytes], client: ControlPlaneClient, gateway: str, log: Path) -> None:
+    """1 replica ready at the control plane and routable at the gateway."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise SimVsLiveError(f"controlplane up exited with {process.returncode}:\n{tail}")
+        with contextlib.suppress(ControlPlaneError, httpx.HTTPError, OSError, KeyError, ValueError):
+            health = httpx.get(f"{gateway}/health", timeout=5, trust_env=False).json()
+            if client.fleet().ready_replicas >= 1 and len(health["routable"]) >= 1:
+                return
+        time.sleep(0.5)
+    raise SimVsLiveError(f"no replica ready and routable within {START_TIMEOUT_S:g}s; see {log}")
+
+
+def load_command(cut: Slice, gateway: str, workdir: Path) -> list[str]:
+    return [sys.executable, "-m", "inference.bench", "serve", "--base-url", gateway,
+            "--dataset", f"trace:{AZURE_TRACE}", "--time-scale", repr(cut.compress),
+            "--token-scale", repr(cut.token_scale), "--trace-start", repr(cut.trace_start_s),
+            "--trace-duration", repr(cut.duration_s * cut.compress),
+            "--max-input-len", str(cut.max_prompt_len), "--max-output-len", str(cut.max_output_len),
+            "--duration", f"{cut.duration_s + 5:g}", "--grace", f"{LOAD_GRACE_S:g}",
+            "--request-timeout", f"{LOAD_GRACE_S:g}", "--seed", "0", "--jsonl", str(workdir / "load.jsonl"),
+            "--result-json", str(workdir / "load.json"), "--no-progress"]
+
+
+@dataclass(slots=True)
+class LiveRun:
+    records: list[RequestRecord]
+    fleet: list[tuple[float, int]]  # (POSIX seconds, replicas paid for)
+    decisions: list[tuple[float, bool, str]]  # (POSIX seconds, applied, outcome)
+    cpu: dict[str, float] = field(default_factory=dict)  # core-seconds during the load, by role
+
+
+class CpuMeter:
+    """Core-seconds spent while the load runs: by the run's processes (the control plane and its
+    descendants, whatever names the run's state folder, the load client), by role, and by the rest of the
+    host. A process that ended between two samples is counted up to the sample before."""
+
+    def __init__(self, control_plane: int, load: int, state: Path) -> None:
+        self.cp, self.load, self.needle = control_plane, load, str(state).encode()
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.first: dict[int, float] = {}
+        self.last: dict[int, tuple[str, float]] = {}
+        self.host0, self.host, self.wall0, self.wall = self._host(), 0.0, time.monotonic(), 0.0
+        self.sample(baseline=True)
+
+    def _host(self) -> float:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+        return (user + nice + system + irq + softirq + steal) / self.tick
+
+    def sample(self, *, baseline: bool = False) -> None:
+        parents, used = {}, {}
+        for proc in Path("/proc").iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                rest = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                pid = int(proc.name)
+                parents[pid], used[pid] = int(rest[1]), (int(rest[11]) + int(rest[12])) / self.tick
+        for pid, cpu in used.items():
+            role = self._role(pid, parents)
+            if role is not None:
+                self.first.setdefault(pid, cpu if baseline else 0.0)
+                self.last[pid] = (role, cpu)
+        self.host, self.wall = self._host() - self.host0, time.monotonic() - self.wall0
+
+    def _role(self, pid: int, parents: dict[int, int]) -> str | None:
+        if pid == self.load:
+            return "load client"
+        if pid == self.cp:
+            return "control plane"
+        ancestor, ours = parents.get(pid), False
+        while ancestor and not ours:
+            ours, ancestor = ancestor == self.cp, parents.get(ancestor)
+        with contextlib.suppress(OSError):
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            ours = ours or self.needle in cmd or self.needle in Path(f"/proc/{pid}/environ").read_bytes()
+            if ours and b"inference\0serve" in cmd:
+                return "replicas"
+            if ours:
+                return "gateway" if b"controlplane.gateway" in cmd else "other processes of the run"
+        return None
+
+    def totals(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for pid, (role, used) in self.last.items():
+            out[role] = out.get(role, 0.0) + used - self.first[pid]
+        ours = sum(out.values())
+        out["rest of the host"] = max(self.host - ours, 0.0)
+        out["available"] = self.wall * (os.cpu_count() or 1)
+        return {k: round(v, 1) for k, v in out.items()}
+
+
+def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_state: Path) -> LiveRun:
+    models = ensure_default_model(source_state).parent  # built before the control plane starts
+    (workdir / "state").mkdir(parents=True, exist_ok=True)
+    (workdir / "state" / "models").symlink_to(models, target_is_directory=True)
+    config, api, gateway = write_config(workdir, autoscaler)
+    token = secrets.token_urlsafe(16)
+    with control_plane(config, workdir, token) as process, ControlPlaneClient(api, token) as client:
+        wait_ready(process, client, gateway, workdir / "up.log")
+        print(f"live: 1 replica ready; replaying the slice for {cut.duration_s:g}s", flush=True)
+        fleet: list[tuple[float, int]] = []
+        with (workdir / "load.log").open("wb") as log:
+            load = subprocess.Popen(load_command(cut, gateway, workdir), stdout=log, stderr=subprocess.STDOUT,
+                                    env=child_environment())
+        meter = CpuMeter(process.pid, load.pid, workdir / "state")
+        try:
+            while load.poll() is None:
+                with contextlib.suppress(ControlPlaneError, httpx.HTTPError, OSError):
+                    view = client.fleet()
+                    fleet.append((time.time(), sum(r.state in ALIVE for r in view.replicas)))
+                meter.sample()
+                time.sleep(max(0.0, 1.0 - time.time() % 1.0))
+        finally:
+            if load.poll() is None:
+                load.kill()
+                load.wait()
+        if load.returncode != 0:
+            raise SimVsLiveError(f"the load client exited with {load.returncode}; see {workdir / 'load.log'}")
+        decisions = [(d.at, d.applied, d.outcome) for d in client.autoscaler_decisions(limit=5000)]
+    return LiveRun(read_jsonl(workdir / "load.jsonl"), fleet, decisions, meter.totals())
+
+
+# ---- the command --------------------------------------------------------------------------------
+def add_sim_vs_live_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace-start", type=float, default=TRACE_START_S, help="seconds into the Azure trace")
+    p.add_argument("--duration", type=float, default=DURATION_S, help="seconds of live replay (%(default)s)")
+    p.add_argument("--compress", type=float, default=COMPRESS, help="trace speed-up (%(default)s)")
+    p.add_argument("--token-scale", type=float, default=TOKEN_SCALE, help="multiplies lengths (%(default)s)")
+    p.add_argument("--max-replicas", type=int, default=MAX_REPLICAS, help="(%(default)s)")
+    p.add_argument("--profile", default="", help="replica profile JSON for both sides (default: the state "
+                   "folder's calibrated one, else the shipped one)")
+    p.add_argument("--state-dir", default=None, help="where the default model and a calibrated profile are "
+                   "found (default: the control plane's state folder)")
+    p.add_argument("--workdir", default=None, help="the live run's folder (default: a temporary one)")
+    p.add_argument("--json", default=None, help="write both sides' figures and timelines here")
+    p.add_argument("--html", default=None, help="write a plotly chart of both replica timelines here")
+
+
+def sim_vs_live_main(args: argparse.Namespace) -> int:
+    if args.duration <= 0 or args.compress <= 0 or args.token_scale <= 0 or args.max_replicas < 2:
+        raise ValueError("need --duration, --compress and --token-scale > 0 and --max-replicas >= 2")
+    source_state = Path(args.state_dir).expanduser() if args.state_dir else load_config(None).state_path
+    path = profile_path(args.profile, source_state)
+    profile = load_profile(path)
+    cut = Slice(args.trace_start, args.duration, args.compress, args.token_scale,
+                profile.max_model_len * 3 // 4, profile.max_model_len // 4)
+    settings = SimSettings(min_replicas=1, initial_replicas=1, max_replicas=args.max_replicas,
+                           host_cores=os.cpu_count() or 1, sample_s=1.0)
+    autoscaler = dataclasses.replace(autoscaler_config(profile, settings), replica_profile=path)
+    requests = azure_trace(AZURE_TRACE, cut.shape())
+    span = trace_duration(requests)
+    if len(requests) < 2:
+        raise ValueError("the slice holds fewer than 2 requests: choose another --trace-start/--duration")
+    print(f"slice: {len(requests)} requests from {cut.trace_start_s:g}s of the Azure trace, compressed "
+          f"{cut.compress:g}x ({cut.duration_s:g}s of replay), tokens x{cut.token_scale:g}, prompts <= "
+          f"{cut.max_prompt_len}, outputs <= {cut.max_output_len}; profile {path}; host cores "
+          f"{settings.host_cores}; replicas 1..{args.max_replicas}", flush=True)
+    # simulated first: the control plane started next imports the same decision code
+    report = simulate(requests, PolicySpec("ours"), profile=profile, settings=settings)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="sim-vs-live-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    run = run_live(cut, autoscaler, workdir, source_state)
+    check_same_requests(requests, run.records)
+    live, sim = live_side(run.records, run.fleet, run.decisions, span, settings.slo), sim_side(report)
+    judged = verdicts(live, sim)
+    print(f"compared over {span:.1f}s (the load's start to the slice's last arrival)")
+    print(format_report(live, sim, judged))
+    prompt, output = sum(r.prompt_len for r in requests), sum(r.output_len for r in requests)
+    work = profile.engine_load(prompt_tokens_per_s=prompt, generated_tokens_per_s=output,
+                               mean_prompt_tokens=prompt / len(requests))
+    print("host CPU while the load ran, core-seconds: "
+          + ", ".join(f"{role} {used:g}" for role, used in run.cpu.items())
+          + f"; the slice's engine-seconds by the profile (its reference batch): {work:.0f}")
+    if args.html:
+        write_html(Path(args.html), live, sim, f"replicas: live vs simulated ({len(requests)} requests)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "slice": dataclasses.asdict(cut), "profile": path, "span_s": span, "workdir": str(workdir),
+            "autoscaler": dataclasses.asdict(autoscaler), "host_cores": settings.host_cores,
+            "live": dataclasses.asdict(live), "sim": dataclasses.asdict(sim), "cpu": run.cpu,
+            "engine_s": round(work, 1),
+            "verdicts": {k: {"met": ok, "detail": why} for k, (ok, why) in judged.items()},
+            "leftover_pids": leftover_pids(workdir / "state")}, indent=1))
+    return 0 if all(ok for ok, _ in judged.values()) else 1
+
+
+def check_same_requests(requests: Sequence[SimRequest], records: Sequence[RequestRecord]) -> None:
+    """The load client sent what the simulator replays: as many requests, as many tokens."""
+    sim = (len(requests), sum(r.prompt_len for r in requests), sum(r.output_len for r in requests))
+    live = (len(records), sum(r.prompt_len for r in records), sum(r.output_len for r in records))
+    print(f"requests / prompt tokens / output tokens: live {live[0]} / {live[1]} / {live[2]}, "
+          f"sim {sim[0]} / {sim[1]} / {sim[2]}")
+    if sim != live:
+        raise SimVsLiveError("the load client and the simulator did not replay the same requests")
