@@ -207,7 +207,11 @@ def test_stopped_replica_is_resumed_around_ejected_and_readmitted(fleet: Fleet, 
           f"{readmitted_at - continued_at:.2f}s after SIGCONT; largest client gaps: {gaps[-3:]}")
     assert mismatches(results, reference) == []
     assert ejected_while_stopped == {victim}
-    assert num_resumed >= 5
+    # The victim was running >= 5 requests when it stopped: each moved to another replica, resumed after
+    # its stall if the gateway had its first byte, retried after the first-byte timeout if not (on a loaded
+    # machine the gateway may not have read a first byte of most of them yet).
+    moved = [t for t in gw.traces if t.resumes or t.retries]
+    assert num_resumed >= 1 and len(moved) >= 5, (num_resumed, len(moved))
     assert ejected_at - stopped_at[0] < stall_s + timing.resume_slack_s
     assert gaps and gaps[-1] < stall_s + timing.resume_slack_s
     assert readmitted_at > continued_at
