@@ -1,9 +1,9 @@
 """The simulator against the live fleet, short (the CI's version of ``python -m controlplane.bench
-sim-vs-live``): 90 s of an Azure trace slice through a real ``controlplane up`` that starts at 1 replica
+sim-vs-live``): 60 s of an Azure trace slice through a real ``controlplane up`` that starts at 1 replica
 and must scale, and through the simulator with the same profile, autoscaler configuration and requests.
 
 What it bounds is the fleet: both sides replay the same requests, both scale, and their replica-seconds
-stay within 35% (looser than the benchmark's 15% over 300 s: over 90 s one scale-up a tick or a scrape
+stay within 35% (looser than the benchmark's 15% over 300 s: over 60 s one scale-up a tick or a scrape
 later live moves replica-seconds by several percent). Latency is printed, not bounded: on this 2-core host
 three replicas, the gateway and the load client share two cores, and the live queues grow far past what
 the simulator's shared-cores model gives (README, "Simulator against the live fleet").
@@ -21,7 +21,7 @@ import pytest
 
 from controlplane.bench.sim_vs_live import leftover_pids
 
-DURATION_S = 90.0
+DURATION_S = 60.0
 # From 450 s of the trace, three times as fast (about 15 requests/s): both fleets scale 1 -> 3 within
 # the run.
 TRACE_START_S, COMPRESS = 450.0, 3.0
