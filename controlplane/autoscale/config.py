@@ -51,8 +51,9 @@ class AutoscalerConfig:
     slo_quantile: float = 0.95
     target_tokens_per_s_per_replica: float = 400.0
     # Offered engine load: request rate x mean prompt and output tokens, in engine seconds per second (the
-    # replica profile converts tokens to engine time). It sizes the fleet and is panic mode's demand; the
-    # target is also a replica's capacity for panic mode (30% headroom, as HPA's usual CPU target).
+    # replica profile converts tokens to engine time). It is panic mode's demand, and sizes the fleet only
+    # with work_sizing off (a guard otherwise, as the generated tokens are); the target is also a
+    # replica's capacity for panic mode (30% headroom, as HPA's usual CPU target).
     target_engine_load_per_replica: float = 0.7
     # Guards forbid scaling down while over their target but do not size the fleet: TTFT has a floor and
     # lags, a queue is a backlog to drain, so ceil(current x metric / target) on them overshoots.

@@ -10,10 +10,12 @@ scale call failed). The live loop (:mod:`controlplane.autoscale.loop`) and the w
 (:mod:`controlplane.sim.simulator`, policy ``ours``) call the same functions, so the benchmark measures
 what runs live.
 
-Our policy has one definition, :func:`ours_policy` with :func:`offered_engine_load`: the request rate
-times the mean prompt and output tokens of the requests that finished in the window, in engine seconds
-per second through the replica profile (:mod:`controlplane.autoscale.profile`); it sizes the fleet and is
-panic mode's demand.
+Our policy has one definition, :func:`ours_policy` with :func:`offered_work` and
+:func:`offered_engine_load`, both from the request rate and the mean prompt and output tokens of the
+requests that finished in the window, priced by the replica profile (:mod:`controlplane.autoscale.profile`):
+the work's prefill, decode and KV terms (:mod:`controlplane.autoscale.work`) size the fleet (the ``work``
+proposal); the offered engine load, in engine seconds per second, is panic mode's demand and, with sizing
+by work off, sizes the fleet through target tracking.
 """
 
 from __future__ import annotations

@@ -44,10 +44,14 @@ def run(args: argparse.Namespace) -> int:
 
     from controlplane.autoscale.calibrate import QUICK_PLAN, CalibrationPlan, calibrate
     from controlplane.config import load_config
+    from controlplane.store.files import private_dir
 
     if args.threads < 1:
         raise UsageError("calibrate: --threads must be >= 1")
-    out = Path(args.out) if args.out else load_config(args.config).state_path / CALIBRATED_PROFILE
+    if args.out:
+        out = Path(args.out)
+    else:  # the state folder, made as `controlplane up` makes it when this runs first on a fresh host
+        out = private_dir(load_config(args.config).state_path) / CALIBRATED_PROFILE
     if not out.parent.is_dir():
         raise UsageError(f"calibrate: {out.parent} is not a folder")
     plan = replace(QUICK_PLAN if args.quick else CalibrationPlan(), num_threads=args.threads)
