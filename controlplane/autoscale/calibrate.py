@@ -66,7 +66,7 @@ class CalibrationPlan:
 
 QUICK_PLAN = CalibrationPlan(
     prefill_lens=(64, 384, 1024), decodes=(Decode(1, 128), Decode(8, 128), Decode(24, 768)),
-    held_out_prefill_lens=(256,), held_out_decodes=(Decode(12, 512),), decode_tokens=8, repeats=1)
+    held_out_prefill_lens=(256,), held_out_decodes=(Decode(12, 512),), decode_tokens=16, repeats=2)
 
 
 def calibrate(plan: CalibrationPlan = CalibrationPlan(), *,

@@ -32,7 +32,7 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
                                                  f"{CALIBRATED_PROFILE})")
     cmd.add_argument("--threads", type=int, default=1, help="torch threads of the replica, as the fleet "
                                                             "runs it (default %(default)s)")
-    cmd.add_argument("--quick", action="store_true", help="fewer points, one repetition (about 30 s)")
+    cmd.add_argument("--quick", action="store_true", help="fewer points, two rounds (about 30 s)")
     cmd.add_argument("--force", action="store_true", help=f"install the profile even if its held-out "
                                                           f"error is over {HELD_OUT_BOUND:.0%}")
 
