@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controlplane.sim.replica import RequestOutcome
-from controlplane.sim.simulator import PolicyReport, Slo
+from controlplane.sim.simulator import PolicyReport, Slo, p95
 from inference.bench.report import RequestRecord
 
 TARGETS = {"attainment_points": 5.0, "replica_seconds": 0.15, "ttft_p95": 0.25}
@@ -29,15 +29,6 @@ class Side:
     scale_events: int
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds since the load's start, paid)
     failed: int = 0
-
-
-def p95(values: Sequence[float]) -> float | None:
-    """The simulator's P95 (nearest rank; an infinite one, from a request with no first token: None)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    value = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
-    return None if math.isinf(value) else round(value, 4)
 
 
 def outcome(record: RequestRecord) -> RequestOutcome:

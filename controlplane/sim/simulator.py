@@ -398,8 +398,8 @@ def _report(label: str, sim: FleetSim, settings: SimSettings, wall_s: float) -> 
         replica_seconds=round(sim.replica_seconds(), 1),
         scale_events=sum(e.after != e.before for e in sim.events),
         reversals=count_reversals(sim.events, settings.stabilization_s),
-        ttft_p95_s=_p95(ttfts),
-        tpot_p95_s=_p95(tpots),
+        ttft_p95_s=p95(ttfts),
+        tpot_p95_s=p95(tpots),
         unfinished=sum(o.finish is None for o in outcomes),
         duration_s=round(sim.duration, 1),
         wall_s=round(wall_s, 2),
@@ -407,7 +407,8 @@ def _report(label: str, sim: FleetSim, settings: SimSettings, wall_s: float) -> 
     )
 
 
-def _p95(values: Sequence[float]) -> float | None:
+def p95(values: Sequence[float]) -> float | None:
+    """Nearest-rank P95; None when empty or when it is infinite (a request with no first token)."""
     if not values:
         return None
     ordered = sorted(values)
@@ -427,7 +428,7 @@ def _timeline(sim: FleetSim) -> Timeline:
         load_rps=[round(len(b) / step, 3) for b in buckets],
         replicas=[s.alive for s in sim.samples],
         ready=[s.ready for s in sim.samples],
-        ttft_p95_s=[_p95(b) for b in buckets],
+        ttft_p95_s=[p95(b) for b in buckets],
     )
 
 

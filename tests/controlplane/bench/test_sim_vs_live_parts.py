@@ -11,9 +11,9 @@ import pytest
 
 from controlplane.autoscale.profile import load_profile
 from controlplane.bench.sim_vs_live import profile_path, write_config
-from controlplane.bench.sim_vs_live_report import integrate, live_side, outcome, p95
+from controlplane.bench.sim_vs_live_report import integrate, live_side, outcome
 from controlplane.config import load_config
-from controlplane.sim.simulator import SimSettings, Slo, autoscaler_config
+from controlplane.sim.simulator import SimSettings, Slo, autoscaler_config, p95
 from inference.bench.report import RequestRecord
 
 
