@@ -34,7 +34,10 @@ class FleetConfig:
     # lab: ray://10.199.0.2:10001) or "local" (start a private single-node Ray).
     ray_address: str = "auto"
     ray_namespace: str = ""  # empty: "llmsre-" and a hash of the state folder (one per control plane)
-    ray_connect_timeout_s: float = 30.0
+    # How long to keep asking a cluster that answers but refuses a session. One refused attempt can take
+    # 30 s (a head's Ray Client server that fails to start a session's server, a race inside Ray seen on a
+    # freshly started head, answers after its own 30 s channel timeout), so this leaves room for retries.
+    ray_connect_timeout_s: float = 120.0
     ray_num_cpus: float = 1.0  # Ray resources each replica's actor asks for
     ray_num_gpus: float = 0.0  # CUDA devices per replica (Ray's num_gpus)
     ray_num_npus: float = 0.0  # Ascend NPUs per replica (Ray's "NPU" resource)

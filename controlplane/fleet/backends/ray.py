@@ -60,7 +60,8 @@ def connect(address: str, namespace: str, *, timeout_s: float) -> Any:
     """Join the Ray cluster at ``address`` (``auto``, ``ray://host:port`` or ``local``) in ``namespace``;
     the ``ray`` module. RayUnavailable, in one line, when Ray is missing or the cluster does not answer.
     A cluster that answers but refuses is asked again until ``timeout_s`` (a head that has just started,
-    or a busy one, may fail a Ray Client's first session)."""
+    or a busy one, may fail a Ray Client's first session: its client server sometimes loses the race with
+    the session server it spawns, and says so only after 30 s)."""
     try:
         import ray
     except ImportError as exc:
