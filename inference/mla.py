@@ -21,8 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference import step_profile
 from inference.attention import DecodeGroup, PrefillChunk, get_context
 from inference.kv_quant import LatentStore
+from inference.step_profile import ATTEND, CACHE_WRITE, GATHER, MODEL_REST
 
 
 class LatentAttention(nn.Module):
@@ -48,7 +50,9 @@ class LatentAttention(nn.Module):
         ctx = get_context()
         if ctx is None or self.cache is None:
             return self._expanded(q, latent, None)
+        step_profile.lap(MODEL_REST)
         self.cache.write_latent(latent, ctx.slot_mapping)
+        step_profile.lap(CACHE_WRITE)
         out = q.new_empty(q.shape[0], self.num_heads, self.v_head_dim)
         for chunk in ctx.prefills:
             rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
@@ -56,8 +60,10 @@ class LatentAttention(nn.Module):
                 out[rows] = self._expanded(q[rows], latent[rows], None)
             else:
                 out[rows] = self._prefill(q[rows], chunk)
+            step_profile.lap(ATTEND)
         for group in ctx.decodes:
             out[group.start:group.end] = self._decode(q[group.start:group.end], group)
+            step_profile.lap(ATTEND)
         return out
 
     # ---- prefill: expand the context into per-head keys and values ------------------------------------
@@ -79,6 +85,7 @@ class LatentAttention(nn.Module):
     def _prefill(self, q: torch.Tensor, chunk: PrefillChunk) -> torch.Tensor:
         assert self.cache is not None
         rows = self.cache.gather_latent(chunk.block_table.unsqueeze(0), chunk.context_len)[0, 0]
+        step_profile.lap(GATHER)
         past = chunk.context_len - chunk.query_len
         query_pos = torch.arange(chunk.query_len, device=q.device).unsqueeze(1) + past
         key_pos = torch.arange(chunk.context_len, device=q.device).unsqueeze(0)
@@ -97,7 +104,9 @@ class LatentAttention(nn.Module):
         q_nope, q_rope = torch.split(q, [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
         q_latent = torch.einsum("nhd,hdc->nhc", q_nope, w_k)
         query = torch.cat((q_latent, q_rope), dim=-1).unsqueeze(2)  # [n, H, 1, latent + rope]
+        step_profile.lap(ATTEND)
         rows = self.cache.gather_latent(group.block_tables, None)  # [n, 1, L, latent + rope]
+        step_profile.lap(GATHER)
         o = F.scaled_dot_product_attention(query, rows, rows[..., :self.kv_lora_rank], attn_mask=group.mask,
                                            scale=self.scale, enable_gqa=True)  # [n, H, 1, latent]
         return torch.einsum("nhc,hvc->nhv", o.squeeze(2), w_v)

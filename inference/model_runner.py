@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inference import step_profile
 from inference.attention import (
     Attention,
     AttentionContext,
@@ -21,6 +22,7 @@ from inference.attention import (
     DecodeKernel,
     PrefillChunk,
     attention_context,
+    score_bias,
 )
 from inference.kv_quant import (
     GatherWorkspace,
@@ -36,6 +38,7 @@ from inference.output import TokenLogprob
 from inference.sampler import Sampler, SamplingRow
 from inference.scheduler import ScheduledSeq, SchedulerOutput
 from inference.sequence import Sequence
+from inference.step_profile import LOGITS, MODEL_REST, PREPARE, SAMPLING
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +135,7 @@ class ModelRunner:
         self.model = model
         self.layout = layout
         self.device = device
+        self.dtype = dtype
         self.attention_layers = [m for m in model.modules() if isinstance(m, Attention | LatentAttention)]
         if len(self.attention_layers) != layout.num_layers:
             raise ValueError(f"model has {len(self.attention_layers)} attention layers, "
@@ -157,13 +161,16 @@ class ModelRunner:
             rows: list[SamplingRow]) -> tuple[list[int | None], list[TokenLogprob | None]]:
         """``rows`` holds sampling parameters for the scheduled items that sample, in order."""
         batch = self.prepare(out.scheduled)
+        step_profile.lap(PREPARE)
         with attention_context(batch.context):
             hidden = self.model(batch.input_ids, batch.positions)
+        step_profile.lap(MODEL_REST)
         tokens: list[int | None] = [None] * len(out.scheduled)
         logprobs: list[TokenLogprob | None] = [None] * len(out.scheduled)
         if not batch.sample_rows:
             return tokens, logprobs
         logits = self.model.compute_logits(hidden[batch.sample_rows]).float()
+        step_profile.lap(LOGITS)
         if self.logits_hook is not None:
             self.logits_hook([out.scheduled[i] for i in batch.sample_items], logits)
         # ``rows`` follow the scheduled order; the logits follow the batch layout (prefills first, then
@@ -173,6 +180,7 @@ class ModelRunner:
         sampled = self.sampler(logits, laid_out)
         for item, token, logprob in zip(batch.sample_items, sampled.token_ids, sampled.logprobs, strict=True):
             tokens[item], logprobs[item] = token, logprob
+        step_profile.lap(SAMPLING)
         return tokens, logprobs
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> PreparedBatch:
@@ -215,7 +223,7 @@ class ModelRunner:
         context_lens = self._tensor(lens)
         span = torch.arange(width * bs, device=self.device)
         mask = (span.unsqueeze(0) < context_lens.unsqueeze(1)).view(len(seqs), 1, 1, -1)
-        return DecodeGroup(start, start + len(seqs), tables, context_lens, mask)
+        return DecodeGroup(start, start + len(seqs), tables, context_lens, mask, score_bias(mask, self.dtype))
 
     def _tensor(self, values: list[int] | list[list[int]]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

@@ -14,11 +14,14 @@ greedy and ignores EOS, so every path computes exactly the requested number of t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import logging
 import random
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -35,6 +38,8 @@ from inference.bench.offline_result import (
     HF_ONE,
     HF_STATIC,
     LABELS,
+    VLLM,
+    Agreement,
     BenchRequest,
     OfflineConfig,
     OfflineResult,
@@ -55,6 +60,7 @@ from inference.bench.roofline import (
 from inference.config import KV_CACHE_DTYPES, EngineConfig
 from inference.engine import LLM, LLMEngine
 from inference.sampling_params import SamplingParams
+from inference.step_profile import Breakdown, StepProfile, profiling
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +158,75 @@ def run_engine(llm: LLM, requests: Sequence[BenchRequest], *, warmup: Sequence[B
     llm.engine.step_stats.extend(stats)
     note = f"best of {repeats} runs" if repeats > 1 else ""
     return PathResult(ENGINE, LABELS[ENGINE], len(requests), tokens, tokens, seconds, note)
+
+
+def profile_engine(llm: LLM, requests: Sequence[BenchRequest], *, show_progress: bool) -> Breakdown | None:
+    """One more run of the workload with the step profile on: the mean phases of its pure-decode steps.
+
+    Not one of the timed runs (each phase mark synchronizes an accelerator); the run's step statistics
+    are put back as they were, so the roofline still reads the best timed run's.
+    """
+    kept = list(llm.engine.step_stats)
+    llm.engine.block_manager.reset_prefix_cache()
+    profile = StepProfile(synchronize=llm.engine.device.synchronize)
+    with _progress(len(requests), "engine (profiled)", enabled=show_progress) as bar, profiling(profile):
+        llm.generate(_prompts(requests), _engine_params(requests),
+                     progress=lambda done, _total: bar.update(done - bar.n))
+    llm.engine.step_stats.clear()
+    llm.engine.step_stats.extend(kept)
+    return profile.decode_breakdown()
+
+
+AGREEMENT_REQUESTS = 16  # the workload's first requests, run again at float32 for a reduced-precision run
+
+
+def float32_agreement(llm: LLM, requests: Sequence[BenchRequest], config: OfflineConfig) -> Agreement | None:
+    """How far the engine's greedy tokens follow a float32 engine's on the same requests; None when the
+    engine already runs float32. Both engines run the workload's first requests on the same device."""
+    if llm.engine.dtype == torch.float32:
+        return None
+    subset = requests[:AGREEMENT_REQUESTS]
+    prompts, params = _prompts(subset), _engine_params(subset)
+    ours = [o.output_token_ids for o in llm.generate(prompts, params)]
+    reference_config = dataclasses.replace(config.engine, dtype="float32")
+    reference = LLM(config.model, reference_config)
+    theirs = [o.output_token_ids for o in reference.generate(prompts, params)]
+    return Agreement.of(ours, theirs)
+
+
+VLLM_CHILD = Path(__file__).with_name("vllm_child.py")
+VLLM_TIMEOUT_S = 3600.0
+
+
+def run_vllm(python: str, llm: LLM, requests: Sequence[BenchRequest], config: OfflineConfig) -> PathResult:
+    """The same requests through vLLM, installed in the environment of the interpreter ``python``: every
+    request at once, greedy, ignore EOS, the same model folder, dtype and torch threads; best of
+    ``config.repeats`` runs. BenchmarkError with the end of vLLM's log when it fails."""
+    engine = llm.engine
+    job = {"model": str(engine.model_path), "dtype": str(engine.dtype).removeprefix("torch."),
+           "num_threads": torch.get_num_threads(), "repeats": config.repeats,
+           "max_num_seqs": config.engine.max_num_seqs, "max_model_len": engine.max_model_len,
+           "kv_cache_gib": max(1, -(-config.engine.kv_cache_memory_bytes // 2**30)),
+           "requests": [{"prompt": list(r.prompt_token_ids), "output_len": r.output_len} for r in requests]}
+    with tempfile.TemporaryDirectory(prefix="vllm-bench-") as tmp:
+        job_path, out_path, log_path = (Path(tmp) / name for name in ("in.json", "out.json", "vllm.log"))
+        job_path.write_text(json.dumps(job), encoding="utf-8")
+        if config.show_progress:
+            print(f"vLLM: the workload through {python} (its start takes a minute or more)", file=sys.stderr)
+        try:
+            command = [python, str(VLLM_CHILD), str(job_path), str(out_path)]
+            with log_path.open("wb") as log:
+                status = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=VLLM_TIMEOUT_S,
+                                        check=False).returncode
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise BenchmarkError(f"vLLM via {python}: {exc}") from exc
+        if status != 0 or not out_path.is_file():
+            tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-8:]
+            raise BenchmarkError(f"vLLM via {python} exited with status {status}:\n  " + "\n  ".join(tail))
+        result = json.loads(out_path.read_text(encoding="utf-8"))
+    tokens = int(result["tokens"])
+    note = f"vLLM {result['version']}, best of {len(result['runs'])} runs"
+    return PathResult(VLLM, LABELS[VLLM], len(requests), tokens, tokens, float(result["seconds"]), note)
 
 
 HfGenerate = Callable[[torch.Tensor, torch.Tensor, int], int]
@@ -288,7 +363,11 @@ def run_offline(config: OfflineConfig) -> OfflineResult:
     paths = [run_engine(llm, requests, warmup=warmup, show_progress=config.show_progress,
                         repeats=config.repeats)]
     preemptions = engine.scheduler.num_preemptions - preemptions
-    roofline = measure_roofline(engine, requests, config.roofline)
+    roofline = measure_roofline(engine, requests, config.roofline)  # from the best timed run's steps
+    decode_profile = profile_engine(llm, requests, show_progress=config.show_progress)
+    agreement = float32_agreement(llm, requests, config)
+    if config.vllm_python:
+        paths.append(run_vllm(config.vllm_python, llm, requests, config))
     if not config.skip_hf:
         paths += run_hf(engine.model_path, requests, warmup=warmup, device=engine.device.torch_device,
                         dtype=engine.dtype, config=config)
@@ -299,7 +378,7 @@ def run_offline(config: OfflineConfig) -> OfflineResult:
         output_lens=tuple(r.output_len for r in requests),
         max_num_seqs=config.engine.max_num_seqs, kv_cache_dtype=config.engine.kv_cache_dtype,
         num_preemptions=preemptions, paths=tuple(paths), roofline=roofline,
-        kv_cache=kv_cache_footprint(engine))
+        kv_cache=kv_cache_footprint(engine), decode_profile=decode_profile, float32_agreement=agreement)
 
 
 # ---- the command line --------------------------------------------------------------------------
@@ -312,6 +391,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--max-num-seqs", type=int, default=engine.max_num_seqs)
     p.add_argument("--kv-cache-dtype", default=engine.kv_cache_dtype, choices=KV_CACHE_DTYPES)
+    p.add_argument("--dtype", default=engine.dtype, choices=("auto", "float32", "bfloat16", "float16"),
+                   help="the model's dtype for every path (auto: float32 on CPU, bfloat16 on CUDA/NPU); "
+                        "other than float32, the engine's greedy tokens are compared with a float32 engine's")
     p.add_argument("--device", default=engine.device, help="auto, cpu, cuda[:N] or npu[:N]")
     p.add_argument("--num-threads", type=int, default=engine.num_threads,
                    help="torch threads for every path (0: torch's default)")
@@ -322,6 +404,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rows per padded static batch of the transformers baseline")
     p.add_argument("--repeats", type=int, default=OfflineConfig().repeats,
                    help="best of N runs for the engine and the static batches (the machine is noisy)")
+    p.add_argument("--vs-vllm", default=None, metavar="PYTHON",
+                   help="also run the workload through vLLM, installed in the environment of this "
+                        "interpreter (make bench-vllm builds one), and compare")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the results as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
@@ -331,9 +416,10 @@ def config_from_args(args: argparse.Namespace) -> OfflineConfig:
         model=args.model,
         workload=WorkloadSpec(num_requests=args.num_requests, seed=args.seed),
         engine=EngineConfig(max_num_seqs=args.max_num_seqs, kv_cache_dtype=args.kv_cache_dtype,
-                            device=args.device, num_threads=args.num_threads),
+                            device=args.device, num_threads=args.num_threads, dtype=args.dtype),
         skip_hf=args.skip_hf, hf_one_at_a_time_requests=args.hf_one_at_a_time_requests,
-        hf_batch_size=args.hf_batch_size, show_progress=not args.no_progress, repeats=args.repeats)
+        hf_batch_size=args.hf_batch_size, show_progress=not args.no_progress, repeats=args.repeats,
+        vllm_python=args.vs_vllm)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -348,4 +434,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
         print(f"\nresults written to {args.json}")
+    if result.missed:
+        print("\na target was missed (exit 1)", file=sys.stderr)
+        return 1
     return 0

@@ -7,19 +7,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from inference.bench.kv_cache import KvCacheFootprint, format_kv_cache
 from inference.bench.roofline import RooflineConfig, RooflineReport, format_report
 from inference.config import EngineConfig
+from inference.step_profile import Breakdown
 
 ENGINE = "engine"
 HF_ONE = "hf-one-at-a-time"
 HF_STATIC = "hf-static-batches"
-LABELS = {ENGINE: "engine (all at once)", HF_ONE: "HF one at a time", HF_STATIC: "HF static batches"}
-# (baseline path, how many times its output tokens/s the engine must reach)
+VLLM = "vllm"
+LABELS = {ENGINE: "engine (all at once)", HF_ONE: "HF one at a time", HF_STATIC: "HF static batches",
+          VLLM: "vLLM CPU (all at once)"}
+# (baseline path, how many times its output tokens/s the engine must reach); vLLM's only when it ran
 TARGETS = ((HF_STATIC, 2.0), (HF_ONE, 8.0))
+VLLM_TARGET = (VLLM, 1.0)
 HF_BATCH_SIZE = 16
 
 
@@ -64,6 +69,7 @@ class OfflineConfig:
     roofline: RooflineConfig = field(default_factory=RooflineConfig)
     show_progress: bool = True
     repeats: int = 3  # the engine and the static batches: best of this many runs (one-at-a-time: one run)
+    vllm_python: str | None = None  # an interpreter whose environment has vLLM: run it too (--vs-vllm)
 
     def __post_init__(self) -> None:
         n = self.hf_one_at_a_time_requests
@@ -111,6 +117,28 @@ class Target:
 
 
 @dataclass(slots=True, frozen=True)
+class Agreement:
+    """Greedy tokens of a reduced-precision engine against a float32 engine's, on the same requests."""
+
+    num_requests: int
+    num_identical: int  # outputs equal token for token
+    tokens_before_divergence: int  # summed over the requests: tokens equal before the first difference
+    num_tokens: int
+
+    @classmethod
+    def of(cls, ours: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]) -> Agreement:
+        before = 0
+        for a, b in zip(ours, reference, strict=True):
+            before += next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return cls(len(ours), sum(list(a) == list(b) for a, b in zip(ours, reference)), before,
+                   sum(len(b) for b in reference))
+
+    @property
+    def share_before_divergence(self) -> float:
+        return self.tokens_before_divergence / self.num_tokens if self.num_tokens else 1.0
+
+
+@dataclass(slots=True, frozen=True)
 class OfflineResult:
     model_path: str
     device: str
@@ -125,6 +153,8 @@ class OfflineResult:
     paths: tuple[PathResult, ...]
     roofline: RooflineReport | None
     kv_cache: KvCacheFootprint | None = None
+    decode_profile: Breakdown | None = None  # where a pure-decode step's time goes (a profiled run)
+    float32_agreement: Agreement | None = None  # below float32 only
 
     @property
     def num_requested_output_tokens(self) -> int:
@@ -146,8 +176,14 @@ class OfflineResult:
 
     @property
     def targets(self) -> tuple[Target, ...]:
+        wanted = TARGETS + ((VLLM_TARGET,) if self.path(VLLM) is not None else ())
         return tuple(Target(name, _label_of(self, name), required, self.ratio(ENGINE, name))
-                     for name, required in TARGETS)
+                     for name, required in wanted)
+
+    @property
+    def missed(self) -> bool:
+        """A target whose baseline ran was not reached."""
+        return any(t.passed is False for t in self.targets)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -165,6 +201,8 @@ class OfflineResult:
                 "bound_seconds": r.bound_seconds, "percent_of_bound": r.percent_of_bound,
                 "bound_tokens_per_s": r.bound_tokens_per_s, "peak_gflops": r.rates.peak_gflops,
                 "weight_bytes_per_step": r.weight_bytes_per_step, "mean_experts_hit": r.mean_experts_hit}
+        if self.decode_profile is not None:
+            data["decode_profile"] = self.decode_profile.to_dict()
         if self.kv_cache is not None:
             kv = self.kv_cache
             data["kv_cache"]["derived"] = {"pool_bytes": kv.pool_bytes, "ratio": kv.ratio,
@@ -192,8 +230,15 @@ def format_result(result: OfflineResult) -> str:
         "",
         format_targets(result),
     ]
+    if result.float32_agreement is not None:
+        a = result.float32_agreement
+        lines += ["", f"Agreement with a float32 engine (greedy, the first {a.num_requests} requests): "
+                      f"{a.share_before_divergence:.1%} of tokens before the first divergence, "
+                      f"{a.num_identical} of {a.num_requests} outputs identical"]
     if result.kv_cache is not None:
         lines += ["", format_kv_cache(result.kv_cache)]
+    if result.decode_profile is not None:
+        lines += ["", format_profile(result.decode_profile)]
     if result.roofline is not None:
         lines += ["", format_report(result.roofline)]
     else:
@@ -227,4 +272,16 @@ def format_targets(result: OfflineResult) -> str:
         verdict = "SKIPPED (baseline not run)" if t.passed is None else (
             f"{'PASS' if t.passed else 'FAIL'} ({t.ratio:.2f}x)")
         lines.append(f"  {t.description}: {verdict}")
+    return "\n".join(lines)
+
+
+def format_profile(profile: Breakdown) -> str:
+    """The phases of a pure-decode step, mean milliseconds and share, largest first."""
+    total = profile.step_seconds
+    lines = [f"Where a decode step goes (a profiled run, not timed above: {profile.num_steps} pure-decode "
+             f"steps, mean batch {profile.mean_batch:.1f}, {total * 1e3:.2f} ms per step)"]
+    width = max(len(p) for p in profile.seconds)
+    for phase, seconds in sorted(profile.seconds.items(), key=lambda kv: -kv[1]):
+        share = seconds / total if total > 0 else 0.0
+        lines.append(f"  {phase.ljust(width)}  {seconds * 1e3:7.3f} ms  {share:6.1%}")
     return "\n".join(lines)

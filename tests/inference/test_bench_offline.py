@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 
 import pytest
 
@@ -18,6 +19,8 @@ from inference.bench.offline import (
     HF_ONE,
     HF_STATIC,
     TARGETS,
+    VLLM,
+    BenchmarkError,
     OfflineConfig,
     OfflineResult,
     WorkloadSpec,
@@ -26,8 +29,25 @@ from inference.bench.offline import (
     make_workload,
     run_offline,
 )
+from inference.bench.offline_result import Agreement
 from inference.bench.roofline import ModelCost, RooflineConfig, mean_decode_context
 from inference.config import EngineConfig
+from inference.step_profile import (
+    ATTEND,
+    CACHE_WRITE,
+    GATHER,
+    LOGITS,
+    MODEL_REST,
+    PHASES,
+    POSTPROCESS,
+    PREPARE,
+    SAMPLING,
+    SCHEDULE,
+    StepProfile,
+    current,
+    lap,
+    profiling,
+)
 
 pytest.importorskip("transformers")
 
@@ -81,6 +101,8 @@ def test_targets_judge_the_engine_ratio_against_each_baseline(result: OfflineRes
     for target in result.targets:
         assert target.ratio == result.ratio(ENGINE, target.baseline)
         assert target.passed == (target.ratio >= target.required_ratio)  # type: ignore[operator]
+    assert result.missed == any(not t.passed for t in result.targets)  # the command exits 1 when missed
+    assert VLLM not in [t.baseline for t in result.targets]  # vLLM's target only when vLLM ran
 
 
 def test_roofline_numbers_are_positive_and_add_up(result: OfflineResult) -> None:
@@ -115,6 +137,71 @@ def test_printed_report_and_json_carry_the_figures(result: OfflineResult) -> Non
     assert [p["name"] for p in data["paths"]] == [ENGINE, HF_ONE, HF_STATIC]
     assert data["paths"][0]["ratios"][HF_ONE] == pytest.approx(result.ratio(ENGINE, HF_ONE))
     assert data["roofline"]["derived"]["bound_seconds"] > 0
+
+
+def test_the_decode_profile_splits_a_step_into_phases_that_add_up_to_it(result: OfflineResult) -> None:
+    profile = result.decode_profile
+    assert profile is not None and profile.num_steps > 0
+    assert 1 <= profile.mean_batch <= TINY.num_requests
+    assert set(profile.seconds) == set(PHASES)
+    assert all(seconds >= 0 for seconds in profile.seconds.values())
+    # a decode step of the default Llama runs every phase but the prefill's
+    for phase in (SCHEDULE, PREPARE, CACHE_WRITE, GATHER, ATTEND, MODEL_REST, LOGITS, SAMPLING, POSTPROCESS):
+        assert profile.seconds[phase] > 0, phase
+    assert profile.step_seconds == pytest.approx(sum(profile.seconds.values()))
+    text = format_result(result)
+    assert "Where a decode step goes" in text and "attention: gather K/V" in text
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["decode_profile"]["step_ms"] == pytest.approx(profile.step_seconds * 1e3)
+    # the profiled run is not a timed one: the roofline still reads the timed run's steps
+    assert result.roofline is not None and result.roofline.observed.num_steps > 0
+
+
+def test_a_step_profile_charges_each_interval_to_the_phase_that_ends_it() -> None:
+    profile = StepProfile(clock=iter([0.0, 1.0, 3.0, 6.0]).__next__)
+    with profiling(profile):
+        assert current() is profile
+        profile.begin()
+        for phase in (SCHEDULE, MODEL_REST, SCHEDULE):
+            lap(phase)
+        profile.end(0, 3)
+    assert current() is None
+    lap(SCHEDULE)  # no profile: nothing recorded, nothing raised
+    (step,) = profile.steps
+    assert step.seconds[SCHEDULE] == 4.0 and step.seconds[MODEL_REST] == 2.0 and step.total == 6.0
+    breakdown = profile.decode_breakdown()
+    assert breakdown is not None and breakdown.mean_batch == 3 and breakdown.step_seconds == 6.0
+    assert profile.decode_breakdown(min_batch=4) is None
+
+
+def test_a_bfloat16_run_reports_its_agreement_with_a_float32_engine() -> None:
+    config = OfflineConfig(model="default", workload=TINY, repeats=1, skip_hf=True, show_progress=False,
+                           engine=EngineConfig(device="cpu", dtype="bfloat16"),
+                           roofline=RooflineConfig(copy_mib=32, gemm_size=256, repeats=2))
+    result = run_offline(config)
+    assert result.dtype == "bfloat16"
+    agreement = result.float32_agreement
+    assert agreement is not None and agreement.num_requests == TINY.num_requests
+    assert agreement.num_tokens == sum(result.output_lens)
+    assert 0 <= agreement.tokens_before_divergence <= agreement.num_tokens
+    assert "Agreement with a float32 engine" in format_result(result)
+    assert result.path(ENGINE) is not None and result.path(ENGINE).tokens_per_s > 0  # type: ignore[union-attr]
+
+
+def test_vs_vllm_without_vllm_in_that_environment_fails_with_its_log() -> None:
+    # This environment has no vLLM (it lives in its own, `make bench-vllm`): the child's ImportError is what
+    # the user must see, not a traceback of the benchmark.
+    config = OfflineConfig(model="default", workload=TINY, repeats=1, skip_hf=True, show_progress=False,
+                           engine=EngineConfig(device="cpu"), vllm_python=sys.executable,
+                           roofline=RooflineConfig(copy_mib=32, gemm_size=256, repeats=2))
+    with pytest.raises(BenchmarkError, match=r"(?s)exited with status 1.*No module named 'vllm'"):
+        run_offline(config)
+
+
+def test_agreement_counts_tokens_up_to_each_outputs_first_difference() -> None:
+    agreement = Agreement.of([[1, 2, 3], [4, 5, 6], [7, 8]], [[1, 2, 3], [4, 9, 6], [0, 8]])
+    assert (agreement.num_identical, agreement.tokens_before_divergence, agreement.num_tokens) == (1, 4, 8)
+    assert agreement.share_before_divergence == 0.5
 
 
 def test_workload_is_seeded_in_range_and_free_of_special_tokens() -> None:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from inference import device as device_mod
-from inference.attention import Attention, AttentionContext, DecodeGroup, attention_context
+from inference.attention import Attention, AttentionContext, DecodeGroup, attention_context, score_bias
 from inference.device import (
     BackendProbe,
     CpuDevice,
@@ -433,7 +433,7 @@ def test_reference_decode_matches_the_engine_decode_path() -> None:
     layer.cache = cache
     width = block_tables.shape[1] * cache.block_size
     mask = (torch.arange(width).unsqueeze(0) < context_lens.unsqueeze(1))[:, None, None, :]
-    group = DecodeGroup(0, 2, block_tables, context_lens, mask)
+    group = DecodeGroup(0, 2, block_tables, context_lens, mask, score_bias(mask, torch.float32))
     ctx = AttentionContext(slot_mapping=torch.empty(0, dtype=torch.int64), prefills=[], decodes=[group])
     with attention_context(ctx):
         engine = layer._decode(query, group)
