@@ -12,6 +12,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("inference", "chaos", "controlplane", "dashboards")
+# Scripts that run under another environment's interpreter, never imported in this one: their imports are
+# that environment's, not the project's dependencies.
+OTHER_ENVIRONMENTS = {
+    "inference/bench/vllm_child.py": "vLLM's CPU build, in .venv-vllm (make bench-vllm): "
+                                     "python -m inference.bench offline --vs-vllm runs it there",
+}
 
 
 def imported_modules() -> dict[str, str]:
@@ -19,6 +25,8 @@ def imported_modules() -> dict[str, str]:
     found: dict[str, str] = {}
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
+            if str(path.relative_to(ROOT)) in OTHER_ENVIRONMENTS:
+                continue
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Import):
                     names = [alias.name for alias in node.names]
@@ -52,6 +60,15 @@ def test_every_third_party_import_is_a_declared_dependency() -> None:
         if not names & (required | extras):
             undeclared[module] = where
     assert undeclared == {}, f"imported but not in pyproject.toml's dependencies: {undeclared}"
+
+
+def test_scripts_of_other_environments_are_run_by_path_never_imported() -> None:
+    for script in OTHER_ENVIRONMENTS:
+        module = script.removesuffix(".py").replace("/", ".")
+        importers = [str(p.relative_to(ROOT)) for package in PACKAGES for p in (ROOT / package).rglob("*.py")
+                     if module in p.read_text() or f"import {module.rpartition('.')[2]}" in p.read_text()]
+        assert importers == [], f"{script} runs in another environment; imported by {importers}"
+        assert (ROOT / script).is_file()
 
 
 def test_only_the_offline_benchmark_the_ray_backend_and_chaos_discover_need_an_extra() -> None:

@@ -59,6 +59,7 @@ from inference.bench.roofline import (
 )
 from inference.config import KV_CACHE_DTYPES, EngineConfig
 from inference.engine import LLM, LLMEngine
+from inference.environment import child_environment
 from inference.sampling_params import SamplingParams
 from inference.step_profile import Breakdown, StepProfile, profiling
 
@@ -217,7 +218,7 @@ def run_vllm(python: str, llm: LLM, requests: Sequence[BenchRequest], config: Of
             command = [python, str(VLLM_CHILD), str(job_path), str(out_path)]
             with log_path.open("wb") as log:
                 status = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=VLLM_TIMEOUT_S,
-                                        check=False).returncode
+                                        env=child_environment(), check=False).returncode
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise BenchmarkError(f"vLLM via {python}: {exc}") from exc
         if status != 0 or not out_path.is_file():
