@@ -292,7 +292,8 @@ async def _start(cp: ControlPlane, running: _Running, api_socket: socket.socket)
     # the profile `controlplane calibrate` measured on this host, unless the config names one
     scaling = replace(cfg.autoscaler, replica_profile=resolve_profile_path(cfg.autoscaler.replica_profile,
                                                                            cfg.state_path))
-    services.autoscaler = running.autoscaler = Autoscaler(scaling, cp.fleet, cp.telemetry, cp.store)
+    services.autoscaler = running.autoscaler = Autoscaler(scaling, cp.fleet, cp.telemetry, cp.store,
+                                                          refused=cp.gateways.refusals.rate)
     if cp.slices is not None:  # canary releases: the version registry and the controller
         services.versions = VersionRegistry(cp.store)
         services.canary = running.canary = CanaryController(cp.fleet, services.versions, cp.slices)

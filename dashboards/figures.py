@@ -220,6 +220,10 @@ def autoscaler_timeline(decisions: Sequence[Decision]) -> go.Figure:
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=xs, y=[d.inputs.request_rate for d in records], name="load (req/s)",
                              mode="lines", line={"color": "#94a3b8"}, yaxis="y2"))
+    if any(d.inputs.refused_rate for d in records):  # part of the load above, never seen by a replica
+        fig.add_trace(go.Scatter(x=xs, y=[d.inputs.refused_rate for d in records],
+                                 name="refused at the gateways (req/s)", mode="lines",
+                                 line={"color": "#dc2626", "dash": "dot"}, yaxis="y2"))
     fig.add_trace(go.Scatter(x=xs, y=[d.inputs.demand for d in records], name="offered load (engine s/s)",
                              mode="lines", line={"color": "#f59e0b", "dash": "dot"}, yaxis="y2"))
     fig.add_trace(go.Scatter(x=xs, y=[d.inputs.current for d in records], name="replicas (current)",

@@ -65,6 +65,7 @@ class Observation:
     mean_prompt_tokens: float | None = None  # of the requests finished in the metrics window
     mean_output_tokens: float | None = None
     work: WorkNeeds | None = None  # replicas the offered work needs (controlplane.autoscale.work)
+    refused_rate: float | None = None  # of request_rate, refused at the gateways for want of capacity
 
 
 @dataclass(slots=True, frozen=True)
@@ -212,7 +213,7 @@ def record_body(obs: Observation, plan: Plan, *, tick: int, mode: str, applied: 
         "at": obs.wall, "tick": tick, "mode": mode,
         "inputs": {"current": obs.current, "ready": obs.ready, "starting": obs.starting,
                    "metrics": {k: _round(v) for k, v in obs.metrics.items()}, "demand": _round(obs.demand),
-                   "request_rate": _round(obs.request_rate),
+                   "request_rate": _round(obs.request_rate), "refused_rate": _round(obs.refused_rate),
                    "panic_request_rate": _round(obs.panic_request_rate),
                    "mean_prompt_tokens": _round(obs.mean_prompt_tokens),
                    "mean_output_tokens": _round(obs.mean_output_tokens), "notes": list(obs.notes),

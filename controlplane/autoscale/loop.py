@@ -65,8 +65,10 @@ class Autoscaler:
 
     def __init__(self, config: AutoscalerConfig, fleet: ScalableFleet, telemetry: Telemetry, store: Store, *,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 refused: Callable[[float], float | None] | None = None) -> None:
         self.fleet, self.telemetry, self.store = fleet, telemetry, store
+        self.refused = refused  # the gateways' capacity refusals per second over a window (fleet.refusals)
         self.clock, self.wall, self.sleep = clock, wall, sleep
         self.config = config
         self.profile = load_profile(config.replica_profile or None)  # validated with the config
@@ -173,7 +175,8 @@ class Autoscaler:
         window_s = cfg.metrics_window_s or None
         obs = await asyncio.to_thread(observe_telemetry, self.telemetry, endpoints, now=self.clock(),
                                       wall=self.wall(), current=current, window_s=window_s,
-                                      profile=self.profile, panic_window_s=cfg.panic_window_s)
+                                      profile=self.profile, panic_window_s=cfg.panic_window_s,
+                                      refused=self.refused)
         obs = dataclasses.replace(obs, work=offered_work(self.profile, cfg, request_rate=obs.request_rate,
                                              mean_prompt_tokens=obs.mean_prompt_tokens,
                                              mean_output_tokens=obs.mean_output_tokens))

@@ -3,12 +3,16 @@
 tokens/s and offered engine load per ready replica; the request rate, over the metrics and panic windows).
 The offered engine load uses the requests that finished in the window (``vllm:prompt_tokens_total`` and
 ``vllm:generation_tokens_total`` over ``vllm:request_success_total``).
+
+The request rate is what reached the replicas plus what the gateways refused for want of capacity
+(``refused``: :class:`~controlplane.fleet.refusals.RefusalCounts`): a fleet whose gateways shed would
+otherwise be sized on the load it admitted, and never grow.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from controlplane.autoscale.decide import METRICS, Observation, offered_engine_load, per_replica
 from controlplane.autoscale.profile import ReplicaProfile
@@ -31,8 +35,11 @@ PROMPT_TOKENS = "vllm:prompt_tokens_total"  # incremented when a request finishe
 
 def observe_telemetry(telemetry: Telemetry, endpoints: list[ReplicaEndpoint], *, now: float, wall: float,
                       current: int, window_s: float | None, profile: ReplicaProfile,
-                      panic_window_s: float) -> Observation:
-    """Fleet-level inputs from per-replica series; averages are over ready replicas (HPA's AverageValue)."""
+                      panic_window_s: float,
+                      refused: Callable[[float], float | None] | None = None) -> Observation:
+    """Fleet-level inputs from per-replica series; averages are over ready replicas (HPA's AverageValue).
+    ``refused(window_s)``: requests per second the gateways refused for want of capacity, added to the
+    request rates (None from it: not known yet, nothing added)."""
     ready = [e.replica_id for e in endpoints if e.state is ReplicaState.READY]
     starting = sum(1 for e in endpoints if e.state is ReplicaState.STARTING)
     notes: list[str] = []
@@ -57,6 +64,16 @@ def observe_telemetry(telemetry: Telemetry, endpoints: list[ReplicaEndpoint], *,
     if short is None and rate is not None:
         short = rate  # the panic window holds too few scrapes for a rate: the metrics window stands in
         notes.append(f"request rate over {panic_window_s:g}s unknown: the metrics window's used")
+    shed = None
+    if refused is not None:
+        shed = refused(window_s or telemetry.window_s)
+        shed_short = refused(panic_window_s)
+        if shed:
+            rate = (rate or 0.0) + shed
+            notes.append(f"{shed:.3g} requests/s refused by the gateways for want of capacity: counted in "
+                         "the request rate")
+        if shed_short:
+            short = (short or 0.0) + shed_short
     load = offered_engine_load(profile, request_rate=rate, mean_prompt_tokens=mean_prompt,
                                mean_output_tokens=mean_output)
     if load is None and rate:
@@ -67,7 +84,7 @@ def observe_telemetry(telemetry: Telemetry, endpoints: list[ReplicaEndpoint], *,
     demand = offered_engine_load(profile, request_rate=short, mean_prompt_tokens=mean_prompt,
                                  mean_output_tokens=mean_output)
     return Observation(now, wall, current, len(ready), starting, metrics, demand, rate, tuple(notes),
-                       short, mean_prompt, mean_output)
+                       short, mean_prompt, mean_output, refused_rate=shed)
 
 
 def _means(finished: float | None, prompt: float | None,

@@ -9,8 +9,9 @@ ports are kept in the store, so a control plane restarted after ``kill -9`` adop
 
 The supervisor also speaks for the gateways to the rest of the control plane: their streams in flight
 per replica (for drills), link toxics applied on every gateway (:class:`GatewayLinks`, the chaos layer's
-``LinkControl``), and their state for the API. A gateway that dies is restarted with backoff; the toxics
-in place are applied to it again once it answers.
+``LinkControl``), their state for the API, and the requests they refused for want of capacity
+(:mod:`controlplane.fleet.refusals`, for the autoscaler). A gateway that dies is restarted with backoff;
+the toxics in place are applied to it again once it answers.
 
 Tokens: each gateway gets two, derived from the control plane's secret (so they survive restarts without
 being stored): one it shows the control plane (endpoints watch, reports) and one the control plane shows
@@ -39,6 +40,7 @@ from typing import Any, Protocol
 import httpx
 import psutil
 
+from controlplane.fleet.refusals import RefusalCounts
 from controlplane.gateway.config import GatewayConfig
 from controlplane.gateway.process import (
     ADMIN_TOKEN_ENV,
@@ -94,7 +96,7 @@ class ManagedGateway:
                 "restarts": self.restarts, "routable": seen.get("routable", []),
                 "ejected": seen.get("ejected", []), "inflight": seen.get("inflight", {}),
                 "replica_set": {k: discovery.get(k) for k in ("source", "version", "replicas")},
-                "reports": self.last_state.get("reports", {})}
+                "reports": self.last_state.get("reports", {}), "refused": seen.get("refused", {})}
 
 
 class GatewaySupervisor:
@@ -105,6 +107,7 @@ class GatewaySupervisor:
         self.secret, self.clock = secret, clock
         self.log_dir = state_dir / "logs"
         self.links = GatewayLinks(self)
+        self.refusals = RefusalCounts(clock=clock)  # for the autoscaler: load the replicas never saw
         registry = dict(store.kv_get(REGISTRY_KEY, {}) or {})
         wanted = {f"gw-{i}" for i in range(config.processes)}
         self._retired = {name: entry.get("pid") for name, entry in registry.items()
@@ -305,6 +308,9 @@ class GatewaySupervisor:
             g.last_state = response.json()
         except (httpx.HTTPError, ValueError):
             return  # starting, or busy: the liveness check above decides about a crash
+        refused = g.last_state.get("refused")
+        if isinstance(refused, dict):
+            self.refusals.observe(g.name, refused)
         if g.state != "ready":
             g.state = "ready"
             logger.info("[%s] ready (pid %s)", g.name, g.pid)

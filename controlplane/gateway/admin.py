@@ -7,7 +7,9 @@ token the control plane derives from its secret and hands over in the environmen
 ``/health`` are open, as on the replicas.
 
 - ``GET /admin/state``: what it routes over (the replica set's source and version, whether the control
-  plane is reachable), what is ejected, in flight per replica, its toxics, its report queues.
+  plane is reachable), what is ejected, in flight per replica, its toxics, its report queues, and the
+  requests it refused before routing since it started, by reason (the autoscaler counts the ones refused
+  for want of capacity as demand the replicas never saw).
 - ``PUT /admin/toxics/{id}`` / ``DELETE /admin/toxics/{id}`` / ``GET /admin/toxics``: link faults
   (:mod:`controlplane.gateway.toxics`), named by the control plane, each with an optional lifetime after
   which the gateway removes it by itself.
@@ -91,7 +93,8 @@ def create_admin_app(gateway: Gateway, *, name: str, admin_token: str,
     async def state() -> dict[str, Any]:
         now = gateway.clock()
         return {"gateway": name, **gateway.health(), **status(),
-                "toxics": [t.to_json(now) for t in gateway.toxics.active()]}
+                "toxics": [t.to_json(now) for t in gateway.toxics.active()],
+                "refused": dict(gateway.metrics.refused)}
 
     @router.get("/toxics")
     async def toxics() -> list[dict[str, Any]]:

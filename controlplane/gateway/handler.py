@@ -195,7 +195,7 @@ class Gateway:
         given = bearer(request)
         keys = self.config.api_keys
         if keys and (given is None or not any(hmac.compare_digest(given.encode(), k.encode()) for k in keys)):
-            self.metrics.rejected.labels("unauthorized").inc()
+            self.metrics.refuse("unauthorized")
             raise GatewayError(401, "missing or invalid API key", type_="invalid_request_error",
                                code="invalid_api_key")
         return key_id(given) if given else None
@@ -205,19 +205,19 @@ class Gateway:
         assert job.params is not None
         pool = routable(self._candidates(job.assignment.version))
         if not pool:
-            self.metrics.rejected.labels("no_replica").inc()
+            self.metrics.refuse("no_replica")
             raise GatewayError(503, "no routable replica (none ready, or all ejected)",
                                type_="service_unavailable", code="no_replica",
                                headers={"Retry-After": str(self.config.retry_after_s)})
         limit = shed_limit(job.priority, self.config.max_inflight_per_replica)
         if all(c.num_inflight >= limit for c in pool):
-            self.metrics.rejected.labels(f"shed_{job.priority}").inc()
+            self.metrics.refuse(f"shed_{job.priority}")
             raise GatewayError(429, f"every replica has {limit} or more requests in flight; {job.priority} "
                                "requests are shed at this load", type_="rate_limit_error", code="overloaded",
                                headers={"Retry-After": str(self.config.retry_after_s)})
         wait = self.limiter.admit(job.key_id or "anonymous", job.params.num_tokens_estimate)
         if wait > 0:
-            self.metrics.rejected.labels("rate_limited").inc()
+            self.metrics.refuse("rate_limited")
             raise GatewayError(429, "rate limit exceeded for this API key", type_="rate_limit_error",
                                code="rate_limit_exceeded", headers={"Retry-After": str(math.ceil(wait))})
 

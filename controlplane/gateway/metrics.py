@@ -48,6 +48,7 @@ class GatewayMetrics:
                                        "and outcome (ok, failed)", ["colour", "outcome"], registry=r)
         self.rejected = Counter(f"{PREFIX}rejected", "Requests refused before routing, by reason",
                                 ["reason"], registry=r)
+        self.refused: dict[str, int] = {}  # the same counts, read by the control plane (/admin/state)
         self.inflight = Gauge(f"{PREFIX}inflight_requests", "Upstream requests in flight, by replica",
                               ["replica"], registry=r)
         self.ejected = Gauge(f"{PREFIX}ejected_replicas", "Replicas ejected now", registry=r)
@@ -57,6 +58,12 @@ class GatewayMetrics:
                               "client sees it", buckets=LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram(f"{PREFIX}e2e_request_latency_seconds", "End-to-end request latency as the "
                              "client sees it", buckets=LATENCY_BUCKETS, registry=r)
+
+    def refuse(self, reason: str) -> None:
+        """One request refused before routing (``unauthorized``, ``no_replica``, ``shed_<priority>``,
+        ``rate_limited``): the Prometheus series and the plain count the control plane reads."""
+        self.rejected.labels(reason).inc()
+        self.refused[reason] = self.refused.get(reason, 0) + 1
 
     def page(self) -> bytes:
         return generate_latest(self.registry)

@@ -29,11 +29,12 @@ class DecisionInputs:
     starting: int
     metrics: Mapping[str, float | None]
     demand: float | None = None
-    request_rate: float | None = None
+    request_rate: float | None = None  # what reached the replicas plus refused_rate
     panic_request_rate: float | None = None
     mean_prompt_tokens: float | None = None
     mean_output_tokens: float | None = None
     notes: tuple[str, ...] = ()
+    refused_rate: float | None = None  # refused at the gateways for want of capacity, per second
 
 
 @dataclass(slots=True, frozen=True)

@@ -354,7 +354,9 @@ def _decision_rows(decisions: list[Decision]) -> list[Any]:
                 html.Td(when(d.at)),
                 html.Td(d.mode),
                 html.Td(str(d.inputs.current)),
-                html.Td(number(d.inputs.request_rate)),
+                html.Td(number(d.inputs.request_rate) + (
+                    f" ({number(d.inputs.refused_rate)} refused at the gateways)"
+                    if d.inputs.refused_rate else "")),
                 html.Td(html.Ul(proposals) if proposals else "no proposal"),
                 html.Td("; ".join(d.clamps) or "–"),
                 html.Td(str(d.final)),

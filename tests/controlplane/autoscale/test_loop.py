@@ -381,6 +381,36 @@ def test_tick_applies_once_and_records_inputs_proposals_clamps_and_outcome(
     assert len(stored) == 1 and stored[0].body["final"] == 3 and stored[0].ts == clock.now
 
 
+def test_requests_the_gateways_refuse_for_want_of_capacity_count_as_load_and_scale_up(
+        store: Store, clock: FakeClock) -> None:
+    """Two replicas at the gateways' in-flight limit: what reaches them (3 requests/s, engine load 0.94x
+    per replica) sizes no change, while the gateways refuse as many requests again. Counted as offered
+    load, the same tick sizes four replicas, and the record says why."""
+    telemetry = busy_telemetry()
+    telemetry.rates = {**telemetry.rates, HTTP_REQUESTS: {(): 3.0}}
+    unaware = RecordingFleet(2, [endpoint("r1"), endpoint("r2")])
+    record = asyncio.run(make(store, clock, unaware, telemetry).tick())
+    assert record is not None and unaware.calls == [] and record["inputs"]["refused_rate"] is None
+
+    asked: list[float] = []
+
+    def refused(window_s: float) -> float:
+        asked.append(window_s)
+        return 3.0
+
+    fleet = RecordingFleet(2, [endpoint("r1"), endpoint("r2")])
+    scaler = make(store, clock, fleet, telemetry)
+    scaler.refused = refused
+    record = asyncio.run(scaler.tick())
+    assert record is not None and fleet.calls == [4], record["proposals"]
+    inputs = record["inputs"]
+    assert (inputs["request_rate"], inputs["refused_rate"]) == (6.0, 3.0)
+    assert inputs["metrics"]["engine_load_per_replica"] == 1.875
+    assert "3 requests/s refused by the gateways for want of capacity: counted in the request rate" in (
+        inputs["notes"])
+    assert asked == [30.0, 6.0]  # the metrics window (the telemetry's own) and the panic window
+
+
 def test_observe_only_records_what_it_would_do_and_never_scales(
         store: Store, clock: FakeClock, loop_parts: tuple[RecordingFleet, FixedTelemetry]) -> None:
     fleet, telemetry = loop_parts

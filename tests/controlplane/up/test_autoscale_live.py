@@ -1,6 +1,7 @@
 """The autoscaler on a real fleet: a step increase of load scales up within two ticks of a source asking
 for it; after the load stops it scales down only once the stabilization window has passed; every decision
-record explains its number. Also the CLI reading and switching the loop on the running control plane."""
+record explains its number; requests the gateway sheds count as load and scale the fleet up. Also the CLI
+reading and switching the loop on the running control plane."""
 
 from __future__ import annotations
 
@@ -33,9 +34,11 @@ CONCURRENT = 6  # requests kept in flight, 48 generated tokens each
 # enough that the step load (about 0.15 on this 2-core machine, less when it is busier) is several times it.
 # Generated tokens/s gets a target it never reaches, so that the offered engine load is what sizes the fleet.
 ENGINE_LOAD_TARGET = 0.02
+REFUSED_PAUSE_S = 0.1  # a client's wait after a 429 before it asks again
 
 
-def write_config(tmp: Path, *, anomaly: bool) -> Path:
+def write_config(tmp: Path, *, anomaly: bool, engine_load_target: float = ENGINE_LOAD_TARGET,
+                 max_inflight_per_replica: int = 64) -> Path:
     config = tmp / "autoscale.toml"
     config.write_text(f"""
 state_dir = "{tmp / 'state'}"
@@ -43,6 +46,7 @@ state_dir = "{tmp / 'state'}"
 port = {free_port()}
 [gateway]
 port = {free_port()}
+max_inflight_per_replica = {max_inflight_per_replica}
 [fleet]
 replicas = 1
 base_port = {free_port() + 100}
@@ -57,7 +61,7 @@ min_replicas = 1
 max_replicas = 3
 scale_down_stabilization_s = {STABILIZATION_S}
 target_tokens_per_s_per_replica = 100000.0
-target_engine_load_per_replica = {ENGINE_LOAD_TARGET}
+target_engine_load_per_replica = {engine_load_target}
 scale_down_period_s = {SCALE_DOWN_PERIOD_S}
 metrics_window_s = 4.0
 anomaly_enabled = {str(anomaly).lower()}
@@ -77,12 +81,13 @@ def fleet(model_state: Path, request: pytest.FixtureRequest) -> Iterator[Running
 
 
 class Load:
-    """``CONCURRENT`` closed-loop clients against the gateway until stopped."""
+    """``clients`` closed-loop clients against the gateway until stopped; one refused with a 429 waits
+    ``REFUSED_PAUSE_S`` and asks again."""
 
-    def __init__(self, gateway: str) -> None:
-        self.gateway, self.stop, self.ok, self.errors = gateway, threading.Event(), 0, 0
+    def __init__(self, gateway: str, clients: int = CONCURRENT) -> None:
+        self.gateway, self.stop, self.ok, self.errors, self.refused = gateway, threading.Event(), 0, 0, 0
         self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True)
-                        for i in range(CONCURRENT)]
+                        for i in range(clients)]
 
     def _client(self, i: int) -> None:
         with httpx.Client(base_url=self.gateway, timeout=60, trust_env=False) as http:
@@ -90,9 +95,15 @@ class Load:
                 try:
                     r = http.post("/v1/completions", json={"prompt": f"load {i}", "max_tokens": 48,
                                                            "ignore_eos": True})
-                    self.ok, self.errors = (self.ok + 1, self.errors) if r.status_code == 200 else \
-                        (self.ok, self.errors + 1)
                 except httpx.HTTPError:
+                    self.errors += 1
+                    continue
+                if r.status_code == 200:
+                    self.ok += 1
+                elif r.status_code == 429:
+                    self.refused += 1
+                    self.stop.wait(REFUSED_PAUSE_S)
+                else:
                     self.errors += 1
 
     def __enter__(self) -> Load:
@@ -199,3 +210,46 @@ def test_cli_shows_status_and_decisions_and_switches_observe_only(fleet: Running
     refused = subprocess.run([sys.executable, "-m", "controlplane", "autoscaler", "observe-only", "off"],
                              env=viewer_env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and "HTTP 401" in refused.stderr and refused.stderr.count("\n") == 1
+
+
+
+# One stream at a time on one replica offers about 0.35 engine seconds per second on this 2-core machine (the
+# engine load prices tokens at a batch of 16), so the admitted load alone stays under this target; the
+# refused requests' share pushes the offered load past it.
+SHED_LOAD_TARGET = 0.75
+SHED_CLIENTS = 8
+
+
+def test_requests_the_gateway_sheds_count_as_load_and_scale_the_fleet_up(model_state: Path) -> None:
+    """The gateway lets one stream per replica through (``max_inflight_per_replica = 1``) and sheds the
+    rest with a 429: what reaches the replica is within the autoscaler's target, yet clients are turned
+    away. The gateways' refusals count as offered load, and the fleet grows; the decision says so, and the
+    console's API shows each gateway's refusals."""
+    running = start(write_config(model_state, anomaly=False, engine_load_target=SHED_LOAD_TARGET,
+                                 max_inflight_per_replica=1), model_state, "admin-token-for-autoscale")
+    try:
+        wait_ready(running, 1)
+        with Load(running.gateway, clients=SHED_CLIENTS) as load:
+            up = wait_until(lambda: next((d for d in decisions(running) if d.applied and d.final > 1), None),
+                            timeout=90, what="a scale-up decision", interval=1.0)
+        assert load.ok > 0 and load.refused > 0 and load.errors == 0, (load.ok, load.refused, load.errors)
+        inputs = up.inputs
+        assert inputs.refused_rate and inputs.request_rate, inputs
+        assert inputs.request_rate > inputs.refused_rate, inputs
+        assert any("refused by the gateways for want of capacity" in n for n in inputs.notes), inputs.notes
+        # what reached the replica alone was within the target: the refusals scaled it
+        load_now = inputs.metrics["engine_load_per_replica"]
+        assert load_now is not None and inputs.ready == 1
+        admitted = load_now * (inputs.request_rate - inputs.refused_rate) / inputs.request_rate
+        assert admitted < SHED_LOAD_TARGET, (admitted, inputs)
+        winner = max(up.proposals, key=lambda p: p.replicas)
+        assert winner.source in ("panic", "target"), up.proposals
+        print(f"shed: {load.refused} refused, {load.ok} served; scaled {inputs.current} -> {up.final} at "
+              f"{inputs.request_rate:.1f} req/s offered ({inputs.refused_rate:.1f} refused), engine load "
+              f"{load_now:.2f} ({admitted:.2f} admitted) against {SHED_LOAD_TARGET}: {winner.reason}")
+        [gateway] = httpx.get(f"{running.api}/api/v1/gateways", timeout=10,
+                              headers={"authorization": f"Bearer {running.token}"}).json()
+        assert gateway["refused"].get("shed_standard", 0) > 0, gateway
+        assert_explained(up)
+    finally:
+        shutdown(running)
