@@ -3,6 +3,12 @@
 In the same run it measures the engine alone (in this process, before the replica starts, each prompt of
 the lowest-rate run submitted alone) and reports the server's own overhead: client-side TTFT minus the
 engine's offline TTFT for the same prompts, as a share of the client-side TTFT.
+
+``--sustained`` then searches, on the same replica, the highest Poisson rate it serves within the SLO
+(TTFT p99 <= 1 s and TPOT p99 <= 100 ms by default, no failed request): doubling from the highest fixed
+rate that held until a rate misses, then halving the gap between the last rate that held and the first
+that missed. Each probe sends ``--probe-s`` seconds' worth of requests (at least ``--num-requests``), so
+that a queue that grows without bound has time to show.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference.bench.datasets import DatasetConfig, build_requests, render_prompt
-from inference.bench.report import LoadReport, format_table
+from inference.bench.report import LoadReport, LoadSummary, format_table
 from inference.bench.serve import LoadConfig, run_load
 from inference.config import EngineConfig
 from inference.engine import LLMEngine
@@ -25,6 +31,8 @@ from inference.models.default import ensure_default_model
 from inference.sampling_params import SamplingParams
 
 OVERHEAD_TARGET = 0.10
+BISECTIONS = 4  # after the first miss: the sustained rate is known to within 1/16 of the doubling step
+MIN_RATE = 0.05  # req/s: below this the search gives up (nothing is served within the SLO)
 
 
 @dataclass(slots=True)
@@ -41,6 +49,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--range-ratio", type=float, default=0.5)
     p.add_argument("--threads", type=int, default=1, help="torch threads for the engine and the replica")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sustained", action="store_true",
+                   help="then search the highest rate served within --ttft-slo-ms and --tpot-slo-ms at p99")
+    p.add_argument("--ttft-slo-ms", type=float, default=1000.0)
+    p.add_argument("--tpot-slo-ms", type=float, default=100.0)
+    p.add_argument("--probe-s", type=float, default=20.0, help="seconds of arrivals per probe of --sustained")
+
+
+@dataclass(slots=True, frozen=True)
+class Probe:
+    rate: float
+    summary: LoadSummary
+    ttft_slo_ms: float
+    tpot_slo_ms: float
+
+    @property
+    def held(self) -> bool:
+        s = self.summary
+        return (s.num_failed == 0 and s.ttft.p99 is not None and s.ttft.p99 <= self.ttft_slo_ms
+                and (s.tpot.p99 is None or s.tpot.p99 <= self.tpot_slo_ms))
+
+    def describe(self) -> str:
+        s = self.summary
+        return (f"{self.rate:.2f} req/s: TTFT p99 {_ms(s.ttft.p99)} ms, TPOT p99 {_ms(s.tpot.p99)} ms, "
+                f"{s.num_failed} failed of {s.num_requests}, served {s.request_throughput:.2f} req/s "
+                f"-> {'held' if self.held else 'missed'}")
 
 
 def offline_ttfts(dataset: DatasetConfig, threads: int) -> dict[int, float]:
@@ -61,8 +94,9 @@ def offline_ttfts(dataset: DatasetConfig, threads: int) -> dict[int, float]:
 
 
 def run_rates(args: argparse.Namespace, datasets: list[DatasetConfig],
-              rates: list[float]) -> list[RateResult]:
-    results = []
+              rates: list[float]) -> tuple[list[RateResult], list[Probe]]:
+    results: list[RateResult] = []
+    probes: list[Probe] = []
     with tempfile.TemporaryDirectory() as tmp:
         replica = ReplicaProcess(free_port(), replica_id="bench-0", log_path=Path(tmp) / "replica.log",
                                  extra_args=["--num-threads", str(args.threads), "--max-waiting-requests",
@@ -74,7 +108,65 @@ def run_rates(args: argparse.Namespace, datasets: list[DatasetConfig],
                 report = asyncio.run(run_load(cfg))
                 print(f"\n== {rate:g} req/s ==\n{format_table(report)}")
                 results.append(RateResult(rate, report))
-    return results
+            if args.sustained:
+                fixed = [Probe(r.rate, r.report.summary, args.ttft_slo_ms, args.tpot_slo_ms) for r in results]
+                probes = search_sustained(args, replica.base_url, fixed)
+    return results, probes
+
+
+def search_sustained(args: argparse.Namespace, base_url: str, fixed: list[Probe]) -> list[Probe]:
+    """Long probes from the highest fixed rate that held (the fixed runs are short: a hint, not a verdict):
+    double while they hold, or halve while they miss, until one rate held and one missed; then bisect."""
+    rate = max((p.rate for p in fixed if p.held), default=min(p.rate for p in fixed))
+    probes: list[Probe] = []
+    held: float | None = None
+    missed: float | None = None
+    while held is None or missed is None:
+        n = max(args.num_requests, round(rate * args.probe_s))
+        dataset = DatasetConfig(num_requests=n, input_len=args.input_len, output_len=args.output_len,
+                                range_ratio=args.range_ratio, seed=args.seed + 1000 + len(probes))
+        ok = _probe(args, base_url, rate, dataset, probes).held
+        held, missed = (rate, missed) if ok else (held, rate)
+        if held is None or missed is None:
+            rate = rate * 2 if ok else rate / 2
+            if rate < MIN_RATE:
+                return probes  # not even one request every 20 s is served within the SLO
+    for _ in range(BISECTIONS):
+        middle = (held + missed) / 2
+        n = max(args.num_requests, round(middle * args.probe_s))
+        dataset = DatasetConfig(num_requests=n, input_len=args.input_len, output_len=args.output_len,
+                                range_ratio=args.range_ratio, seed=args.seed + 1000 + len(probes))
+        if _probe(args, base_url, middle, dataset, probes).held:
+            held = middle
+        else:
+            missed = middle
+    return probes
+
+
+def _probe(args: argparse.Namespace, base_url: str, rate: float, dataset: DatasetConfig,
+           probes: list[Probe]) -> Probe:
+    report = asyncio.run(run_load(LoadConfig(dataset=dataset, base_url=base_url, request_rate=rate)))
+    result = Probe(rate, report.summary, args.ttft_slo_ms, args.tpot_slo_ms)
+    probes.append(result)
+    print(f"probe {len(probes)}: {result.describe()}", flush=True)
+    return result
+
+
+def sustained_line(probes: list[Probe], args: argparse.Namespace) -> str:
+    """The highest rate a long probe held, and the lowest above it that missed."""
+    best = max((p for p in probes if p.held), key=lambda p: p.rate, default=None)
+    above = min((p for p in probes if not p.held and (best is None or p.rate > best.rate)),
+                key=lambda p: p.rate, default=None)
+    slo = (f"TTFT p99 <= {args.ttft_slo_ms:g} ms, TPOT p99 <= {args.tpot_slo_ms:g} ms, no failure, "
+           f"{args.probe_s:g} s probes")
+    if best is None:
+        return f"sustained rate ({slo}): none of the rates probed held"
+    s = best.summary
+    line = (f"sustained rate ({slo}): {best.rate:.2f} req/s ({s.output_throughput:.1f} output tok/s; "
+            f"TTFT p99 {_ms(s.ttft.p99)} ms, TPOT p99 {_ms(s.tpot.p99)} ms)")
+    if above is not None:
+        line += f"; {above.rate:.2f} req/s missed (TTFT p99 {_ms(above.summary.ttft.p99)} ms)"
+    return line
 
 
 def overhead_line(lowest: RateResult, offline: dict[int, float]) -> tuple[str, float]:
@@ -130,8 +222,10 @@ def _run(args: argparse.Namespace) -> int:
                 for i in range(len(rates))]
     lowest = min(range(len(rates)), key=rates.__getitem__)
     offline = offline_ttfts(datasets[lowest], args.threads)
-    results = run_rates(args, datasets, rates)
+    results, probes = run_rates(args, datasets, rates)
     print("\n" + summary_table(results))
-    line, _ = overhead_line(results[lowest], offline)
+    line, share = overhead_line(results[lowest], offline)
     print(line)
-    return 0
+    if args.sustained:
+        print(sustained_line(probes, args))
+    return 0 if share < OVERHEAD_TARGET else 1  # a missed target is the benchmark's failure
