@@ -24,10 +24,12 @@ from dataclasses import dataclass
 import httpx
 
 from controlplane.autoscale.profile import ProfilePoint, ReplicaProfile, fit
+from controlplane.errors import Unavailable
 
 # token ids below this are the default model's special tokens (see inference.bench.datasets)
 FIRST_PROMPT_TOKEN_ID = 16
 VOCAB_SIZE = 512
+DECODE_TRIES = 3  # of a decode repetition whose batch never ran whole
 
 Progress = Callable[[int, int, str], None]  # (measurements done, in all, what was just measured)
 
@@ -131,18 +133,27 @@ async def _measure(url: str, plan: CalibrationPlan,
     return fitted, held_out, limits
 
 
+class CalibrationFailed(Unavailable):
+    """A measurement could not be taken (the replica refused a request, or a busy host never let a decode
+    batch run whole); the same command may succeed when the host is quieter."""
+
+
 async def _decode_once(client: httpx.AsyncClient, rng: random.Random, d: Decode,
                        steady_tokens: int) -> tuple[float, list[int]]:
     """One repetition of a decode point: the median step while the whole batch decodes, and for each of
-    those steps the tokens its sequence had generated."""
+    those steps the tokens its sequence had generated. A try in which the batch never decoded whole (a
+    host so busy that the first streams finished before the last were admitted) is tried again."""
     # Streams are admitted one prefill at a time: the first has ~batch tokens by the time the last has its
     # first. Each asks for enough tokens that all are still decoding for `steady_tokens` steps.
     tokens = d.batch + steady_tokens
-    runs = await asyncio.gather(*(_stream(client, _prompt(rng, d.context), tokens) for _ in range(d.batch)))
-    if not (gaps := _steady_gaps(runs)):
-        raise RuntimeError(f"decode batch {d.batch} at context {d.context}: no step with the whole batch "
-                           f"decoding (the replica admitted fewer at once)")
-    return statistics.median(g for g, _ in gaps), [i for _, i in gaps]
+    for _ in range(DECODE_TRIES):
+        runs = await asyncio.gather(*(_stream(client, _prompt(rng, d.context), tokens)
+                                      for _ in range(d.batch)))
+        if gaps := _steady_gaps(runs):
+            return statistics.median(g for g, _ in gaps), [i for _, i in gaps]
+    raise CalibrationFailed(f"decode batch {d.batch} at context {d.context}: no step with the whole batch "
+                            f"decoding in {DECODE_TRIES} tries (the replica admitted fewer at once; a busy "
+                            "host?)")
 
 
 async def _limits(client: httpx.AsyncClient) -> dict[str, int]:
@@ -174,8 +185,8 @@ async def _stream(client: httpx.AsyncClient, prompt: list[int], max_tokens: int)
     sent, times = time.monotonic(), []
     async with client.stream("POST", "/v1/completions", json=body) as resp:
         if resp.status_code != 200:
-            raise RuntimeError(f"calibration request failed: HTTP {resp.status_code} "
-                               f"{(await resp.aread())[:200]!r}")
+            raise CalibrationFailed(f"calibration request failed: HTTP {resp.status_code} "
+                                    f"{(await resp.aread())[:200]!r}")
         async for line in resp.aiter_lines():
             data = line[5:].strip() if line.startswith("data:") else "[DONE]"
             if data != "[DONE]" and json.loads(data).get("choices"):

@@ -20,6 +20,7 @@ import pytest
 
 from controlplane.client import Decision
 from inference.launcher import free_port
+from inference.models.default import ensure_default_model
 from tests.polling import wait_until
 
 from .conftest import Running, shutdown, start, wait_ready
@@ -220,13 +221,15 @@ SHED_LOAD_TARGET = 0.75
 SHED_CLIENTS = 8
 
 
-def test_requests_the_gateway_sheds_count_as_load_and_scale_the_fleet_up(model_state: Path) -> None:
+def test_requests_the_gateway_sheds_count_as_load_and_scale_the_fleet_up(tmp_path: Path) -> None:
     """The gateway lets one stream per replica through (``max_inflight_per_replica = 1``) and sheds the
     rest with a 429: what reaches the replica is within the autoscaler's target, yet clients are turned
     away. The gateways' refusals count as offered load, and the fleet grows; the decision says so, and the
-    console's API shows each gateway's refusals."""
-    running = start(write_config(model_state, anomaly=False, engine_load_target=SHED_LOAD_TARGET,
-                                 max_inflight_per_replica=1), model_state, "admin-token-for-autoscale")
+    console's API shows each gateway's refusals. A state folder of its own: the module's shared one keeps
+    the other tests' decisions and their operator overrides (observe-only), as a real store does."""
+    ensure_default_model(tmp_path / "state")
+    running = start(write_config(tmp_path, anomaly=False, engine_load_target=SHED_LOAD_TARGET,
+                                 max_inflight_per_replica=1), tmp_path, "admin-token-for-autoscale")
     try:
         wait_ready(running, 1)
         with Load(running.gateway, clients=SHED_CLIENTS) as load:
