@@ -122,10 +122,7 @@ def search_sustained(args: argparse.Namespace, base_url: str, fixed: list[Probe]
     held: float | None = None
     missed: float | None = None
     while held is None or missed is None:
-        n = max(args.num_requests, round(rate * args.probe_s))
-        dataset = DatasetConfig(num_requests=n, input_len=args.input_len, output_len=args.output_len,
-                                range_ratio=args.range_ratio, seed=args.seed + 1000 + len(probes))
-        ok = _probe(args, base_url, rate, dataset, probes).held
+        ok = _probe(args, base_url, rate, _probe_dataset(args, rate, len(probes)), probes).held
         held, missed = (rate, missed) if ok else (held, rate)
         if held is None or missed is None:
             rate = rate * 2 if ok else rate / 2
@@ -133,14 +130,18 @@ def search_sustained(args: argparse.Namespace, base_url: str, fixed: list[Probe]
                 return probes  # not even one request every 20 s is served within the SLO
     for _ in range(BISECTIONS):
         middle = (held + missed) / 2
-        n = max(args.num_requests, round(middle * args.probe_s))
-        dataset = DatasetConfig(num_requests=n, input_len=args.input_len, output_len=args.output_len,
-                                range_ratio=args.range_ratio, seed=args.seed + 1000 + len(probes))
-        if _probe(args, base_url, middle, dataset, probes).held:
+        if _probe(args, base_url, middle, _probe_dataset(args, middle, len(probes)), probes).held:
             held = middle
         else:
             missed = middle
     return probes
+
+
+def _probe_dataset(args: argparse.Namespace, rate: float, index: int) -> DatasetConfig:
+    """``--probe-s`` seconds of arrivals at ``rate`` (at least ``--num-requests``), fresh prompts each."""
+    return DatasetConfig(num_requests=max(args.num_requests, round(rate * args.probe_s)),
+                         input_len=args.input_len, output_len=args.output_len, range_ratio=args.range_ratio,
+                         seed=args.seed + 1000 + index)
 
 
 def _probe(args: argparse.Namespace, base_url: str, rate: float, dataset: DatasetConfig,
