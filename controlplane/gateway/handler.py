@@ -256,7 +256,7 @@ class Gateway:
             except UpstreamError as exc:
                 job.spans.failed(exc)
                 job.failed.add(endpoint.replica_id)
-                self._record_failure(exc)
+                self._record_failure(exc, job.assignment.colour)
                 if not exc.is_retryable:
                     raise exc.to_client(self.config.retry_after_s) from exc
                 last = exc
@@ -313,8 +313,18 @@ class Gateway:
         self._inflight[replica_id] -= 1
         self.metrics.inflight.labels(replica_id).set(self._inflight[replica_id])
 
-    def _record_failure(self, exc: UpstreamError) -> None:
+    def _record_failure(self, exc: UpstreamError, colour: str | None) -> None:
+        """Count a replica's failure towards its ejection (consecutive failures) and its stall mark.
+
+        A coloured request's failure does not count: the colour is a slice experiment's, whose fault touches
+        only that colour; were it to eject the replica or mark it stalled, the uncoloured traffic would lose
+        the replica too, the very blast radius the experiment promises to keep. Its failures are what the
+        experiment measures (and stops itself on); the uncoloured requests still judge the replica."""
         rid = exc.replica_id
+        if colour is not None:
+            logger.info("[%s] upstream failure of a %r-coloured request (not counted against it): %s",
+                        rid, colour, exc)
+            return
         logger.info("[%s] upstream failure: %s", rid, exc)
         self.liveness.failed(exc)
         if exc.is_failure and self.outliers.record_failure(rid):
@@ -345,7 +355,7 @@ class Gateway:
                 break
             except UpstreamError as exc:
                 job.spans.failed(exc)
-                self._record_failure(exc)
+                self._record_failure(exc, job.assignment.colour)
                 if job.assembly.is_finished:
                     break  # broken after the last token: nothing is lost
                 job.upstream = await self._resume(job, exc)

@@ -70,6 +70,7 @@ class Behaviour:
     """What one fake replica does with the next requests."""
 
     refuse_status: int | None = None  # answer every request with this status
+    refuse_colour: str | None = None  # answer 500 to the requests of this colour (a coloured error_rate)
     break_after: int | None = None  # tokens, then the connection resets (once)
     stall_after: int | None = None  # tokens, then nothing (once)
     hang_after: int | None = None  # every stream from now on: tokens, then nothing (a hung replica)
@@ -109,8 +110,10 @@ class FakeReplica:
         body = json.loads(request.content)
         self.requests.append((path, body))
         self.headers.append(dict(request.headers))
-        if self.behaviour.refuse_status is not None:
-            status = self.behaviour.refuse_status
+        coloured = self.behaviour.refuse_colour is not None \
+            and request.headers.get("x-llmsre-colour") == self.behaviour.refuse_colour
+        if self.behaviour.refuse_status is not None or coloured:
+            status = self.behaviour.refuse_status or 500
             return httpx.Response(status, headers={"Retry-After": "1"}, json={"error": {
                 "message": f"refused by {self.replica_id}", "type": "server_error", "param": None,
                 "code": None}})

@@ -195,3 +195,38 @@ def test_the_gateway_counts_requests_by_version_and_colour() -> None:
     by_version = {k[1]: v for k, v in counts.items() if k[0].endswith("version_requests_total")}
     assert by_version["v2"] == len(fleet["r2"].requests) and by_version["stable"] == 40 - by_version["v2"]
     assert 0 < counts[("llmsre_gateway_colour_requests_total", "chaos", "ok")] < 40
+
+
+def test_a_coloured_requests_failures_eject_no_replica_so_the_uncoloured_keep_the_fleet() -> None:
+    """Every replica fails the chaos colour's requests (a slice experiment's error_rate fault). Those
+    failures are the experiment's measurement, not evidence against the replicas: were they counted, three
+    of them in a row would eject every replica and the uncoloured requests would be refused (503) too,
+    which is the blast radius the experiment promises to keep."""
+    from .fakes import MODEL, FakeFleet
+    from .test_fake_replicas import Harness
+
+    fleet = FakeFleet()
+    for replica in fleet.replicas.values():
+        replica.behaviour.refuse_colour = "chaos"
+    plan = SlicePlan(colours=(Share("chaos", 0.5),))
+    sessions = [f"s{i}" for i in range(200)]
+    chaos = [s for s in sessions if assign(plan, f"session:{s}").colour == "chaos"][:10]
+    plain = [s for s in sessions if assign(plan, f"session:{s}").colour is None][:10]
+
+    async def main() -> tuple[list[int], list[int], set[str]]:
+        harness = Harness(fleet, slices=lambda: plan)
+        try:
+            body = {"model": MODEL, "prompt": "q", "max_tokens": 2, "temperature": 0.0}
+            failed = [(await harness.post("/v1/completions", body, **{"x-session-id": s})).status_code
+                      for s in chaos]
+            served = [(await harness.post("/v1/completions", body, **{"x-session-id": s})).status_code
+                      for s in plain]
+            return failed, served, set(harness.gateway.outliers.ejected)
+        finally:
+            await harness.close()
+
+    failed, served, ejected = asyncio.run(main())
+    assert len(chaos) == len(plain) == 10
+    assert all(code >= 500 for code in failed), failed  # the colour's requests felt the fault...
+    assert ejected == set()  # ...and no replica was ejected for it
+    assert served == [200] * 10, served  # the uncoloured requests were served by the whole fleet

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +89,7 @@ class Load:
     model: str
     # session, its colour, whether it succeeded, when it ended
     results: list[tuple[str, str | None, bool, float]] = field(default_factory=list)
+    why: Counter[str] = field(default_factory=Counter)  # the failed requests' reasons, by colour
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
 
@@ -103,8 +105,10 @@ class Load:
             while not self.stop.is_set():
                 session = f"c{c}-r{i}"
                 i += 1
-                ok = send(http, self.model, session)
-                self.results.append((session, colour_of(session), ok, time.time()))
+                failure = failure_of(http, self.model, session)
+                self.results.append((session, colour_of(session), failure is None, time.time()))
+                if failure is not None:
+                    self.why[f"{colour_of(session) or 'uncoloured'}: {failure}"] += 1
 
     def finish(self) -> None:
         self.stop.set()
@@ -112,18 +116,28 @@ class Load:
             thread.join(timeout=60)
 
 
-def send(http: httpx.Client, model: str, session: str) -> bool:
-    """One streamed completion; whether the whole answer came."""
+def failure_of(http: httpx.Client, model: str, session: str) -> str | None:
+    """One streamed completion; None when the whole answer came, else what went wrong (status and code)."""
     body = {"model": model, "prompt": f"slice experiment {session}", "max_tokens": 4, "temperature": 0.0,
             "stream": True}
     try:
         with http.stream("POST", "/v1/completions", json=body, headers={"x-session-id": session}) as resp:
             if resp.status_code != 200:
-                return False
+                resp.read()
+                is_json = resp.headers.get("content-type", "").startswith("application/json")
+                error = (resp.json().get("error") or {}) if is_json else {}
+                return f"{resp.status_code} {error.get('code') or error.get('type') or ''}".strip()
             lines = [line for line in resp.iter_lines() if line.startswith("data:")]
-    except httpx.HTTPError:
-        return False
-    return bool(lines) and lines[-1].strip() == "data: [DONE]" and not any('"error"' in x for x in lines)
+    except httpx.HTTPError as exc:
+        return type(exc).__name__
+    if any('"error"' in x for x in lines):
+        return "error frame"
+    return None if lines and lines[-1].strip() == "data: [DONE]" else "no [DONE]"
+
+
+def send(http: httpx.Client, model: str, session: str) -> bool:
+    """One streamed completion; whether the whole answer came."""
+    return failure_of(http, model, session) is None
 
 
 def model_of(gateway: str) -> str:
@@ -168,8 +182,8 @@ def test_a_coloured_error_rate_stops_itself_and_never_reaches_the_uncoloured(
     assert result.status == "deviated" and stopped.reason == "deviation", result.document
     assert stopped.after_s is not None and stopped.after_s < DURATION_S / 2
     # The uncoloured requests saw no injected error: by the report and by the clients themselves.
-    assert report.uncoloured.failed == 0 and report.uncoloured.requests > 0
-    assert uncoloured and not [r for r in uncoloured if not r[2]]
+    assert report.uncoloured.failed == 0 and report.uncoloured.requests > 0, dict(load.why)
+    assert uncoloured and not [r for r in uncoloured if not r[2]], dict(load.why)
     assert report.control.failed == 0
     # Both sides are reported, and the difference with its interval.
     assert report.experiment.requests >= result.spec.bounds.min_samples
