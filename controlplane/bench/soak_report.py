@@ -7,9 +7,10 @@ Targets (each a :class:`Verdict`: pass, fail, or not judged with the reason):
   ``llmsre_kv_cache_blocks_in_use`` is 0 (a block still referenced then has leaked).
 - ``rss_growth``: per process, the resident set grows by less than :data:`MAX_RSS_GROWTH` over the last
   two thirds of its life in the run (the first third is warm-up: caches, the KV pool, the allocator's
-  arenas). Growth compares the median of the first and of the last :data:`EDGE_SAMPLES` samples of that
-  span. A process judged over less than ``min_span_s`` (one restarted by a fault near the end) is not
-  judged, and says so.
+  arenas), and after a warm-up of its own where the process has one (``ProcessSample.warm_from``:
+  Prometheus, whose head keeps each series' samples in memory until its chunks are cut). Growth compares
+  the median of the first and of the last :data:`EDGE_SAMPLES` samples of that span. A process judged over
+  less than ``min_span_s`` (one restarted by a fault near the end) is not judged, and says so.
 - ``fd_growth`` and ``task_growth``: open file descriptors and asyncio tasks do not grow monotonically over
   the same span. The span is cut into :data:`QUARTERS` parts and each part's floor (its minimum) taken:
   load makes a count go up and down, a leak lifts the floor. Floors that rise from each part to the next
@@ -46,6 +47,7 @@ class ProcessSample:
     rss_bytes: int
     num_fds: int
     tasks: int | None = None  # asyncio tasks from its /metrics (None: it has none, or did not answer)
+    warm_from: float | None = None  # seconds since the load started when its own warm-up is over, if any
 
 
 @dataclass(slots=True, frozen=True)
@@ -120,25 +122,30 @@ class Series:
     role: str
     pid: int
     points: tuple[tuple[float, float], ...]
+    warm_from: float | None = None  # its own warm-up ends here (t), beyond the first third of its life
 
 
 def process_series(samples: Sequence[Sample], value: Callable[[ProcessSample], float | None]) -> list[Series]:
     """One series per (role, pid): a replica restarted by a fault is a new process with a new series."""
     by_key: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    warm: dict[tuple[str, int], float] = {}
     for s in samples:
         for p in s.processes:
             v = value(p)
             if v is not None:
                 by_key.setdefault((p.role, p.pid), []).append((s.t, float(v)))
-    return [Series(role, pid, tuple(points)) for (role, pid), points in sorted(by_key.items())]
+            if p.warm_from is not None:
+                warm[p.role, p.pid] = p.warm_from
+    return [Series(role, pid, tuple(points), warm.get((role, pid)))
+            for (role, pid), points in sorted(by_key.items())]
 
 
 def judged_span(series: Series) -> tuple[tuple[float, float], ...]:
-    """The last two thirds of the process's life in the run."""
+    """The last two thirds of the process's life in the run, and past its own warm-up if it has one."""
     if not series.points:
         return ()
     first, last = series.points[0][0], series.points[-1][0]
-    start = first + (last - first) / 3
+    start = max(first + (last - first) / 3, series.warm_from if series.warm_from is not None else -math.inf)
     return tuple(p for p in series.points if p[0] >= start)
 
 
@@ -195,8 +202,9 @@ def _growth(name: str, series: Series, min_span_s: float) -> Verdict:
     span = judged_span(series)
     covered = span[-1][0] - span[0][0] if span else 0.0
     if covered < min_span_s or len(span) < max(2 * EDGE_SAMPLES, 2 * QUARTERS):
-        return Verdict(who, "not judged", f"lived {covered:.0f} s in its judged span, {len(span)} samples "
-                                          f"(needs {min_span_s:.0f} s and {2 * QUARTERS})")
+        warm = "" if series.warm_from is None else f" (its warm-up ran to t={series.warm_from:.0f} s)"
+        return Verdict(who, "not judged", f"lived {covered:.0f} s in its judged span{warm}, {len(span)} "
+                                          f"samples (needs {min_span_s:.0f} s and {2 * QUARTERS})")
     if name == "rss_growth":
         growth = rss_growth(span)
         head, tail = (statistics.median(v for _, v in part) / 2**20

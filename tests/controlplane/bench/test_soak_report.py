@@ -69,6 +69,26 @@ def test_memory_that_keeps_growing_fails_but_warm_up_in_the_first_third_does_not
     assert verdict.outcome == "fail" and verdict.detail.startswith("+13.7% over 390 s")
 
 
+def test_a_process_with_a_warm_up_of_its_own_is_judged_after_it() -> None:
+    """Prometheus' head grows until its first chunks are cut: 30% over the first 350 s of the run, flat
+    after. Judged from the end of its own warm-up it passes; judged from the first third alone, it fails."""
+    def prometheus(i: int, warm_from: float) -> Sample:
+        s = sample(10.0 * i, rss=1, fds=18, tasks=0)
+        rss = 60e6 * (1 + 0.3 * min(i, 35) / 35)
+        return Sample(**{**{f: getattr(s, f) for f in s.__dataclass_fields__},
+                         "processes": (ProcessSample("prometheus", 300, int(rss), 18, None, warm_from),)})
+
+    def rss_verdict(warm_from: float) -> tuple[str, str]:
+        verdict = next(v for v in run([prometheus(i, warm_from) for i in range(60)]).verdicts
+                       if v.name.startswith("rss_growth"))
+        return verdict.outcome, verdict.detail
+
+    assert rss_verdict(350.0) == ("pass", "+0.0% over 240 s (74 -> 74 MiB; target < 10%)")
+    assert rss_verdict(-100.0)[0] == "fail"  # a warm-up long over: the first third alone is excused
+    outcome, detail = rss_verdict(450.0)
+    assert outcome == "not judged" and "its warm-up ran to t=450 s" in detail
+
+
 def test_tasks_or_descriptors_whose_floor_rises_every_quarter_fail() -> None:
     leaking = [sample(10.0 * i, rss=600e6, fds=20 + i // 5, tasks=4 + (i * 7 % 6) + i // 4)
                for i in range(60)]
