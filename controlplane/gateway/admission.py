@@ -84,18 +84,44 @@ class RetryBudget:
         self._retries: deque[float] = deque()
 
     def record_request(self) -> None:
-        self._requests.append(self.clock())
+        now = self.clock()
+        self._forget(now)  # here too: a gateway that never retries would otherwise keep every request's time
+        self._requests.append(now)
 
     def try_spend(self) -> bool:
         """Take one retry from the budget; False when it is spent."""
         now = self.clock()
-        for times in (self._requests, self._retries):
-            while times and times[0] < now - self.window_s:
-                times.popleft()
+        self._forget(now)
         if len(self._retries) >= max(self.min_retries, self.ratio * len(self._requests)):
             return False
         self._retries.append(now)
         return True
+
+    def _forget(self, now: float) -> None:
+        """Drop the times that left the window."""
+        for times in (self._requests, self._retries):
+            while times and times[0] < now - self.window_s:
+                times.popleft()
+
+    @property
+    def num_remembered(self) -> int:
+        return len(self._requests) + len(self._retries)
+
+
+class RetryBudgets:
+    """A retry budget per colour, ``None`` being the uncoloured traffic. A slice experiment's fault fails its
+    colour's requests on every replica, and each would spend retries; were the budget shared, the colour
+    would spend the uncoloured requests' retries, a way out of the slice the experiment promises to keep."""
+
+    def __init__(self, ratio: float, *, clock: Clock) -> None:
+        self.ratio, self.clock = ratio, clock
+        self._budgets: dict[str | None, RetryBudget] = {}
+
+    def of(self, colour: str | None) -> RetryBudget:
+        budget = self._budgets.get(colour)
+        if budget is None:
+            budget = self._budgets[colour] = RetryBudget(self.ratio, clock=self.clock)
+        return budget
 
 
 def shed_limit(priority: str, max_inflight: int) -> int:

@@ -36,7 +36,7 @@ import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from controlplane.gateway.admission import OutlierDetector, RateLimiter, RetryBudget, shed_limit
+from controlplane.gateway.admission import OutlierDetector, RateLimiter, RetryBudgets, shed_limit
 from controlplane.gateway.assembly import BadEvent, RequestParams, StreamAssembly
 from controlplane.gateway.catalog import served_models
 from controlplane.gateway.config import GatewayConfig
@@ -98,7 +98,7 @@ class Gateway:
         self.ledger = Ledger(self.metrics, on_trace, clock)  # what each finished request leaves behind
         self.limiter = RateLimiter(requests_per_s=config.rate_limit_rps,
                                    tokens_per_s=config.rate_limit_tokens_per_s, clock=clock)
-        self.budget = RetryBudget(config.retry_budget_ratio, clock=clock)
+        self.budgets = RetryBudgets(config.retry_budget_ratio, clock=clock)  # one per colour
         self.outliers = OutlierDetector(config.eject_after_failures)
         self.toxics = LinkToxics(clock=clock)  # link faults injected by chaos (chaos.faults.link)
         self.liveness = Liveness(config.stall_timeout_s, on_event=self._emit)  # stalled: routed around
@@ -179,7 +179,7 @@ class Gateway:
             if self.tracing is not None:
                 job.spans = self.tracing.begin(request.headers, job)
             self._admit(job)
-            self.budget.record_request()
+            self.budgets.of(job.assignment.colour).record_request()
             body = job.params.upstream_body(PRIORITIES[job.priority])
             job.upstream = await self._open(job, job.params.path, body, budgeted=True)
         except GatewayError as exc:
@@ -242,7 +242,8 @@ class Gateway:
             job.spans.routed(decision)
             if not decision.is_routed:
                 break
-            if last is not None and budgeted and not last.is_silence and not self.budget.try_spend():
+            if last is not None and budgeted and not last.is_silence \
+                    and not self.budgets.of(job.assignment.colour).try_spend():
                 break
             if last is not None:
                 job.retries += 1

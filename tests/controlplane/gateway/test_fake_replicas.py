@@ -375,6 +375,18 @@ def test_retries_stop_when_the_budget_is_spent() -> None:
     assert budget.try_spend()  # the window moved on
 
 
+def test_a_budget_that_never_retries_remembers_only_its_window() -> None:
+    """Requests are forgotten as the window moves on, not only when a retry is asked for: a gateway whose
+    replicas never fail would otherwise keep the time of every request it ever served."""
+    clock = FakeClock()
+    budget = RetryBudget(0.2, clock=clock, window_s=10, min_retries=1)
+    for _ in range(2_000):
+        budget.record_request()
+        clock.now += 0.1
+    assert budget.num_remembered <= 101
+    assert budget.try_spend()
+
+
 def test_a_spent_budget_stops_retries_of_refusals_but_not_moves_off_a_silent_replica() -> None:
     # ratio 0: only the floor of 3 retries per window. r0 is tried first on every request (least-request
     # ties go to r0, and it is never ejected here).

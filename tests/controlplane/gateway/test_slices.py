@@ -230,3 +230,39 @@ def test_a_coloured_requests_failures_eject_no_replica_so_the_uncoloured_keep_th
     assert all(code >= 500 for code in failed), failed  # the colour's requests felt the fault...
     assert ejected == set()  # ...and no replica was ejected for it
     assert served == [200] * 10, served  # the uncoloured requests were served by the whole fleet
+
+
+def test_a_colour_spends_retries_from_a_budget_of_its_own() -> None:
+    """r0 fails every request; r1 and r2 fail the chaos colour's. The colour's requests spend its own
+    budget (ratio 0: the floor of 3 retries per window) and then fail without retrying; the uncoloured
+    requests that meet r0 after that still retry, on their own budget, and are served."""
+    from .fakes import MODEL, FakeFleet
+    from .test_fake_replicas import Harness
+
+    fleet = FakeFleet()
+    fleet["r0"].behaviour.refuse_status = 500
+    for rid in ("r1", "r2"):
+        fleet[rid].behaviour.refuse_colour = "chaos"
+    plan = SlicePlan(colours=(Share("chaos", 0.5),))
+    sessions = [f"s{i}" for i in range(200)]
+    chaos = [s for s in sessions if assign(plan, f"session:{s}").colour == "chaos"][:6]
+    plain = [s for s in sessions if assign(plan, f"session:{s}").colour is None][:3]
+
+    async def main() -> tuple[list[int], list[int], int]:
+        harness = Harness(fleet, slices=lambda: plan, routing="least-request", retry_budget_ratio=0.0,
+                          eject_after_failures=100)
+        try:
+            body = {"model": MODEL, "prompt": "q", "max_tokens": 2, "temperature": 0.0}
+            failed = [(await harness.post("/v1/completions", body, **{"x-session-id": s})).status_code
+                      for s in chaos]
+            tried = len(fleet["r0"].requests) + len(fleet["r1"].requests) + len(fleet["r2"].requests)
+            served = [(await harness.post("/v1/completions", body, **{"x-session-id": s})).status_code
+                      for s in plain]
+            return failed, served, tried
+        finally:
+            await harness.close()
+
+    failed, served, tried = asyncio.run(main())
+    assert failed == [500] * 6
+    assert tried == 6 + 3  # six first attempts and the colour's three retries, then no more
+    assert served == [200] * 3, served  # each retried off r0 although the colour had spent its retries
