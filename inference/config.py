@@ -28,6 +28,8 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA/NPU
     num_threads: int = 0  # 0: torch's default
+    # CPU: linear weights reordered once for oneDNN at load (inference/packed_linear.py); off: torch's linear
+    pack_linear_weights: bool = True
 
     def __post_init__(self) -> None:
         _positive("max_num_seqs", self.max_num_seqs)

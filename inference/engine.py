@@ -29,6 +29,7 @@ from inference.models.default_moe import ensure_default_moe_model
 from inference.models.loader import load_model
 from inference.npu_attention import make_npu_decode_kernel
 from inference.output import Clock, RequestMetrics, RequestOutput, TextAssembler, TokenLogprob
+from inference.packed_linear import pack_linears
 from inference.sampler import SamplingRow
 from inference.sampling_params import InvalidParameterError, SamplingParams
 from inference.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -104,6 +105,8 @@ class LLMEngine:
         self.model, self.model_config = load_model(
             self.model_path, device=self.device.torch_device, dtype=self.dtype,
             max_positions=config.max_model_len or None)
+        if config.pack_linear_weights:
+            pack_linears(self.model, device=self.device.torch_device, dtype=self.dtype)
         self.tokenizer = Tokenizer.from_folder(self.model_path)
         mc = self.model_config
         layout = plan_cache(memory_bytes=config.kv_cache_memory_bytes, num_blocks=config.num_kv_blocks,

@@ -30,6 +30,8 @@ from inference.step_profile import ATTEND, CACHE_WRITE, GATHER, MODEL_REST
 class LatentAttention(nn.Module):
     """Attention for queries [T, H, nope + rope] over latent rows [T, latent + rope]; returns [T, H, v]."""
 
+    unpacked_linears = ("kv_b_proj",)  # its weight is absorbed into the decode query and output
+
     def __init__(self, *, num_heads: int, kv_lora_rank: int, qk_nope_head_dim: int, qk_rope_head_dim: int,
                  v_head_dim: int, scale: float) -> None:
         super().__init__()

@@ -113,8 +113,8 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> float32 logits [N, vocab_size]."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        logits = F.linear(hidden, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(hidden)
+        return logits.float()
 
     def expert_tokens(self) -> list[list[int]]:
         """Tokens routed to each expert so far, per mixture-of-experts layer ([] for a dense model)."""

@@ -1,0 +1,96 @@
+"""Linear weights packed once for oneDNN: the same products as torch's linear at every batch size, which
+layers are packed and which are left alone, and where packing is refused with its reason.
+
+The engine's greedy equivalence with transformers (test_engine_equivalence.py, test_deepseek.py) runs with
+packing on, as an engine does by default on CPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inference.config import EngineConfig
+from inference.engine import LLMEngine
+from inference.mla import LatentAttention
+from inference.models.loader import load_model
+from inference.packed_linear import PackedLinear, pack_linears, unavailable_reason
+
+CPU = torch.device("cpu")
+
+
+def _require_onednn(dtype: torch.dtype) -> None:
+    """float32 packing must be there (every CPU build of torch the project installs has oneDNN); bfloat16
+    needs the CPU's support, and without it the engine uses torch's linear."""
+    reason = unavailable_reason(CPU, dtype)
+    if dtype == torch.float32:
+        assert reason is None, reason
+    elif reason is not None:
+        pytest.skip(f"unavailable: {reason}")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 3, 32, 257, 1024])
+def test_a_packed_linear_computes_what_torch_linear_computes(rows: int, bias: bool) -> None:
+    _require_onednn(torch.float32)
+    torch.manual_seed(rows)
+    linear = nn.Linear(256, 384, bias=bias).requires_grad_(False)
+    packed = PackedLinear(linear)
+    x = torch.randn(rows, 256)
+    with torch.inference_mode():
+        expected, actual = F.linear(x, linear.weight, linear.bias), packed(x)
+    assert actual.shape == (rows, 384)
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_bfloat16_weights_pack_too() -> None:
+    _require_onednn(torch.bfloat16)
+    linear = nn.Linear(128, 96, bias=False).to(torch.bfloat16).requires_grad_(False)
+    x = torch.randn(16, 128, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        actual = PackedLinear(linear)(x)
+    assert actual.dtype == torch.bfloat16
+    torch.testing.assert_close(actual, F.linear(x, linear.weight), rtol=2e-2, atol=2e-2)
+
+
+def test_every_llama_linear_is_packed_and_counted_as_a_parameter(tiny_llama_dir: Path) -> None:
+    _require_onednn(torch.float32)
+    model, _ = load_model(tiny_llama_dir, device=CPU, dtype=torch.float32)
+    before = sum(p.numel() for p in model.parameters())
+    linears = sum(isinstance(m, nn.Linear) for m in model.modules())
+    assert pack_linears(model, device=CPU, dtype=torch.float32) == linears > 0
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert sum(p.numel() for p in model.parameters()) == before  # the roofline reads these
+
+
+def test_latent_attentions_absorbed_projection_stays_plain(tiny_deepseek_v3_dir: Path) -> None:
+    _require_onednn(torch.float32)
+    model, _ = load_model(tiny_deepseek_v3_dir, device=CPU, dtype=torch.float32)
+    assert pack_linears(model, device=CPU, dtype=torch.float32) > 0
+    latent = [m for m in model.modules() if isinstance(m, LatentAttention)]
+    assert latent and all(type(m.kv_b_proj) is nn.Linear for m in latent)
+
+
+def test_the_engine_packs_by_default_and_not_when_told(tiny_llama_dir: Path) -> None:
+    _require_onednn(torch.float32)
+    packed = LLMEngine(str(tiny_llama_dir), EngineConfig(num_kv_blocks=64))
+    plain = LLMEngine(str(tiny_llama_dir), EngineConfig(num_kv_blocks=64, pack_linear_weights=False))
+    assert any(isinstance(m, PackedLinear) for m in packed.model.modules())
+    assert not any(isinstance(m, PackedLinear) for m in plain.model.modules())
+
+
+@pytest.mark.parametrize(("device", "dtype", "why"), [
+    (torch.device("meta"), torch.float32, "a CPU path"),
+    (CPU, torch.float16, "float32 or bfloat16"),
+])
+def test_where_packing_does_not_apply_it_says_why_and_packs_nothing(device: torch.device, dtype: torch.dtype,
+                                                                    why: str) -> None:
+    reason = unavailable_reason(device, dtype)
+    assert reason is not None and why in reason
+    model = nn.Sequential(nn.Linear(8, 8))
+    assert pack_linears(model, device=device, dtype=dtype) == 0
+    assert type(model[0]) is nn.Linear
