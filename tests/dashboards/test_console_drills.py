@@ -222,7 +222,9 @@ def test_a_drill_aborted_from_the_page_is_compared_with_the_first(console: Conso
                                                                   driver: WebDriver) -> None:
     driver.get(console.url + "/drills")
     wait_for(driver, "#drills-done")  # the page opens on the newest drill
-    for field, value in (("drills-rate", "2"), ("drills-duration_s", "10"), ("drills-fault_at_s", "4")):
+    # Long enough that the abort always finds it running, also on a slow machine (a 10 s drill had ended
+    # on a busy one before the abort reached it, and the page said "refused"); the abort ends it early.
+    for field, value in (("drills-rate", "2"), ("drills-duration_s", "120"), ("drills-fault_at_s", "4")):
         _type(driver, field, value)
     driver.find_element(By.ID, "drills-run").click()
     started = wait_text(driver, "#drills-started", r"drill \d+ started")
