@@ -3,7 +3,9 @@
 ``python -m inference serve`` builds the engine, starts its loop thread (:class:`AsyncEngine`) and serves
 this FastAPI app with uvicorn. Requests are checked in a fixed order before any stream starts: API key,
 body size, JSON and parameters, draining, device failure, injected errors, prompt length, queue room; so
-every refusal is a plain HTTP error in the OpenAI shape, never an error frame inside a 200 stream.
+every refusal is a plain HTTP error in the OpenAI shape (:class:`~inference.http_errors.HTTPError`),
+never an error frame inside a 200 stream. An admitted request's answer, streamed or not, is written by
+:class:`~inference.response_writer.ResponseWriter`.
 """
 
 from __future__ import annotations
@@ -11,13 +13,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
-import json
 import logging
 import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,26 +29,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from inference.async_engine import AsyncEngine, EngineDeadError
 from inference.engine import PromptTooLongError
 from inference.faults import FaultSpec, ReplicaFaults, request_colour
+from inference.http_errors import HTTPError
 from inference.logprobs import TokenStrings
 from inference.metrics import EngineGauges, ReplicaMetrics
-from inference.output import RequestOutput
-from inference.protocol import (
-    LogprobsView,
-    ParsedRequest,
-    ResponseContext,
-    error_body,
-    full_response,
-    parse_chat,
-    parse_completion,
-    stream_chunk,
-    usage_chunk,
-)
+from inference.protocol import LogprobsView, ParsedRequest, ResponseContext, parse_chat, parse_completion
+from inference.response_writer import ResponseWriter
 from inference.sampling_params import InvalidParameterError, SamplingParams
 from inference.spec import document_openai
 from inference.strict_json import BadJson, parse_strict
 
 if TYPE_CHECKING:  # the SDK is imported only when traces are exported (inference.replica)
-    from inference.tracing import ReplicaTracing, RequestTrace
+    from inference.tracing import ReplicaTracing
 
 logger = logging.getLogger(__name__)
 
@@ -86,20 +78,6 @@ class ServerConfig:
         for name in ("drain_timeout_s", "ready_deadline_s", "stall_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
-
-
-class HTTPError(Exception):
-    """A refusal in the OpenAI error shape."""
-
-    def __init__(self, status: int, message: str, *, type_: str, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-        self.headers = headers or {}
-
-    def response(self) -> JSONResponse:
-        body = error_body(self.message, type_=self.type, param=self.param, code=self.code)
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
 @dataclass
@@ -407,18 +385,19 @@ async def _serve(request: Request, replica: Replica, parsed: ParsedRequest) -> R
     colour = request_colour(request.headers)
     tokens = _admit(replica, parsed, colour)
     ctx = ResponseContext.new(parsed.kind, replica.model_name)
-    run = _Run(replica, ctx, parsed, LogprobsView(ctx, replica.token_strings),
-               delays=replica.faults.request_delays(colour))
+    writer = ResponseWriter(replica.metrics, replica.config.replica_id, replica.config.zone, ctx, parsed,
+                            LogprobsView(ctx, replica.token_strings),
+                            delays=replica.faults.request_delays(colour))
     if replica.tracing is not None:
-        run.trace = replica.tracing.begin(request.headers, parsed, ctx)
+        writer.trace = replica.tracing.begin(request.headers, parsed, ctx)
     # A stream sends each token's logprobs as it goes: only a non-streamed answer needs them all at the end.
     stream = replica.engine.generate(ctx.request_id, tokens, parsed.params, priority=parsed.priority,
                                      keep_logprobs=not parsed.stream)
     if parsed.stream:
-        chunks = run.sse(stream) if run.trace is None else run.trace.wrap(run.sse(stream))
+        chunks = writer.sse(stream) if writer.trace is None else writer.trace.wrap(writer.sse(stream))
         return StreamingResponse(chunks, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    task = asyncio.ensure_future(run.collect(stream))
+    task = asyncio.ensure_future(writer.collect(stream))
     while not task.done():
         await asyncio.wait({task}, timeout=0.25)
         if not task.done() and await request.is_disconnected():
@@ -426,111 +405,6 @@ async def _serve(request: Request, replica: Replica, parsed: ParsedRequest) -> R
             replica.metrics.observe_rejected("client_disconnected")
             return Response(status_code=499)
     return task.result()
-
-
-@dataclass
-class _Run:
-    """One request's response: observes metrics per token and times serialization."""
-
-    replica: Replica
-    ctx: ResponseContext
-    parsed: ParsedRequest
-    logprobs: LogprobsView
-    serialize_seconds: float = 0.0
-    previous_token_time: float | None = None
-    trace: RequestTrace | None = None  # while traces are exported
-    delays: tuple[float, float] = (0.0, 0.0)  # coloured faults: before the first token, before each later one
-
-    def observe(self, out: RequestOutput) -> None:
-        m = out.metrics
-        if out.new_token_ids and m.last_token_time is not None:
-            if self.previous_token_time is None:
-                self.replica.metrics.observe_token(True, m.ttft)
-            else:
-                self.replica.metrics.observe_token(False, m.last_token_time - self.previous_token_time)
-            self.previous_token_time = m.last_token_time
-        if out.finished and out.error is None:
-            self.replica.metrics.observe_finished(out, max_tokens=self.parsed.params.max_tokens)
-        if self.trace is not None:
-            self.trace.seen(out)
-
-    def timings(self, out: RequestOutput) -> dict[str, Any]:
-        m = out.metrics
-        return {"replica": self.replica.config.replica_id, "zone": self.replica.config.zone,
-                "queue": m.queue_time, "prefill": m.prefill_time, "decode": m.decode_time,
-                "detokenize": m.detokenize_seconds, "serialize": self.serialize_seconds, "ttft": m.ttft,
-                "e2e": m.e2e_time, "cached_tokens": m.num_cached_tokens, "preemptions": m.num_preemptions}
-
-    @staticmethod
-    def add_token_ids(chunk: dict[str, Any], out: RequestOutput, *, first: bool) -> None:
-        """The ``return_token_ids`` extension: what a gateway needs to resume this stream elsewhere."""
-        chunk["choices"][0]["token_ids"] = out.new_token_ids
-        if first:
-            chunk["prompt_token_ids"] = out.prompt_token_ids
-
-    def encode(self, payload: dict[str, Any]) -> str:
-        started = time.perf_counter()
-        text = f"data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n"
-        self.serialize_seconds += time.perf_counter() - started
-        return text
-
-    async def collect(self, stream: AsyncIterator[RequestOutput]) -> JSONResponse:
-        final = None
-        try:
-            async for out in stream:
-                self.observe(out)
-                final = out
-        except EngineDeadError as exc:
-            raise HTTPError(503, str(exc), type_="service_unavailable", code="engine_dead") from exc
-        finally:  # the spans are written however it ends: finished, engine dead, cancelled by a disconnect
-            if self.trace is not None:
-                self.trace.end()
-        assert final is not None
-        if final.error:
-            raise HTTPError(500, final.error, type_="server_error", code="device_failure")
-        first, per_token = self.delays
-        if first or per_token:
-            await asyncio.sleep(first + per_token * max(len(final.output_token_ids) - 1, 0))
-        started = time.perf_counter()
-        body = full_response(self.ctx, final, logprobs=self.logprobs(final.logprobs))
-        if self.parsed.return_token_ids:
-            body["choices"][0]["token_ids"] = final.output_token_ids
-            body["prompt_token_ids"] = final.prompt_token_ids
-        self.serialize_seconds += time.perf_counter() - started
-        body["timings"] = self.timings(final)
-        return JSONResponse(body)
-
-    async def sse(self, stream: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
-        first = True
-        try:
-            async for out in stream:
-                self.observe(out)
-                if out.error:
-                    yield self.encode(error_body(out.error, type_="server_error", code="device_failure"))
-                    return
-                if (out.delta_text or out.finished or first or out.new_logprobs
-                        or self.parsed.return_token_ids):
-                    pause = self.delays[0] if first else self.delays[1]
-                    if pause:
-                        await asyncio.sleep(pause)
-                    reason = out.finish_reason if out.finished else None
-                    chunk = stream_chunk(self.ctx, out.delta_text, reason, first=first,
-                                         logprobs=self.logprobs(out.new_logprobs))
-                    if self.parsed.return_token_ids:
-                        self.add_token_ids(chunk, out, first=first)
-                    first = False
-                    if out.finished and not self.parsed.include_usage:
-                        chunk["usage"] = None
-                        chunk["timings"] = self.timings(out)
-                    yield self.encode(chunk)
-                if out.finished and self.parsed.include_usage:
-                    chunk = usage_chunk(self.ctx, out)
-                    chunk["timings"] = self.timings(out)
-                    yield self.encode(chunk)
-        except EngineDeadError as exc:
-            yield self.encode(error_body(str(exc), type_="service_unavailable", code="engine_dead"))
-            return
-        yield "data: [DONE]\n\n"
 
 
 # ---- middleware ------------------------------------------------------------------------------

@@ -15,23 +15,25 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from inference.async_engine import EngineDeadError
+from inference.http_errors import HTTPError
 from inference.output import RequestMetrics, RequestOutput
+from inference.response_writer import ResponseWriter
 from inference.sampling_params import SamplingParams
-from inference.server import HTTPError, _Run
 from inference.tracing import ReplicaTracing, RequestTrace, TracedRequest
 
 REQUEST_SPAN = "text_completion default"
 
 
-def traced_run() -> tuple[_Run, InMemorySpanExporter]:
+def traced_run() -> tuple[ResponseWriter, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing = ReplicaTracing(provider, clock=time.monotonic)
     request = TracedRequest("completion", "default", "cmpl-1", SamplingParams(max_tokens=8), stream=False)
-    # collect() reaches the replica, the context and the logprobs only for a finished output
+    # collect() reaches the metrics, the context and the logprobs only for a finished output
     nothing = cast(Any, None)
-    run = _Run(nothing, nothing, nothing, nothing, trace=RequestTrace(tracing, Context(), request))
+    run = ResponseWriter(nothing, "replica-0", "local", nothing, nothing, nothing,
+                         trace=RequestTrace(tracing, Context(), request))
     return run, exporter
 
 
