@@ -34,7 +34,7 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
                                                             "runs it (default %(default)s)")
     cmd.add_argument("--quick", action="store_true", help="fewer points, two rounds (about 30 s)")
     cmd.add_argument("--force", action="store_true", help=f"install the profile even if its held-out "
-                                                          f"error is over {HELD_OUT_BOUND:.0%}")
+                                                          f"error is over {HELD_OUT_BOUND:.0%}%")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ same data as its table; one line on stderr for an error, and the exit code that 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import datetime as dt
 import json
@@ -16,7 +17,7 @@ import httpx
 import pytest
 
 from controlplane import __version__
-from controlplane.cli.main import main
+from controlplane.cli.main import main, parser
 from controlplane.client import ControlPlaneClient
 
 from .conftest import URL, Api
@@ -48,6 +49,24 @@ def test_help_documents_the_exit_codes(argv: list[str], capsys: Capture) -> None
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps the epilog
     assert "exit codes: 0 done; 1 refused or failed" in text
     assert "2 usage" in text and "3 the control plane cannot be reached at --url" in text
+
+
+def _every_parser(p: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...],
+                                                                                      argparse.ArgumentParser]]:
+    found = [(path, p)]
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _every_parser(sub, (*path, name))
+    return found
+
+
+def test_every_commands_help_renders() -> None:
+    """`--help` of every command and action (argparse %-formats help strings: a bare "%" breaks it)."""
+    parsers = _every_parser(parser())
+    assert len(parsers) > 40  # the walk reached the nested actions
+    for path, p in parsers:
+        assert p.format_help().startswith("usage: controlplane"), " ".join(path)
 
 
 # ---- --url and --token --------------------------------------------------------------------------------
