@@ -25,8 +25,10 @@ The figures (t_detect, t_switch, t_first_ok, t_service, t_slo, t_capacity, RTO a
 the verdict are pure functions of the client timeline and the fleet samples, defined and computed in
 :mod:`chaos.drill_figures`; their names are re-exported here for the modules and tests that import them
 from ``chaos.drills``, as are the aim's (:mod:`chaos.drill_aim`) and the load client's command line and
-diagnosis (:mod:`chaos.drill_load`). This module is the runner: the phases, the load process, the faults,
-the report.
+diagnosis (:mod:`chaos.drill_load`). What the steady state is, and its gateway probe, is
+:mod:`chaos.drill_steady_state`; the report's conclusion (verdict, figures, timeline, status) is
+:mod:`chaos.drill_report`. This module is the runner: the phases, the load process, the faults, and the
+measurements the report is concluded from.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import re
 import signal
@@ -43,8 +44,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-
-import httpx
 
 from chaos.clock import Clock, WallClock
 from chaos.drill_aim import Aim, check_aim, resolve_aim
@@ -55,7 +54,6 @@ from chaos.drill_figures import (
     Prediction,
     Thresholds,
     Timings,
-    client_loss,
     client_timeline,
     derive_figures,
     percentile,
@@ -64,6 +62,8 @@ from chaos.drill_figures import (
     verdict,
 )
 from chaos.drill_load import LOAD_GRACE_S, describe_load, load_command, load_not_started
+from chaos.drill_report import conclude
+from chaos.drill_steady_state import steady_state
 from chaos.errors import ChaosError, Conflict, Unavailable
 from chaos.faults.base import FaultError, FaultSpec
 from chaos.safety import ActiveFault, FaultManager
@@ -323,7 +323,8 @@ class _Run:
         deadline = started + self.sc.steady_state_timeout_s
         waited_for: list[str] = []
         while True:
-            steady = await self._steady_state()
+            steady = await steady_state(self.port.fleet_sample(), self.faults, self.sc, self.port.gateway_url,
+                                        self.clock)
             new = [r for r in steady["reasons"] if _reason_kind(r) not in map(_reason_kind, waited_for)]
             if new and self.clock.now() < deadline and not self.faults.is_halted:
                 self.note("waiting for steady state", reasons=new)
@@ -335,24 +336,6 @@ class _Run:
                 return {**steady, "waited_s": waited if waited_for else 0.0, "waited_for": waited_for,
                         "timeout_s": self.sc.steady_state_timeout_s}
             await self._sleep(min(STEADY_POLL_S, max(deadline - self.clock.now(), 0.0)))
-
-    async def _steady_state(self) -> dict[str, Any]:
-        reasons = []
-        sample = self.port.fleet_sample()
-        if not sample.has_capacity:
-            reasons.append(f"fleet: {sample.ready} of {sample.desired} replicas ready"
-                           + (", a rollout is in progress" if sample.changing else ""))
-        if self.faults.is_halted:
-            reasons.append("chaos is halted (release it first)")
-        if self.faults.active():
-            reasons.append(f"{len(self.faults.active())} faults are already active")
-        ttft, e2e, error = await _probe(self.port.gateway_url, self.sc.max_tokens, self.clock)
-        if error:
-            reasons.append(f"gateway probe: {error}")
-        elif ttft > self.sc.slo.ttft_p99_s:
-            reasons.append(f"gateway probe: TTFT {ttft:.3f}s over the SLO's {self.sc.slo.ttft_p99_s:g}s")
-        return {"ok": not reasons, "reasons": reasons, "ready": sample.ready, "desired": sample.desired,
-                "probe_ttft_s": round(ttft, 4), "probe_e2e_s": round(e2e, 4)}
 
     async def _start_load(self) -> None:
         sc = self.sc
@@ -514,7 +497,7 @@ class _Run:
                     self.note("revert failed", fault_id=fault.fault_id, detail=result.detail)
         self.injected = []
 
-    # -- report ----------------------------------------------------------------------------------
+    # -- report (what the run measured; chaos.drill_report concludes it) -------------------------
     def _conclude(self, t0: float, load_start: float, load_end: float, marks: list[int]) -> None:
         records = read_jsonl(self.jsonl) if self.jsonl.exists() else []
         if not records:
@@ -524,61 +507,20 @@ class _Run:
         fig = derive_figures(requests, self.samples, t0=t0, slo=self.sc.slo, fault_targets=self.hit)
         fig.requests_resumed = self.port.resumes_between(load_start, load_end)
         fig.writes_lost = len(marks) - self.port.count_marks(marks)
-        if self.slice_run is not None:
-            self._slice_figures(fig)
-        if self.sc.action == "gateway-crash":  # every client of the killed gateway is hit, whatever replica
-            loss = client_loss(requests, t0)
-            fig.rto_service_s = None if math.isinf(loss.rto_service_s) else loss.rto_service_s
-            self.report["client_loss"] = dataclasses.asdict(loss)
-        checks = verdict(fig, self.sc.targets)
-        self.report["figures"] = fig.relative()
-        self.report["checks"] = [dataclasses.asdict(c) for c in checks]
-        self.report["timeline"] = timeline_series(requests, self.samples, t0)
-        self.report["status"] = "passed" if all(c.ok for c in checks) else "failed"
+        slice_record = self._slice_record() if self.slice_run is not None else None
+        conclude(self.report, fig, requests, self.samples, self.sc, t0=t0, slice_record=slice_record)
         self.note("report", status=self.report["status"])
 
-    def _slice_figures(self, fig: Figures) -> None:
-        """The slice experiment's record into the report, and its figures."""
+    def _slice_record(self) -> dict[str, Any] | None:
+        """The slice experiment's record; None when it outlived the drill's observation (its figures fail)."""
         run = self.slice_run
         assert run is not None
-        if not run.done() or run.cancelled():  # it outlived the drill's observation: its figures fail
+        if not run.done() or run.cancelled():
             self.note("slice experiment cut short by the end of the drill")
-            return
+            return None
         if run.exception() is not None:
             raise FaultNotInjected(f"slice experiment: {run.exception()}", subject=self.drill_id)
-        record = self.report["slice_experiment"] = run.result()
-        result, stopped = record.get("report") or {}, record.get("stopped") or {}
-        fig.uncoloured_failed = (result.get("uncoloured") or {}).get("failed")
-        fig.slice_stop_s = stopped.get("after_s") if stopped.get("reason") == "deviation" else None
-        fig.slice_sides_missing = sum(1 for side in ("experiment", "control")
-                                      if not (result.get(side) or {}).get("requests"))
-
-
-async def _probe(gateway_url: str, max_tokens: int, clock: Clock) -> tuple[float, float, str | None]:
-    """One short greedy completion through the gateway: (TTFT, end-to-end, error)."""
-    body = {"prompt": "drill steady-state probe", "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True}
-    start = clock.now()
-    ttft: float | None = None
-    try:
-        async with httpx.AsyncClient(base_url=gateway_url, timeout=30.0, trust_env=False) as client:
-            listed = await client.get("/v1/models")
-            if listed.status_code != 200:
-                return 0.0, 0.0, f"GET /v1/models: HTTP {listed.status_code}"
-            models = listed.json().get("data") or []
-            if not models:  # no replica routable yet (starting, or all unready)
-                return 0.0, 0.0, "the gateway lists no model (no replica routable yet)"
-            body["model"] = models[0]["id"]
-            async with client.stream("POST", "/v1/completions", json=body) as resp:
-                if resp.status_code != 200:
-                    return 0.0, 0.0, f"HTTP {resp.status_code}"
-                async for line in resp.aiter_lines():
-                    if line.startswith("data:") and ttft is None and '"text"' in line:
-                        ttft = clock.now() - start
-    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        return 0.0, 0.0, f"{type(exc).__name__}: {exc}"
-    e2e = clock.now() - start
-    return (ttft if ttft is not None else e2e), e2e, None
+        return run.result()
 
 
 __all__ = ["LOAD_GRACE_S", "SCENARIOS", "Aim", "ClientRequest", "DrillAborted", "DrillBusy", "DrillError",

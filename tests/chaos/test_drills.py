@@ -198,7 +198,7 @@ def test_a_drill_waits_for_the_steady_state_and_says_what_it_waited_for(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Right after ``controlplane up``: no replica ready, the gateway lists no model yet."""
     run, clock = drill(tmp_path, {"capacity_back_at": 20.0})
-    monkeypatch.setattr("chaos.drills._probe", probe_ready_after(clock, 25.0))
+    monkeypatch.setattr("chaos.drill_steady_state._probe", probe_ready_after(clock, 25.0))
     steady = asyncio.run(run._wait_steady_state())
     assert steady["ok"] and 25.0 <= steady["waited_s"] <= 25.0 + STEADY_POLL_S
     assert steady["waited_for"] == ["fleet: 2 of 3 replicas ready",
@@ -209,7 +209,7 @@ def test_a_drill_waits_for_the_steady_state_and_says_what_it_waited_for(
 def test_a_steady_state_never_met_aborts_the_drill_at_its_deadline_with_the_reasons(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run, clock = drill(tmp_path, steady_state_timeout_s=30.0)
-    monkeypatch.setattr("chaos.drills._probe", probe_ready_after(clock, 0.0))
+    monkeypatch.setattr("chaos.drill_steady_state._probe", probe_ready_after(clock, 0.0))
     asyncio.run(run._drill())
     assert 30.0 <= clock.now() - T_START <= 30.0 + STEADY_POLL_S
     assert run.report["status"] == "aborted"
@@ -220,7 +220,7 @@ def test_a_steady_state_never_met_aborts_the_drill_at_its_deadline_with_the_reas
 def test_a_steady_state_met_at_once_waits_for_nothing(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     run, clock = drill(tmp_path, {"capacity_back_at": 0.0})
-    monkeypatch.setattr("chaos.drills._probe", probe_ready_after(clock, 0.0))
+    monkeypatch.setattr("chaos.drill_steady_state._probe", probe_ready_after(clock, 0.0))
     steady = asyncio.run(run._wait_steady_state())
     assert steady["ok"] and steady["waited_s"] == 0.0 and steady["waited_for"] == []
     assert clock.now() == T_START and events(run) == []
