@@ -60,7 +60,7 @@ class LoadProcess(Protocol):
 
 def load_not_started(load: LoadProcess | None, log: Path, *, waited_s: float) -> str:
     """Why a drill's load client never put a stream in flight, from its exit status and its log (it writes
-    a line when it asks for the model and one when it starts sending; ``inference.bench.serve``)."""
+    a line when it asks for the model and one when it starts sending; ``inference.bench.load_client``)."""
     lines = _tail(log)
     said = f"; its last line: {lines[-1]!r}" if lines else ""
     if load is None:

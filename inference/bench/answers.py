@@ -1,7 +1,7 @@
 """What the load client makes of a server's answers: each chunk folded into the request's record, each
 failure classified (HTTP status, the OpenAI error object, the transport's exception), and Retry-After read.
 
-Where it sits: :mod:`inference.bench.serve` sends the requests and calls these on what comes back; the
+Where it sits: :mod:`inference.bench.load_client` sends the requests and calls these on what comes back; the
 record and the error kinds are :mod:`inference.bench.report`'s.
 """
 

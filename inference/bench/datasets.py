@@ -1,7 +1,7 @@
 """Workloads for the load client: what each request asks for, and when it arrives.
 
 The first stage of ``python -m inference.bench serve``: a dataset (``random`` or ``trace:FILE``) becomes a
-list of ``BenchRequest`` (prompt length, output length, arrival offset), which ``serve.py`` sends and
+list of ``BenchRequest`` (prompt length, output length, arrival offset), which ``load_client.py`` sends and
 ``report.py`` scores. Pure bookkeeping: no network, no clock; everything is seeded.
 
 Prompts are not stored: a trace replayed at full scale asks for tens of millions of prompt tokens, so

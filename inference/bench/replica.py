@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference.bench.datasets import DatasetConfig, build_requests, render_prompt
+from inference.bench.load_client import run_load
+from inference.bench.load_config import LoadConfig
 from inference.bench.report import LoadReport, LoadSummary, format_table
-from inference.bench.serve import LoadConfig, run_load
 from inference.config import EngineConfig
 from inference.engine import LLMEngine
 from inference.launcher import ReplicaProcess, free_port, unwind_on_sigterm

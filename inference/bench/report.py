@@ -1,9 +1,10 @@
 """What the load client measured: per-request records, and the summary a client would see.
 
-The last stage of ``python -m inference.bench serve``: ``serve.py`` fills one ``RequestRecord`` per request
-sent, ``summarize`` turns them into latency distributions (TTFT, TPOT, ITL, E2EL), throughput, goodput under
-SLOs, errors by kind and requests per replica. Records travel as JSON lines (``write_jsonl``/``read_jsonl``)
-to drills, which read RTO and RPO off the client-side timeline. Only arithmetic and file writing here.
+The last stage of ``python -m inference.bench serve``: ``load_client.py`` fills one ``RequestRecord`` per
+request sent, ``summarize`` turns them into latency distributions (TTFT, TPOT, ITL, E2EL), throughput,
+goodput under SLOs, errors by kind and requests per replica. Records travel as JSON lines
+(``write_jsonl``/``read_jsonl``) to drills, which read RTO and RPO off the client-side timeline. Only
+arithmetic and file writing here.
 
 Definitions follow ``vllm bench serve``: latencies count successful requests only; TPOT is
 ``(e2el - ttft) / (output tokens - 1)``; ITL is every gap between consecutive token-carrying chunks.

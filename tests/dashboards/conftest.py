@@ -30,8 +30,9 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from controlplane.auth import hash_password
 from inference.bench.datasets import DatasetConfig
+from inference.bench.load_client import run_load
+from inference.bench.load_config import LoadConfig
 from inference.bench.report import RequestRecord
-from inference.bench.serve import LoadConfig, run_load
 from inference.launcher import free_port
 from tests.controlplane.up.conftest import (  # noqa: F401 (model_state is a fixture used by name)
     Running,

@@ -38,8 +38,17 @@ from inference.bench.datasets import (
     read_trace,
     shipped_trace,
 )
+from inference.bench.load_client import run_load
+from inference.bench.load_config import (
+    BenchError,
+    LoadConfig,
+    NonLoopbackTargetError,
+    ensure_loopback,
+    plan_requests,
+)
 from inference.bench.report import (
     Distribution,
+    LoadReport,
     RequestRecord,
     ServerTimings,
     Slo,
@@ -48,7 +57,6 @@ from inference.bench.report import (
     summarize,
     write_jsonl,
 )
-from inference.bench.serve import LoadConfig, NonLoopbackTargetError, ensure_loopback, run_load
 
 AZURE_CSV = shipped_trace()  # the Azure LLM conversation trace (2023) the package ships
 MODEL = "fake-model"
@@ -159,7 +167,7 @@ FAILURES = {3: "503", 5: "429", 7: "cut"}
 
 
 @pytest.fixture(scope="module")
-def mixed_run(fake: FakeReplica) -> tuple[serve.LoadReport, list[dict[str, Any]], list[tuple[int, int]]]:
+def mixed_run(fake: FakeReplica) -> tuple[LoadReport, list[dict[str, Any]], list[tuple[int, int]]]:
     """24 requests, all at once under a cap of 6, with one 503, one 429 and one cut stream."""
     fake.reset(delay=0.003, plan=FAILURES)
     ticks: list[tuple[int, int]] = []
@@ -307,10 +315,10 @@ def test_poisson_arrivals_are_seeded() -> None:
     assert np.mean(np.diff(first)) == pytest.approx(1 / 20.0, rel=0.1)
     assert poisson_arrivals(3, math.inf, seed=7) == [0.0, 0.0, 0.0]
     cfg = LoadConfig(dataset=DatasetConfig(num_requests=50, seed=3), request_rate=5.0)
-    planned = [r.arrival for r in serve.plan_requests(cfg)]
+    planned = [r.arrival for r in plan_requests(cfg)]
     assert planned == poisson_arrivals(50, 5.0, seed=3)
     lengths = [r.prompt_len for r in build_requests(cfg.dataset)]
-    assert [r.prompt_len for r in serve.plan_requests(cfg)] == lengths
+    assert [r.prompt_len for r in plan_requests(cfg)] == lengths
 
 
 def test_random_lengths_spread_within_the_range_ratio() -> None:
@@ -401,7 +409,7 @@ def test_unreachable_target_becomes_connect_errors() -> None:
     report = asyncio.run(run_load(cfg))
     assert report.summary.errors == {"connect_error": 3} and report.summary.replicas == {}
     cfg.model = None
-    with pytest.raises(serve.BenchError, match="--model"):
+    with pytest.raises(BenchError, match="--model"):
         asyncio.run(run_load(cfg))
 
 

@@ -34,7 +34,8 @@ from controlplane.fleet.config import FleetConfig
 from controlplane.fleet.reconcile import Fleet
 from controlplane.store.database import Store
 from inference.bench.datasets import shipped_trace
-from inference.bench.serve import add_arguments, config_from_args, plan_requests
+from inference.bench.load_config import plan_requests
+from inference.bench.serve import add_arguments, config_from_args
 from tests.chaos.fakes import FakeTarget
 
 Api = tuple[TestClient, dict[str, str]]
