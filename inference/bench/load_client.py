@@ -11,6 +11,7 @@ Every failure of a request (connect error, timeout, HTTP error, cut stream, canc
 becomes a field of its record; only a run that cannot start raises (``BenchError``). Milestones (asking
 for the model, sending, the hard stop) go to this module's logger, which the CLI prints on stderr.
 """
+
 from __future__ import annotations
 
 import asyncio

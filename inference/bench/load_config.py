@@ -9,6 +9,7 @@ on purpose. :mod:`inference.bench.load_client` sends that plan. No network and n
 Safety: the target must be a loopback address (``ensure_loopback``, checked when the config is built and
 again when the load starts). This tool generates load; it never sends it elsewhere.
 """
+
 from __future__ import annotations
 
 import ipaddress
