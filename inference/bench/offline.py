@@ -398,9 +398,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=engine.device, help="auto, cpu, cuda[:N] or npu[:N]")
     p.add_argument("--num-threads", type=int, default=engine.num_threads,
                    help="torch threads for every path (0: torch's default)")
-    p.add_argument("--no-packed-weights", action="store_true",
-                   help="the engine's linear layers through torch's linear, as loaded, instead of weights "
-                        "packed once for oneDNN (to measure what packing gives)")
+    p.add_argument("--packed-weights", action="store_true",
+                   help="the engine's linear weights packed once for oneDNN at load instead of torch's "
+                        "linear (off by default: its memory is not bounded yet)")
     p.add_argument("--skip-hf", action="store_true", help="time only the engine")
     p.add_argument("--hf-one-at-a-time-requests", type=int, default=None, metavar="N",
                    help="run the one-at-a-time baseline on the first N requests only (default: all)")
@@ -421,7 +421,7 @@ def config_from_args(args: argparse.Namespace) -> OfflineConfig:
         workload=WorkloadSpec(num_requests=args.num_requests, seed=args.seed),
         engine=EngineConfig(max_num_seqs=args.max_num_seqs, kv_cache_dtype=args.kv_cache_dtype,
                             device=args.device, num_threads=args.num_threads, dtype=args.dtype,
-                            pack_linear_weights=not args.no_packed_weights),
+                            pack_linear_weights=args.packed_weights),
         skip_hf=args.skip_hf, hf_one_at_a_time_requests=args.hf_one_at_a_time_requests,
         hf_batch_size=args.hf_batch_size, show_progress=not args.no_progress, repeats=args.repeats,
         vllm_python=args.vs_vllm)

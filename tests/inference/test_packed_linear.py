@@ -1,8 +1,7 @@
 """Linear weights packed once for oneDNN: the same products as torch's linear at every batch size, which
 layers are packed and which are left alone, and where packing is refused with its reason.
 
-The engine's greedy equivalence with transformers (test_engine_equivalence.py, test_deepseek.py) runs with
-packing on, as an engine does by default on CPU.
+The engine's greedy equivalence with transformers runs here with packing on, for every model family.
 """
 
 from __future__ import annotations
@@ -15,10 +14,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.config import EngineConfig
-from inference.engine import LLMEngine
+from inference.engine import LLM, LLMEngine
 from inference.mla import LatentAttention
 from inference.models.loader import load_model
 from inference.packed_linear import PackedLinear, pack_linears, unavailable_reason
+from inference.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")
 
@@ -75,10 +75,10 @@ def test_latent_attentions_absorbed_projection_stays_plain(tiny_deepseek_v3_dir:
     assert latent and all(type(m.kv_b_proj) is nn.Linear for m in latent)
 
 
-def test_the_engine_packs_by_default_and_not_when_told(tiny_llama_dir: Path) -> None:
+def test_the_engine_packs_when_told_and_not_by_default(tiny_llama_dir: Path) -> None:
     _require_onednn(torch.float32)
-    packed = LLMEngine(str(tiny_llama_dir), EngineConfig(num_kv_blocks=64))
-    plain = LLMEngine(str(tiny_llama_dir), EngineConfig(num_kv_blocks=64, pack_linear_weights=False))
+    packed = LLMEngine(str(tiny_llama_dir), EngineConfig(num_kv_blocks=64, pack_linear_weights=True))
+    plain = LLMEngine(str(tiny_llama_dir), EngineConfig(num_kv_blocks=64))
     assert any(isinstance(m, PackedLinear) for m in packed.model.modules())
     assert not any(isinstance(m, PackedLinear) for m in plain.model.modules())
 
@@ -94,3 +94,14 @@ def test_where_packing_does_not_apply_it_says_why_and_packs_nothing(device: torc
     model = nn.Sequential(nn.Linear(8, 8))
     assert pack_linears(model, device=device, dtype=dtype) == 0
     assert type(model[0]) is nn.Linear
+
+
+@pytest.mark.parametrize("folder", ["tiny_llama_dir", "tiny_deepseek_v3_dir"])
+def test_packed_weights_generate_the_same_greedy_tokens(folder: str, request: pytest.FixtureRequest) -> None:
+    _require_onednn(torch.float32)
+    path = str(request.getfixturevalue(folder))
+    prompts = [[5 + i, 17, 42 + 3 * i, 8, 99 - i] * (2 + i) for i in range(6)]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    engines = [LLM(path, EngineConfig(num_kv_blocks=64, pack_linear_weights=pack)) for pack in (False, True)]
+    outputs = [[o.output_token_ids for o in engine.generate(prompts, params)] for engine in engines]
+    assert outputs[0] == outputs[1] and all(len(tokens) == 12 for tokens in outputs[1])

@@ -2,12 +2,6 @@
 sim-vs-live``): 60 s of an Azure trace slice through a real ``controlplane up`` that starts at 1 replica
 and must scale, and through the simulator with the same profile, autoscaler configuration and requests.
 
-Both sides run on a profile measured first on the machine the test runs on (``controlplane calibrate
---quick``), as an operator would calibrate a host before comparing: the shipped profile describes the
-development machine's engine of the day it was measured, and a faster engine (or a slower CI machine) then
-sets the simulator apart from the live fleet by that difference alone (live 95.5 against simulated 149.7
-replica-seconds on the shipped profile, once the engine packed its weights).
-
 What it bounds is the fleet: both sides replay the same requests, both scale, and their replica-seconds
 stay within 35% (looser than the benchmark's 15% over 300 s: over 60 s one scale-up a tick or a scrape
 later live moves replica-seconds by several percent). Latency is printed, not bounded: on this 2-core host
@@ -32,22 +26,16 @@ DURATION_S = 60.0
 # the run.
 TRACE_START_S, COMPRESS = 450.0, 3.0
 BOUND_S = 280.0
-CALIBRATE_S = 180.0  # --quick takes about 30 s on a quiet 2-core machine
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(BOUND_S + CALIBRATE_S) + 60)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(BOUND_S) + 60)]
 
 
 def test_a_short_live_run_scales_and_the_simulator_stays_close(tmp_path: Path) -> None:
     out, html, workdir = tmp_path / "svl.json", tmp_path / "svl.html", tmp_path / "run"
-    profile = tmp_path / "replica_profile.json"
-    calibrate = subprocess.run([sys.executable, "-m", "controlplane", "calibrate", "--quick", "--force",
-                                "--out", str(profile)], capture_output=True, text=True, timeout=CALIBRATE_S)
-    why = calibrate.stdout[-2000:] + calibrate.stderr[-2000:]
-    assert calibrate.returncode == 0 and profile.is_file(), why
     started = time.monotonic()
     command = [sys.executable, "-m", "controlplane.bench", "sim-vs-live", "--duration", f"{DURATION_S:g}",
                "--trace-start", f"{TRACE_START_S:g}", "--compress", f"{COMPRESS:g}",
-               "--profile", str(profile), "--workdir", str(workdir), "--json", str(out), "--html", str(html)]
+               "--workdir", str(workdir), "--json", str(out), "--html", str(html)]
     run = subprocess.run(command, capture_output=True, text=True, timeout=BOUND_S)
     print(run.stdout[-4000:], f"\ntook {time.monotonic() - started:.0f}s")
     assert run.returncode in (0, 1), run.stdout[-3000:] + run.stderr[-3000:]  # 1: a tight target missed
