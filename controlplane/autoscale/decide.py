@@ -99,11 +99,8 @@ def ours_policy(cfg: AutoscalerConfig) -> PolicyConfig:
     # Sizing by work replaces the sizing by engine load and by generated tokens: both price decode at a
     # fixed reference batch, so long answers decoded in large batches read as up to twice the work they
     # are. They stay guards (no scale-down while over their targets).
-    # While P95 TTFT is over the SLO, the engine load sizes the fleet again (a check on the work model).
     guards = {*cfg.guards, *(WORK_SUPERSEDES if cfg.work_sizing else ())}
-    escalate = {"engine_load_per_replica": "ttft_p95_s"} if cfg.work_sizing else {}
-    targets = tuple(MetricTarget(name, values[name], guard=name in guards,
-                                 drives_while_over=escalate.get(name)) for name in METRICS)
+    targets = tuple(MetricTarget(name, values[name], guard=name in guards) for name in METRICS)
     return PolicyConfig(
         min_replicas=cfg.min_replicas, max_replicas=cfg.max_replicas, targets=targets,
         tolerance=cfg.tolerance,

@@ -31,10 +31,6 @@ class MetricTarget:
     # floor (the prefill time) and lags its window, and a queue is a backlog that more replicas drain rather
     # than a rate they serve: ceil(current * metric / target) overshoots on both. Load metrics size the fleet.
     guard: bool = False
-    # A guard that sizes the fleet after all while the metric named here is over its own target: a load
-    # estimate demoted to a guard (the work model sizes the fleet) takes over when the SLO it serves is
-    # missed, so a work model that under-prices the replicas' work cannot hold the fleet below its load.
-    drives_while_over: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -149,10 +145,8 @@ def target_tracking(snapshot: Snapshot, config: PolicyConfig) -> Proposal:
     scaling down, so both directions stay conservative; a missing metric forbids scaling down.
     """
     current = max(snapshot.current, 1)
-    missed = {t.name for t in config.targets
-              if (v := snapshot.metrics.get(t.name)) is not None and v > t.target}
-    sizing = [t for t in config.targets if not t.guard or t.drives_while_over in missed]
-    ratios = [(t.name, v / t.target) for t in sizing if (v := snapshot.metrics.get(t.name)) is not None]
+    ratios = [(t.name, v / t.target) for t in config.targets
+              if not t.guard and (v := snapshot.metrics.get(t.name)) is not None]
     missing = [t.name for t in config.targets if snapshot.metrics.get(t.name) is None]
     if not ratios:
         return Proposal("target", snapshot.current, f"no metric known ({', '.join(missing)}): hold")

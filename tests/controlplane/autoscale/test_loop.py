@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,6 @@ from controlplane.autoscale.observe import PROMPT_TOKENS, observe_telemetry
 from controlplane.autoscale.policies import MetricTarget
 from controlplane.autoscale.profile import ReplicaProfile
 from controlplane.autoscale.windows import parse_window
-from controlplane.autoscale.work import WorkNeeds
 from controlplane.config import ConfigError, load_config
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
 from controlplane.store.database import Store
@@ -127,19 +125,6 @@ def test_guards_hold_scale_down_but_do_not_size_the_fleet() -> None:
                                                  "target: no scale-down")
     calm = first(obs(current=2, waiting=1.0, ttft=0.2, load=0.3), cfg)
     assert calm.replicas == 1  # ceil(2 x 0.3): the guards are under their targets
-
-
-def test_with_the_slo_missed_the_engine_load_sizes_the_fleet_where_the_work_model_says_one_replica() -> None:
-    """A work model that under-prices the replica (a stale profile, work it does not count) must not hold
-    the fleet below its load: while P95 TTFT is over the SLO, the engine load sizes the fleet again."""
-    cfg = config(work_sizing=True, scale_down_stabilization_s=0)
-    work = WorkNeeds(1, 1, 1, "prefill 1 (Erlang C)", with_margin=1)
-    missed = first(replace(obs(current=1, waiting=40.0, ttft=1.9, load=1.45), work=work), cfg)
-    assert missed.replicas == 2  # ceil(1 x 1.45)
-    reason = missed.decision.proposals[0].reason
-    assert "engine_load_per_replica at 1.45x target: ceil(1 x 1.45) = 2" in reason
-    held = first(replace(obs(current=1, waiting=1.0, ttft=0.5, load=1.45), work=work), cfg)
-    assert held.replicas == 1  # the SLO holds: the engine load only forbids scaling down
 
 
 def test_merge_takes_the_largest_proposal_then_rate_limit_and_max_bound_it() -> None:

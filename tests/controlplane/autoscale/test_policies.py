@@ -53,21 +53,6 @@ def test_within_tolerance_nothing_changes_in_either_direction() -> None:
     assert target_tracking(snap(waiting=4.5), config).replicas == 5
 
 
-def test_a_guard_sizes_the_fleet_only_while_the_metric_it_names_is_over_its_target() -> None:
-    load = MetricTarget("kv_cache_usage", 0.8, guard=True, drives_while_over="ttft_p95_s")
-    config = PolicyConfig(targets=(MetricTarget("waiting_per_replica", 4.0), load,
-                                   MetricTarget("ttft_p95_s", 1.0, guard=True)))
-
-    def at(ttft: float) -> Snapshot:
-        return Snapshot(0.0, 2, 2, 0, {"waiting_per_replica": 4.0, "kv_cache_usage": 1.2, "ttft_p95_s": ttft},
-                        None, None)
-
-    missed = target_tracking(at(1.5), config)
-    assert missed.replicas == 3 and "kv_cache_usage at 1.50x target: ceil(2 x 1.50) = 3" in missed.reason
-    met = target_tracking(at(0.5), config)  # the SLO holds: the guard only holds scale-down
-    assert met.replicas == 2 and met.reason == "kv_cache_usage at 1.50x target: no scale-down"
-
-
 def test_a_missing_metric_forbids_scale_down_but_not_scale_up() -> None:
     config = PolicyConfig(targets=TWO)
     down = target_tracking(snap(waiting=1.0, kv=None), config)
