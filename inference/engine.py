@@ -106,7 +106,8 @@ class LLMEngine:
             self.model_path, device=self.device.torch_device, dtype=self.dtype,
             max_positions=config.max_model_len or None)
         if config.pack_linear_weights:
-            pack_linears(self.model, device=self.device.torch_device, dtype=self.dtype)
+            pack_linears(self.model, device=self.device.torch_device, dtype=self.dtype,
+                         max_rows=config.max_num_seqs)
         self.tokenizer = Tokenizer.from_folder(self.model_path)
         mc = self.model_config
         layout = plan_cache(memory_bytes=config.kv_cache_memory_bytes, num_blocks=config.num_kv_blocks,

@@ -7,6 +7,16 @@ hundred columns) that packing costs as much as the product itself: measured on t
 packed once, 768 -> 256 in 84 against 41 us. oneDNN's linear (the one torch's own compiler calls for CPU
 inference) takes the packed weight; vLLM's CPU backend packs its weights the same way.
 
+oneDNN builds (and caches, up to 1,024 entries) one primitive per input shape, each with its own
+generated code and scratch memory: measured at about half a MiB per entry here. A continuous-batching
+engine runs a linear at every token count from 1 to its batch budget, so a replica's memory grew with every
+new count it met (every count from 1 to 1,024 through the default model's 4 weight shapes added 1.3 GiB).
+A packed linear therefore runs at a bounded set of row counts, :func:`row_bucket` (1, 2, 3, then four per
+doubling: at most a quarter of the rows are padding): 36 counts up to 1,024 rows, 89 MiB for the default
+model's 4 weight shapes, then no more however long the replica serves. :func:`pack_linears` builds the
+counts of a decode step (up to the engine's sequence budget) at load, about half of that memory; the
+larger counts, whose products take most of the time a build takes, come with the first prefills.
+
 A model module that reads a linear layer's ``weight`` itself (multi-head latent attention absorbs
 ``kv_b_proj`` into its decode query) names that layer in ``unpacked_linears``; it is left as it is.
 """
@@ -14,6 +24,7 @@ A model module that reads a linear layer's ``weight`` itself (multi-head latent 
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 from torch import nn
@@ -24,6 +35,23 @@ logger = logging.getLogger(__name__)
 # (256 -> 1,536 and 256 -> 384 columns, float32, 2 threads): 32 was as fast as either or faster.
 BATCH_HINT = 32
 _PACKABLE = (torch.float32, torch.bfloat16)
+
+
+def row_bucket(rows: int) -> int:
+    """The row count a packed linear runs ``rows`` rows at: ``rows`` up to 4, then the next of four steps
+    per doubling (4, 5, 6, 7, 8, 10, 12, 14, 16, 20, ...)."""
+    if rows <= 4:
+        return rows
+    step = 1 << (rows.bit_length() - 3)  # a quarter of the power of two at or below rows
+    return -(-rows // step) * step
+
+
+def row_buckets(max_rows: int) -> list[int]:
+    """Every row count :func:`row_bucket` gives for 1 to ``max_rows`` rows, ascending."""
+    buckets = [1]
+    while buckets[-1] < max_rows:
+        buckets.append(row_bucket(buckets[-1] + 1))
+    return buckets
 
 
 class PackedLinear(nn.Module):
@@ -42,8 +70,13 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return out
+        rows = x.numel() // self.in_features
+        padded = row_bucket(rows)
+        flat = x.reshape(rows, self.in_features)
+        if padded != rows:
+            flat = torch.cat([flat, flat.new_zeros(padded - rows, self.in_features)])
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(flat, self.weight, self.bias, "none", [], "")
+        return out[:rows].view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, " \
@@ -64,10 +97,12 @@ def unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-def pack_linears(model: nn.Module, *, device: torch.device, dtype: torch.dtype) -> int:
+def pack_linears(model: nn.Module, *, device: torch.device, dtype: torch.dtype, max_rows: int = 0) -> int:
     """Replace the model's linear layers by :class:`PackedLinear` where the machine allows; returns how many.
 
     Layers whose parent lists them in ``unpacked_linears`` stay as they are (their weight is read directly).
+    With ``max_rows``, oneDNN's primitives for every row bucket up to it are built now (see the module's
+    docstring), once per distinct weight shape.
     """
     reason = unavailable_reason(device, dtype)
     if reason is not None:
@@ -81,4 +116,25 @@ def pack_linears(model: nn.Module, *, device: torch.device, dtype: torch.dtype) 
                 setattr(parent, name, PackedLinear(child))
                 packed += 1
     logger.info("packed the weights of %d linear layers for oneDNN", packed)
+    if packed and max_rows > 0:
+        _build_primitives(model, max_rows)
     return packed
+
+
+def _build_primitives(model: nn.Module, max_rows: int) -> None:
+    """Run one layer of each distinct shape at every row bucket up to ``max_rows``: oneDNN caches what it
+    builds by shape, so every other layer of that shape finds it there."""
+    started = time.perf_counter()
+    layers: dict[tuple[int, int, bool, torch.dtype], PackedLinear] = {}
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            key = (module.in_features, module.out_features, module.bias is not None, module.weight.dtype)
+            layers.setdefault(key, module)
+    buckets = row_buckets(max_rows)
+    with torch.inference_mode():
+        for layer in layers.values():
+            x = torch.zeros(buckets[-1], layer.in_features, dtype=layer.weight.dtype)
+            for rows in buckets:
+                layer(x[:rows])
+    logger.info("built oneDNN primitives for %d weight shapes at %d row counts (1-%d) in %.2f s",
+                len(layers), len(buckets), buckets[-1], time.perf_counter() - started)

@@ -1,11 +1,15 @@
 """Linear weights packed once for oneDNN: the same products as torch's linear at every batch size, which
-layers are packed and which are left alone, and where packing is refused with its reason.
+layers are packed and which are left alone, where packing is refused with its reason, and a replica's
+memory that stops growing however many batch sizes it meets.
 
 The engine's greedy equivalence with transformers runs here with packing on, for every model family.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,7 +21,7 @@ from inference.config import EngineConfig
 from inference.engine import LLM, LLMEngine
 from inference.mla import LatentAttention
 from inference.models.loader import load_model
-from inference.packed_linear import PackedLinear, pack_linears, unavailable_reason
+from inference.packed_linear import PackedLinear, pack_linears, row_bucket, row_buckets, unavailable_reason
 from inference.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")
@@ -45,6 +49,55 @@ def test_a_packed_linear_computes_what_torch_linear_computes(rows: int, bias: bo
         expected, actual = F.linear(x, linear.weight, linear.bias), packed(x)
     assert actual.shape == (rows, 384)
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_any_leading_shape_comes_back_as_it_went_in() -> None:
+    _require_onednn(torch.float32)
+    linear = nn.Linear(64, 48).requires_grad_(False)
+    x = torch.randn(3, 7, 64)  # 21 rows, run at 24
+    with torch.inference_mode():
+        actual = PackedLinear(linear)(x)
+    assert actual.shape == (3, 7, 48)
+    torch.testing.assert_close(actual, F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-4)
+
+
+def test_row_buckets_pad_at_most_a_quarter_and_are_few() -> None:
+    assert [row_bucket(n) for n in (1, 4, 5, 8, 9, 17, 33, 257, 1000)] == [1, 4, 5, 8, 10, 20, 40, 320, 1024]
+    for rows in range(1, 5000):
+        assert rows <= row_bucket(rows) <= rows * 1.25 + 1
+        assert row_bucket(row_bucket(rows)) == row_bucket(rows)
+    assert row_buckets(1024) == sorted({row_bucket(n) for n in range(1, 1025)})
+    assert len(row_buckets(1024)) == 36
+
+
+def test_memory_stops_growing_after_every_row_bucket_was_met(tmp_path: Path) -> None:
+    """Every row count from 1 to 600, twice, in a process of its own (RSS is per process). oneDNN keeps a
+    primitive of about half a MiB per input shape: one per row count would be 300 MiB, one per bucket
+    (33 of them) is under 20; the second pass adds nothing."""
+    _require_onednn(torch.float32)
+    script = textwrap.dedent("""
+        import torch
+        from torch import nn
+        from inference.packed_linear import PackedLinear
+        def rss():
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * 4096 / 2**20
+        torch.set_num_threads(1)
+        layer = PackedLinear(nn.Linear(256, 1536, bias=False).requires_grad_(False))
+        x = torch.zeros(600, 256)
+        with torch.inference_mode():
+            layer(x)
+            start = rss()
+            for _ in range(2):
+                for rows in range(1, 601):
+                    layer(x[:rows])
+                print(round(rss() - start, 1))
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                         cwd=Path(__file__).resolve().parents[2], check=True)
+    first, second = (float(line) for line in run.stdout.split())
+    assert first < 60, f"RSS grew {first} MiB over 600 row counts"
+    assert second - first < 10, f"a second pass over the same row counts grew RSS by {second - first} MiB"
 
 
 def test_bfloat16_weights_pack_too() -> None:
