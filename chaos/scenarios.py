@@ -13,15 +13,14 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from chaos.drill_trace import resolve_trace, trace_offsets
 from inference.bench.datasets import AZURE_TRACE as AZURE_TRACE  # re-exported to the control plane
 from inference.bench.datasets import AZURE_TRACE_ENV as AZURE_TRACE_ENV
-from inference.bench.datasets import read_trace, trace_file
 
 # What happens at t0: faults through the fault manager, a rolling update, the kill of one gateway process,
 # ``kill -9`` of the control plane itself (run from outside it, restarted after ``outage_s``), or a slice
@@ -282,7 +281,7 @@ class Scenario:
         start = profile.trace_start_s
         end = start + self.duration_s * profile.compress
         try:
-            count = sum(1 for t in _trace_offsets(Path(profile.path)) if start <= t < end)
+            count = sum(1 for t in trace_offsets(Path(profile.path)) if start <= t < end)
         except (OSError, ValueError, csv.Error) as exc:
             raise ValueError(f"load.trace: {exc}") from exc
         if count == 0:
@@ -333,45 +332,6 @@ def _load_profile(spec: Mapping[str, Any], *, rate: float | None) -> dict[str, A
                                 compress=number["compress"], token_scale=number["token_scale"],
                                 trace_start_s=number["trace_start_s"],
                                 max_input_len=int(number["max_input_len"]))}
-
-
-def resolve_trace(name: str, *, cwd: Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
-    """The trace file ``name`` stands for, absolute: ``azure`` is ``$CONTROLPLANE_AZURE_TRACE`` when set,
-    else the trace shipped with the package (``inference.bench.datasets.trace_file``); anything else is a
-    path (relative to the working directory). ValueError (naming ``load.trace``) when there is no such file
-    or it is not an Azure LLM trace."""
-    here = cwd if cwd is not None else Path.cwd()
-    env = os.environ if environ is None else environ
-    if name != AZURE_TRACE:
-        where = "the path given"
-    elif env.get(AZURE_TRACE_ENV, "").strip():
-        where = f"{AZURE_TRACE!r}: from ${AZURE_TRACE_ENV}"
-    else:
-        where = f"{AZURE_TRACE!r}: the trace shipped with the package"
-    try:
-        path = (here / trace_file(name, env)).resolve()
-    except FileNotFoundError as exc:
-        raise ValueError(f"load.trace: {exc} ({where})") from exc
-    if not path.is_file():
-        raise ValueError(f"load.trace: no trace file at {path} ({where})")
-    try:
-        _trace_offsets(path)
-    except (OSError, ValueError, KeyError, csv.Error) as exc:
-        raise ValueError(f"load.trace: {exc}") from exc
-    return path
-
-
-_TRACES: dict[tuple[str, int, int], tuple[float, ...]] = {}
-
-
-def _trace_offsets(path: Path) -> tuple[float, ...]:
-    """The arrival offsets of a trace file, read once per (path, size, mtime)."""
-    stat = path.stat()
-    key = (str(path), stat.st_size, stat.st_mtime_ns)
-    if key not in _TRACES:
-        _TRACES.clear()  # one trace at a time is plenty; a changed file is read again
-        _TRACES[key] = tuple(r.offset for r in read_trace(path))
-    return _TRACES[key]
 
 
 def _names(name: str, value: Any) -> tuple[str, ...]:

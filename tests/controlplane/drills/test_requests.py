@@ -22,9 +22,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from chaos.catalogue import default_catalogue
+from chaos.drill_trace import resolve_trace
 from chaos.drills import DrillRunner, FleetSample, Timings, load_command
 from chaos.safety import FaultManager
-from chaos.scenarios import AZURE_TRACE_ENV, resolve_trace, scenario
+from chaos.scenarios import AZURE_TRACE_ENV, scenario
 from chaos.targets import Target
 from controlplane.api.factory import Services, create_api
 from controlplane.auth import Auditor, Role, TokenAuthority
