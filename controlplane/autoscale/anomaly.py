@@ -20,13 +20,14 @@ import dataclasses
 import math
 import warnings
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from sklearn.ensemble import IsolationForest  # type: ignore[import-untyped]
-from statsmodels.tsa.seasonal import STL  # type: ignore[import-untyped]
 
 from controlplane.autoscale.policies import Proposal
+
+if TYPE_CHECKING:  # scikit-learn and statsmodels are imported where first used: together 1.5 s of a start
+    from sklearn.ensemble import IsolationForest  # type: ignore[import-untyped]
 
 STEPS = ((5, 2), (3, 1))  # (consecutive anomalous points, replicas added), largest first
 _MAD_TO_SIGMA = 1.4826
@@ -169,6 +170,8 @@ def _score(state: AnomalyState,
               max(_robust_sigma(errors[:, 1]), settings.min_ttft_sigma_s))
     forest, scale, ticks = state.forest, state.scale, state.ticks_since_fit
     if forest is None or ticks >= settings.refit_every:
+        from sklearn.ensemble import IsolationForest
+
         forest = IsolationForest(n_estimators=settings.trees, contamination="auto",
                                  random_state=settings.seed)
         forest.fit(errors / np.asarray(scales))
@@ -196,6 +199,8 @@ def _decompose(series: np.ndarray, period: int) -> tuple[np.ndarray, np.ndarray,
     if float(np.ptp(series)) == 0.0:  # a flat series has nothing to decompose (and STL divides by it)
         zeros = np.zeros_like(series)
         return series.copy(), zeros, zeros
+    from statsmodels.tsa.seasonal import STL  # type: ignore[import-untyped]
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fit = STL(series, period=period, robust=True).fit()

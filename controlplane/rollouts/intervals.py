@@ -16,10 +16,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
-from scipy.stats import norm  # type: ignore[import-untyped]
 
 BOOTSTRAP_RESAMPLES = 1_000
 BOOTSTRAP_CAP = 2_000  # the latest samples of a side a bootstrap uses
@@ -50,7 +50,7 @@ class Interval:
 def _z(confidence: float) -> float:
     if not 0 < confidence < 1:
         raise ValueError(f"confidence: must be in (0, 1), got {confidence!r}")
-    return float(norm.ppf(1 - (1 - confidence) / 2))
+    return NormalDist().inv_cdf(1 - (1 - confidence) / 2)
 
 
 def wilson(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -63,7 +63,9 @@ def wilson(successes: int, trials: int, confidence: float = 0.95) -> tuple[float
     p = successes / trials
     centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
     half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    low = 0.0 if successes == 0 else max(0.0, centre - half)  # exactly, not to a rounding of the z value
+    high = 1.0 if successes == trials else min(1.0, centre + half)
+    return low, high
 
 
 def share_difference(failed_a: int, n_a: int, failed_b: int, n_b: int, *, confidence: float = 0.95,
