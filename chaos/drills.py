@@ -24,8 +24,9 @@ unless one is given: tests drive the phases on simulated time); the report gives
 The figures (t_detect, t_switch, t_first_ok, t_service, t_slo, t_capacity, RTO and RPO), the prediction and
 the verdict are pure functions of the client timeline and the fleet samples, defined and computed in
 :mod:`chaos.drill_figures`; their names are re-exported here for the modules and tests that import them
-from ``chaos.drills``, as are the aim's (:mod:`chaos.drill_aim`) and the load client's command line and
-diagnosis (:mod:`chaos.drill_load`). What the steady state is, and its gateway probe, is
+from ``chaos.drills``, as are the aim's (:mod:`chaos.drill_aim`), the load client's command line and
+diagnosis (:mod:`chaos.drill_load`), and the port a drill runs against with the errors it raises
+(:mod:`chaos.drill_port`). What the steady state is, and its gateway probe, is
 :mod:`chaos.drill_steady_state`; the report's conclusion (verdict, figures, timeline, status) is
 :mod:`chaos.drill_report`. This module is the runner: the phases, the load process, the faults, and the
 measurements the report is concluded from.
@@ -40,10 +41,9 @@ import logging
 import os
 import re
 import signal
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from chaos.clock import Clock, WallClock
 from chaos.drill_aim import Aim, check_aim, resolve_aim
@@ -62,13 +62,22 @@ from chaos.drill_figures import (
     verdict,
 )
 from chaos.drill_load import LOAD_GRACE_S, describe_load, load_command, load_not_started
+from chaos.drill_port import (
+    DrillAborted,
+    DrillBusy,
+    DrillError,
+    DrillPort,
+    FaultNotInjected,
+    LoadFailed,
+    LoadNotFlowing,
+    NoTarget,
+)
 from chaos.drill_report import conclude
 from chaos.drill_steady_state import steady_state
-from chaos.errors import ChaosError, Conflict, Unavailable
 from chaos.faults.base import FaultError, FaultSpec
 from chaos.safety import ActiveFault, FaultManager
 from chaos.scenarios import SCENARIOS, Scenario, scenario
-from chaos.targets import Selector, Target
+from chaos.targets import Selector
 from inference.bench.report import read_jsonl
 from inference.environment import child_environment
 
@@ -82,83 +91,6 @@ LOAD_START_TIMEOUT_S = 60.0  # the load client's first request must reach the ga
 STREAM_WAIT_S = 3.0  # at most this long past fault_at_s for a stream in flight to aim at
 STEADY_POLL_S = 1.0  # a steady state not met yet is checked again this often, up to the scenario's timeout
 NUM_MARKS = 5  # acknowledged store writes checked for loss
-UNREADY_AFTER_FAILURES = 3  # the fleet's consecutive failed /ready probes before "unready"
-
-
-class DrillError(ChaosError):
-    """A drill could not start or could not finish; the message says why. Inside a run it ends the run,
-    whose report keeps it as ``error`` (status "error")."""
-
-
-class DrillBusy(DrillError, Conflict):
-    """A drill is running already: one at a time."""
-
-
-class NoTarget(DrillError, Conflict):
-    """The replica or zone the drill is aimed at is not in the fleet (any more)."""
-
-
-class FaultNotInjected(DrillError):
-    """A fault of the scenario did not go in; the drill stops and reverts what did (the cause is chained)."""
-
-
-class LoadFailed(DrillError):
-    """The load client did not drive the drill: it exited early or wrote no records (see its log)."""
-
-
-class LoadNotFlowing(LoadFailed, Unavailable):
-    """The load never reached the gateway in time (a busy machine, a gateway not serving): try again."""
-
-
-class DrillAborted(DrillError):
-    """The drill was aborted by an operator."""
-
-
-# ---- what the control plane provides ----------------------------------------------------------------
-class DrillPort(Protocol):
-    """The control plane as a drill needs it (``controlplane.drills.port.FleetDrillPort`` satisfies it)."""
-
-    @property
-    def gateway_url(self) -> str: ...
-
-    def fleet_sample(self) -> FleetSample: ...
-
-    def inflight(self) -> Mapping[str, int]:
-        """The gateway's streams in flight per replica id, as last read (see :meth:`refresh_inflight`)."""
-        ...
-
-    async def refresh_inflight(self) -> None:
-        """Read the gateways' streams in flight now. A drill aims at live streams, and a stream lasts
-        about a second: a view read every half second would often aim at one that has already ended."""
-        ...
-
-    def targets(self) -> Sequence[Target]: ...
-
-    def timings(self) -> Timings: ...
-
-    def start_rollout(self) -> str:
-        """Start a rolling update under load; returns the model rolled out to."""
-        ...
-
-    def resumes_between(self, start_wall: float, end_wall: float) -> int: ...
-
-    def kill_gateway(self) -> str:
-        """``kill -9`` one gateway process (gateway-crash); its name."""
-        ...
-
-    def write_marks(self, drill_id: str, n: int) -> list[int]: ...
-
-    async def run_slice_experiment(self, spec: Mapping[str, Any], by: str) -> dict[str, Any]:
-        """Run a slice experiment (slice-experiment scenarios) to its end; its record."""
-        ...
-
-    def count_marks(self, ids: Sequence[int]) -> int: ...
-
-
-@dataclass(slots=True)
-class DrillOptions:
-    dry_run: bool = False
-    workdir: Path = field(default_factory=lambda: Path("."))
 
 
 # ---- the runner -----------------------------------------------------------------------------------
