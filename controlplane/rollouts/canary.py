@@ -218,7 +218,8 @@ class CanaryController:
             baseline = outcomes.get("version:stable", [])
             if len(baseline) < run.policy.thresholds.min_samples and share >= 1.0:
                 baseline = run.baseline  # nothing is stable at 100%: the previous step's stable side
-            analysis = analyse(baseline, outcomes.get(f"version:{version}", []), run.policy.thresholds)
+            analysis = await asyncio.to_thread(analyse, baseline, outcomes.get(f"version:{version}", []),
+                                               run.policy.thresholds)  # statistics: off the event loop
             decision = self._decide(analysis, extension, run.policy.max_extensions)
             self._record(run, share, started, analysis, decision)
             if decision == "abort":

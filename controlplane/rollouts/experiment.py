@@ -372,7 +372,8 @@ class SliceExperiments:
             with contextlib.suppress(Exception):
                 since = float(body.get("coloured_at") or body["started_at"])
                 s = sides(await self.slices.outcomes(since), spec)
-                last = (s, analyse(s.control, s.experiment, spec.bounds.thresholds()))
+                thresholds = spec.bounds.thresholds()
+                last = (s, await asyncio.to_thread(analyse, s.control, s.experiment, thresholds))
         if last is not None:
             try:
                 body["report"] = await asyncio.to_thread(report, *last)
