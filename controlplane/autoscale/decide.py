@@ -64,7 +64,6 @@ class Observation:
     panic_request_rate: float | None = None  # over the panic window
     mean_prompt_tokens: float | None = None  # of the requests finished in the metrics window
     mean_output_tokens: float | None = None
-    prompt_tokens_sd: float | None = None  # the spread of those prompts' lengths (None: unknown)
     work: WorkNeeds | None = None  # replicas the offered work needs (controlplane.autoscale.work)
     refused_rate: float | None = None  # of request_rate, refused at the gateways for want of capacity
 
@@ -129,14 +128,13 @@ def offered_engine_load(profile: ReplicaProfile, *, request_rate: float | None,
 
 
 def offered_work(profile: ReplicaProfile, cfg: AutoscalerConfig, *, request_rate: float | None,
-                 mean_prompt_tokens: float | None, mean_output_tokens: float | None,
-                 prompt_tokens_sd: float | None = None) -> WorkNeeds | None:
+                 mean_prompt_tokens: float | None, mean_output_tokens: float | None) -> WorkNeeds | None:
     """Replicas the offered work needs (:func:`controlplane.autoscale.work.work_needs`) at the SLOs, and
     (``with_margin``) at the rate plus the tolerance, which bounds a scale-down."""
     def needs(rate: float | None) -> WorkNeeds | None:
         return work_needs(profile, rate=rate, mean_prompt=mean_prompt_tokens, mean_output=mean_output_tokens,
                           ttft_slo_s=cfg.ttft_slo_s, tpot_slo_s=cfg.tpot_slo_s, quantile=cfg.slo_quantile,
-                          kv_headroom=cfg.target_kv_cache_usage, prompt_sd=prompt_tokens_sd)
+                          kv_headroom=cfg.target_kv_cache_usage)
 
     now = needs(request_rate)
     margin = needs(None if request_rate is None else request_rate * (1 + cfg.tolerance))
@@ -218,8 +216,7 @@ def record_body(obs: Observation, plan: Plan, *, tick: int, mode: str, applied: 
                    "request_rate": _round(obs.request_rate), "refused_rate": _round(obs.refused_rate),
                    "panic_request_rate": _round(obs.panic_request_rate),
                    "mean_prompt_tokens": _round(obs.mean_prompt_tokens),
-                   "mean_output_tokens": _round(obs.mean_output_tokens),
-                   "prompt_tokens_sd": _round(obs.prompt_tokens_sd), "notes": list(obs.notes),
+                   "mean_output_tokens": _round(obs.mean_output_tokens), "notes": list(obs.notes),
                    "work": None if obs.work is None else {"prefill": obs.work.prefill,
                                                           "decode": obs.work.decode, "kv": obs.work.kv}},
         "proposals": [{"source": p.source, "replicas": p.replicas, "reason": p.reason} for p in d.proposals],

@@ -2,8 +2,7 @@
 :class:`~controlplane.autoscale.decide.Observation` (waiting requests, KV-cache usage, P95 TTFT, generated
 tokens/s and offered engine load per ready replica; the request rate, over the metrics and panic windows).
 The offered engine load uses the requests that finished in the window (``vllm:prompt_tokens_total`` and
-``vllm:generation_tokens_total`` over ``vllm:request_success_total``); the spread of their prompt lengths
-comes from ``llmsre_prompt_tokens_squared_total`` beside them.
+``vllm:generation_tokens_total`` over ``vllm:request_success_total``).
 
 The request rate is what reached the replicas plus what the gateways refused for want of capacity
 (``refused``: :class:`~controlplane.fleet.refusals.RefusalCounts`): a fleet whose gateways shed would
@@ -32,7 +31,6 @@ from controlplane.telemetry.base import (
 )
 
 PROMPT_TOKENS = "vllm:prompt_tokens_total"  # incremented when a request finishes, as generation tokens are
-PROMPT_TOKENS_SQUARED = "llmsre_prompt_tokens_squared_total"  # with it, the spread of prompt lengths
 
 
 def observe_telemetry(telemetry: Telemetry, endpoints: list[ReplicaEndpoint], *, now: float, wall: float,
@@ -55,7 +53,6 @@ def observe_telemetry(telemetry: Telemetry, endpoints: list[ReplicaEndpoint], *,
         short = telemetry.rate(HTTP_REQUESTS, window_s=panic_window_s, by=(), match=inference).get(())
         finished = telemetry.rate(REQUEST_SUCCESS, window_s=window_s, by=()).get(())
         prompt = telemetry.rate(PROMPT_TOKENS, window_s=window_s, by=()).get(())
-        squares = telemetry.rate(PROMPT_TOKENS_SQUARED, window_s=window_s, by=()).get(())
     except TelemetryError as exc:
         notes.append(f"telemetry unavailable: {exc}")
         return Observation(now, wall, current, len(ready), starting, dict.fromkeys(METRICS),
@@ -87,8 +84,7 @@ def observe_telemetry(telemetry: Telemetry, endpoints: list[ReplicaEndpoint], *,
     demand = offered_engine_load(profile, request_rate=short, mean_prompt_tokens=mean_prompt,
                                  mean_output_tokens=mean_output)
     return Observation(now, wall, current, len(ready), starting, metrics, demand, rate, tuple(notes),
-                       short, mean_prompt, mean_output, refused_rate=shed,
-                       prompt_tokens_sd=_sd(finished, prompt, squares))
+                       short, mean_prompt, mean_output, refused_rate=shed)
 
 
 def _means(finished: float | None, prompt: float | None,
@@ -97,16 +93,6 @@ def _means(finished: float | None, prompt: float | None,
     if not finished or prompt is None or generated is None:
         return None, None
     return prompt / finished, generated / finished
-
-
-def _sd(finished: float | None, prompt: float | None, squares: float | None) -> float | None:
-    """The standard deviation of the prompt lengths of the requests that finished in the window, from the
-    rates of their count, sum and sum of squares; None when unknown (replicas that do not export the sum
-    of squares: the prefill queue is then taken as M/M/c)."""
-    if not finished or prompt is None or squares is None:
-        return None
-    mean = prompt / finished
-    return math.sqrt(max(squares / finished - mean * mean, 0.0))
 
 
 def _mean(values: Mapping[tuple[str, ...], float], replicas: list[str]) -> float | None:

@@ -61,7 +61,6 @@ class Observation:
     # vllm:request_prompt_tokens and vllm:request_generation_tokens histograms give); None: none finished
     mean_prompt_tokens: float | None = None
     mean_output_tokens: float | None = None
-    prompt_tokens_sd: float | None = None  # their spread (the replicas' squared-prompt-tokens counter)
 
 
 @dataclass(slots=True, frozen=True)
@@ -425,7 +424,6 @@ class FleetSim:
             arrivals_per_s_short=num_short / short,
             mean_prompt_tokens=_mean(p for _, p, _ in self._finished),
             mean_output_tokens=_mean(o for _, _, o in self._finished),
-            prompt_tokens_sd=_sd([p for _, p, _ in self._finished]),
         )
 
     def _tick(self) -> None:
@@ -458,11 +456,3 @@ def _mean(values: Iterable[float]) -> float | None:
     for v in values:
         total, count = total + v, count + 1
     return total / count if count else None
-
-
-def _sd(values: list[float]) -> float | None:
-    """The population standard deviation (what a sum, a sum of squares and a count give); None when empty."""
-    if not values:
-        return None
-    mean = sum(values) / len(values)
-    return math.sqrt(max(sum(v * v for v in values) / len(values) - mean * mean, 0.0))

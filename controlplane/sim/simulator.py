@@ -222,11 +222,9 @@ class LivePolicy:
             panic_request_rate=obs.arrivals_per_s_short,
             mean_prompt_tokens=obs.mean_prompt_tokens,
             mean_output_tokens=obs.mean_output_tokens,
-            prompt_tokens_sd=obs.prompt_tokens_sd,
             work=offered_work(self.profile, self.config, request_rate=obs.arrivals_per_s,
                               mean_prompt_tokens=obs.mean_prompt_tokens,
-                              mean_output_tokens=obs.mean_output_tokens,
-                              prompt_tokens_sd=obs.prompt_tokens_sd),
+                              mean_output_tokens=obs.mean_output_tokens),
         )
         plan, state = live_decide(live, self.state, self.config, [])
         self.state = applied(state, live, plan)

@@ -12,13 +12,7 @@ import pytest
 from controlplane.autoscale.config import AutoscalerConfig
 from controlplane.autoscale.decide import Observation, decide, new_state, offered_work
 from controlplane.autoscale.profile import ReplicaProfile
-from controlplane.autoscale.work import (
-    erlang_c,
-    erlang_c_servers,
-    prefill_seconds,
-    prefill_variability,
-    work_needs,
-)
+from controlplane.autoscale.work import erlang_c, erlang_c_servers, prefill_seconds, work_needs
 
 PROFILE = ReplicaProfile(step_base_s=0.005, per_seq_s=0.0004, per_prefill_token_s=0.00015,
                          per_context_token_s=2e-7, per_prefill_pair_s=6e-8, start_s=3.0)
@@ -44,33 +38,6 @@ def test_erlang_c_matches_the_textbook() -> None:
     assert erlang_c(3, 3.0) == 1.0  # unstable: everyone waits
     # one server at rho 0.5 and a 1 s service: P(wait > t) = 0.5 exp(-0.5 t) <= 5% needs t >= 4.6 s
     assert erlang_c_servers(0.5, 1.0, 4.7, 0.95) == 1 and erlang_c_servers(0.5, 1.0, 4.5, 0.95) == 2
-
-
-def test_prefill_times_of_one_length_wait_half_as_long_as_exponential_ones() -> None:
-    """Allen-Cunneen: an M/G/c queue waits (1 + cs^2) / 2 times as long as M/M/c. At 1.4 Erlangs of 0.3 s
-    prefills and a 0.7 s wait budget, M/M/c needs 3 servers; prefills all of one length need 2."""
-    assert erlang_c_servers(1.4, 0.3, 0.7, 0.95) == 3 == erlang_c_servers(1.4, 0.3, 0.7, 0.95, 1.0)
-    assert erlang_c_servers(1.4, 0.3, 0.7, 0.95, 0.5) == 2
-    assert erlang_c_servers(1.4, 0.3, 0.7, 0.95, 3.0) > 3  # a long tail of prompts waits longer
-
-
-def test_the_spread_of_prompt_lengths_sizes_the_prefill_queue() -> None:
-    assert prefill_variability(PROFILE, 1500, 0, decoding=0, context=0) == 0.0
-    narrow = prefill_variability(PROFILE, 1500, 150, decoding=0, context=0)
-    wide = prefill_variability(PROFILE, 1500, 1500, decoding=0, context=0)
-    assert 0 < narrow < 0.05 < 0.5 < wide
-
-    def prefill(sd: float | None) -> tuple[int, str]:
-        needs = work_needs(PROFILE, rate=4.0, mean_prompt=1500, mean_output=50, ttft_slo_s=1.0,
-                           tpot_slo_s=0.1, prompt_sd=sd)
-        assert needs is not None
-        return needs.prefill, needs.reason
-
-    unknown, reason = prefill(None)
-    assert "prefill times taken as exponential" in reason
-    same, reason = prefill(0.0)
-    assert same < unknown and "cs^2 0.00, Allen-Cunneen x0.50" in reason
-    assert prefill(3000.0)[0] > unknown  # prompts from 1 to several thousand tokens
 
 
 def test_prefill_in_chunks_costs_what_one_chunk_would_plus_the_extra_steps() -> None:
