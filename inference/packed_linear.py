@@ -10,7 +10,7 @@ inference) takes the packed weight; vLLM's CPU backend packs its weights the sam
 oneDNN builds (and caches, up to 1,024 entries) one primitive per input shape, each with its own
 generated code and scratch memory: measured at about half a MiB per entry here. A continuous-batching
 engine runs a linear at every token count from 1 to its batch budget, so a replica's memory grew with every
-new count it met (every count from 1 to 1,024 through the default model's 4 weight shapes added 1.3 GiB).
+new count it met (every count from 1 to 1,100 through six weight shapes of this model's size: 1.3 GiB).
 A packed linear therefore runs at a bounded set of row counts, :func:`row_bucket` (1, 2, 3, then four per
 doubling: at most a quarter of the rows are padding): 36 counts up to 1,024 rows, 89 MiB for the default
 model's 4 weight shapes, then no more however long the replica serves. :func:`pack_linears` builds the
