@@ -336,6 +336,7 @@ async def _stop(cp: ControlPlane, running: _Running) -> None:
         await running.canary.stop()  # a release running now aborts
     logger.warning("stopping: draining replicas")
     await asyncio.to_thread(stop_console, cp.console)
+    cp.feed.close()  # the gateways' long polls answer now: the API's graceful shutdown waits on none
     for server in cp.servers:
         server.should_exit = True
     if running.drills is not None:

@@ -48,6 +48,12 @@ class EndpointsFeed:
         self.epoch = uuid.uuid4().hex[:12]
         self.version = 0
         self._last: tuple[tuple[ReplicaEndpoint, ...], SlicePlan] | None = None
+        self.closed = False
+
+    def close(self) -> None:
+        """The control plane is stopping: every waiting long poll answers now, so the API server's graceful
+        shutdown finds no request open (one left waiting would be cancelled and logged as an error)."""
+        self.closed = True
 
     def current(self) -> FeedSnapshot:
         """The replica set and slices now; a change since the last look is a new version."""
@@ -64,6 +70,6 @@ class EndpointsFeed:
         deadline = self.clock() + min(max(wait_s, 0.0), MAX_WAIT_S)
         while True:
             snapshot = self.current()
-            if snapshot.epoch != epoch or snapshot.version > after or self.clock() >= deadline:
+            if snapshot.epoch != epoch or snapshot.version > after or self.clock() >= deadline or self.closed:
                 return snapshot
             await asyncio.sleep(POLL_S)

@@ -11,15 +11,9 @@ of a real forward pass, sized so three replicas and the control plane share a 2-
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
-import os
 import random
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +21,16 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+# Re-exported: callers name these from here.
+from inference.models.bundled import COMPLETE_MARKER as COMPLETE_MARKER
+from inference.models.bundled import DEFAULT_MODEL_NAME as DEFAULT_MODEL_NAME
+from inference.models.bundled import STATE_DIR_ENV as STATE_DIR_ENV
+from inference.models.bundled import default_state_dir as default_state_dir
+from inference.models.bundled import ensure_bundled_model
+from inference.models.bundled import is_complete as is_complete
+
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL_NAME = "default-v2"
-STATE_DIR_ENV = "LLMSRE_STATE_DIR"
-COMPLETE_MARKER = ".complete"
 
 # Shape (decided for the 2-core budget; cited by the README).
 HIDDEN_SIZE = 256
@@ -86,38 +85,9 @@ _PUNCTUATION = (".", ".", ".", "?", "!", ",", ";", ":")
 _ROLES = ("system", "user", "assistant")
 
 
-def default_state_dir() -> Path:
-    """``$LLMSRE_STATE_DIR``, else ``~/.local/state/llm-sre``."""
-    configured = os.environ.get(STATE_DIR_ENV)
-    return Path(configured) if configured else Path.home() / ".local" / "state" / "llm-sre"
-
-
 def ensure_default_model(state_dir: Path | None = None) -> Path:
     """The default model's folder, built on first use; safe against crashes and concurrent builders."""
     return ensure_bundled_model(DEFAULT_MODEL_NAME, build_default_model, state_dir)
-
-
-def ensure_bundled_model(name: str, build: Callable[[Path], None], state_dir: Path | None = None) -> Path:
-    """``<state>/models/<name>``: ``build`` writes it into a staging folder, moved into place once whole."""
-    folder = (default_state_dir() if state_dir is None else Path(state_dir)) / "models" / name
-    if is_complete(folder):
-        return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(folder.parent / f".{name}.lock"):
-        if is_complete(folder):  # another process built it while we waited
-            return folder
-        logger.info("building the bundled model %s into %s", name, folder)
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=folder.parent))
-        try:
-            build(staging)
-            _install(staging, folder, name)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return folder
-
-
-def is_complete(folder: Path) -> bool:
-    return (folder / COMPLETE_MARKER).is_file()
 
 
 def build_default_model(folder: Path) -> None:
@@ -135,26 +105,6 @@ def write_tokenizer_files(folder: Path) -> dict[str, int]:
     tokenizer.save(str(folder / "tokenizer.json"), pretty=True)
     write_json(folder / "tokenizer_config.json", _tokenizer_config())
     return {token: _special_id(tokenizer, token) for token in SPECIAL_TOKENS}
-
-
-@contextmanager
-def _exclusive_lock(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-def _install(staging: Path, folder: Path, name: str) -> None:
-    """Atomically move the built folder into place, first clearing a folder that lacks the marker."""
-    if folder.exists():
-        logger.warning("removing incomplete bundled model folder %s", folder)
-        stale = Path(tempfile.mkdtemp(prefix=f".{name}.stale.", dir=folder.parent))
-        os.replace(folder, stale / folder.name)
-        shutil.rmtree(stale, ignore_errors=True)
-    os.replace(staging, folder)
 
 
 def build_tokenizer() -> Tokenizer:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from inference.models.bundled import DEFAULT_MOE_MODEL_NAME, ensure_bundled_model
 from inference.models.default import (
     BEGIN_OF_TEXT,
     COMPLETE_MARKER,
@@ -28,13 +29,10 @@ from inference.models.default import (
     RMS_NORM_EPS,
     ROPE_THETA,
     VOCAB_SIZE,
-    ensure_bundled_model,
     generation_config,
     write_json,
     write_tokenizer_files,
 )
-
-DEFAULT_MOE_MODEL_NAME = "default-moe-v1"
 
 # Shape (decided for the 2-core budget; cited by the README).
 NUM_HIDDEN_LAYERS = 6

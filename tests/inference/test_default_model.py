@@ -131,3 +131,27 @@ def test_state_dir_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch, t
     assert default_state_dir() == tmp_path
     monkeypatch.delenv("LLMSRE_STATE_DIR")
     assert default_state_dir() == Path.home() / ".local" / "state" / "llm-sre"
+
+
+def test_the_torch_free_registry_names_every_bundled_model_where_its_builder_puts_it(
+        default_model_dir: Path) -> None:
+    from inference.engine import BUNDLED_MODELS
+    from inference.models.bundled import BUNDLED_FOLDERS, built_folder
+
+    assert set(BUNDLED_FOLDERS) == set(BUNDLED_MODELS)
+    state = default_model_dir.parents[1]
+    assert built_folder("default", state) == default_model_dir == BUNDLED_MODELS["default"](state)
+    assert built_folder("default-moe", default_model_dir) is None  # not built there
+    assert built_folder("a/folder", state) is None
+
+
+def test_the_control_plane_finds_a_built_model_without_importing_torch(default_model_dir: Path) -> None:
+    """Importing torch cost the control plane 2 s at every start (in a thread, holding the loop back while
+    its replicas waited to be spawned) only to see that the model was already built."""
+    script = ("import sys; from pathlib import Path; from controlplane.fleet.models import "
+              "ensure_bundled_model as ensure; "
+              f"print(ensure('default', Path({str(default_model_dir.parents[1])!r}))); "
+              "assert 'torch' not in sys.modules, 'torch imported'")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str(default_model_dir)

@@ -166,3 +166,21 @@ def test_reports_wait_for_the_control_plane_and_an_overflow_is_counted_not_lost(
     assert ejected.subject == "r0" and ejected.detail["gateway"] == "gw-0"
     [dropped] = store.events(kind_prefix="gateway.reports_dropped")
     assert dropped.detail["dropped"] == {"traces": 3}
+
+
+def test_a_closing_feed_answers_every_waiting_long_poll_at_once() -> None:
+    """At Ctrl-C the API server waits for its open requests; a gateway's long poll must not be one."""
+    feed = EndpointsFeed(lambda: [endpoint("r1")])
+    first = feed.current()
+
+    async def watch() -> float:
+        started = time.monotonic()
+        waiting = asyncio.create_task(feed.wait(epoch=first.epoch, after=first.version, wait_s=30))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()  # nothing changed: it waits
+        feed.close()
+        snapshot = await asyncio.wait_for(waiting, 5)
+        assert snapshot.version == first.version
+        return time.monotonic() - started
+
+    assert asyncio.run(watch()) < 5
