@@ -198,6 +198,13 @@ def hash_password(password: str) -> str:
     return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${_b64encode(salt)}${_b64encode(key)}"
 
 
+def unmatchable_hash() -> str:
+    """A hash of the same parameters that no password is known to match (a random key, not a derived
+    one): checking a password against it costs one scrypt like any other, and computing it costs none."""
+    return (f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${_b64encode(secrets.token_bytes(SCRYPT_SALT_BYTES))}"
+            f"${_b64encode(secrets.token_bytes(SCRYPT_KEY_BYTES))}")
+
+
 def check_password(password: str, encoded: str) -> bool:
     """True when ``password`` matches ``encoded``; False for a wrong password or a malformed hash."""
     try:

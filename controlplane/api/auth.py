@@ -41,6 +41,7 @@ from controlplane.auth import (
     openai_error,
     public,
     require,
+    unmatchable_hash,
 )
 from controlplane.config import LoginLimits
 from controlplane.errors import Conflict, RateLimited
@@ -55,7 +56,7 @@ DEFAULT_SESSION_TTL_S = 3600.0
 MAX_SESSION_TTL_S = 12 * 3600.0
 USER_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 # A wrong user name costs as much as a wrong password: the timing does not tell which names exist.
-_DUMMY_HASH = hash_password(secrets.token_urlsafe(16))
+_DUMMY_HASH = unmatchable_hash()
 
 
 @dataclass(slots=True, frozen=True)

@@ -21,6 +21,7 @@ from controlplane.auth import (
     hash_password,
     install,
     require,
+    unmatchable_hash,
 )
 from controlplane.store.database import Store
 
@@ -116,6 +117,15 @@ def test_password_hash_checks_only_the_right_password() -> None:
     assert hash_password("hunter2") != encoded  # a fresh salt each time
     with pytest.raises(ValueError):
         hash_password("")
+
+
+def test_a_wrong_user_name_is_checked_at_a_passwords_full_cost() -> None:
+    """The login checks an unknown name's password against an unmatchable hash of the same parameters."""
+    dummy, real = unmatchable_hash(), hash_password("hunter2")
+    assert dummy.split("$")[:4] == real.split("$")[:4]
+    assert [len(part) for part in dummy.split("$")] == [len(part) for part in real.split("$")]
+    assert not check_password("hunter2", dummy) and not check_password("", dummy)
+    assert unmatchable_hash() != dummy
 
 
 # Made by an earlier version at N = 2**14 (stored in users' rows); the new cost must not lock them out.
