@@ -288,3 +288,20 @@ def test_folder_without_weights_says_what_it_looked_for(tiny_mistral_dir: Path, 
     expected = "no model.safetensors or model.safetensors.index.json found"
     with pytest.raises(ModelLoadError, match=re.escape(expected)):
         load_model(folder, device=CPU, dtype=torch.float32)
+
+
+def test_loading_a_model_and_building_an_engine_leave_torchs_compiler_unimported(
+        default_model_dir: Path) -> None:
+    """Built on the meta device through torch's initialisers, a model imported torch._dynamo (1.1 s of a
+    replica's start); the loader skips the initialisers, and nothing else on the engine's path may bring
+    the compiler back."""
+    import subprocess
+    import sys
+
+    state = str(default_model_dir.parents[1])
+    script = ("import sys; from inference.config import EngineConfig; "
+              "from inference.engine import LLMEngine; "
+              f"LLMEngine('default', EngineConfig(pack_linear_weights=True), state_dir={state!r}); "
+              "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo imported'")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]

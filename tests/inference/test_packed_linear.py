@@ -128,12 +128,21 @@ def test_latent_attentions_absorbed_projection_stays_plain(tiny_deepseek_v3_dir:
     assert latent and all(type(m.kv_b_proj) is nn.Linear for m in latent)
 
 
-def test_the_engine_packs_when_told_and_not_by_default(tiny_llama_dir: Path) -> None:
+def test_the_engine_packs_when_told_and_not_by_default(tiny_llama_dir: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
     _require_onednn(torch.float32)
-    packed = LLMEngine(str(tiny_llama_dir), EngineConfig(num_kv_blocks=64, pack_linear_weights=True))
+    with caplog.at_level("INFO", logger="inference.packed_linear"):
+        packed = LLMEngine(str(tiny_llama_dir), EngineConfig(num_kv_blocks=64, max_num_seqs=24,
+                                                             pack_linear_weights=True))
     plain = LLMEngine(str(tiny_llama_dir), EngineConfig(num_kv_blocks=64))
     assert any(isinstance(m, PackedLinear) for m in packed.model.modules())
     assert not any(isinstance(m, PackedLinear) for m in plain.model.modules())
+    # Every decode step's row count (one row per sequence, up to max_num_seqs) has its primitive at load.
+    shapes = {(m.in_features, m.out_features) for m in packed.model.modules() if isinstance(m, PackedLinear)}
+    built = [r.getMessage() for r in caplog.records if r.getMessage().startswith("built oneDNN primitives")]
+    assert len(built) == 1, caplog.text
+    assert built[0].startswith(f"built oneDNN primitives for {len(shapes)} weight shapes at "
+                               f"{len(row_buckets(24))} row counts (1-{row_bucket(24)})"), built
 
 
 @pytest.mark.parametrize(("device", "dtype", "why"), [
