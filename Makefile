@@ -15,12 +15,8 @@ APT_PACKAGES := prometheus prometheus-alertmanager chromium chromium-driver stre
 up: $(STAMP) apt
 	$(PY) -m controlplane up $(if $(CONFIG),--config $(CONFIG),)
 
-# The tests not marked slow (no fleet or browser of their own) run in two workers, one test module per
-# worker (pytest-xdist, --dist loadfile); the slow ones, which start real fleets and judge what they
-# measure on the machine's cores, then run one at a time.
 test: $(STAMP) apt ebpf lint typecheck
-	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q
 
 # The long fuzz run: schemathesis against the REST API, a replica and a gateway (each run: 25 examples per
 # operation, then fuzzing until 2 minutes are spent, stateful sequences included); counts printed per run.
