@@ -13,11 +13,6 @@ from pathlib import Path
 from inference.models.bundled import BUNDLED_FOLDERS, built_folder
 
 
-def bundled_models() -> tuple[str, ...]:
-    """The bundled models' names."""
-    return tuple(BUNDLED_FOLDERS)
-
-
 def is_bundled(model: str) -> bool:
     return model in BUNDLED_FOLDERS
 
