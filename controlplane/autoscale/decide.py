@@ -14,8 +14,9 @@ Our policy has one definition, :func:`ours_policy` with :func:`offered_work` and
 :func:`offered_engine_load`, both from the request rate and the mean prompt and output tokens of the
 requests that finished in the window, priced by the replica profile (:mod:`controlplane.autoscale.profile`):
 the work's prefill, decode and KV terms (:mod:`controlplane.autoscale.work`) size the fleet (the ``work``
-proposal); the offered engine load, in engine seconds per second, is panic mode's demand and, with sizing
-by work off, sizes the fleet through target tracking.
+proposal), checked against the fleet's own queue and TTFT (the ``backlog`` proposal); the offered engine
+load, in engine seconds per second, is panic mode's demand and, with sizing by work off, sizes the fleet
+through target tracking.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class LoopState:
     history: History  # recent recommendations, for the scale-down stabilization window
     panic: PanicState = field(default_factory=PanicState)  # panic mode's end, the last scale-down applied
     anomaly: AnomalyState | None = None  # None: the anomaly source is off
+    waiting: float | None = None  # waiting_per_replica at the last tick (the backlog proposal's trend)
 
 
 @dataclass(slots=True, frozen=True)
@@ -143,6 +145,30 @@ def offered_work(profile: ReplicaProfile, cfg: AutoscalerConfig, *, request_rate
     return replace(now, with_margin=margin.replicas)
 
 
+def backlog_proposal(obs: Observation, cfg: AutoscalerConfig, before: float | None) -> Proposal | None:
+    """The work model checked against what the fleet shows: one replica more when every replica is ready,
+    the work sizes the fleet at no more than it has, and yet the queue is over its target beyond the
+    tolerance and still growing (``before``: the last tick's queue) while P95 TTFT misses the SLO beyond
+    the tolerance. Requests then wait for want of capacity the model does not see (replicas slower than
+    their profile, a host whose cores they share, requests unlike the window's means). One at a time,
+    each measured once ready before the next: a replica still starting is capacity on its way, and a
+    queue that shrinks is being served. None otherwise."""
+    if obs.work is None or obs.starting or obs.ready < obs.current or obs.current < 1:
+        return None
+    if obs.work.proposal(obs.current) > obs.current:
+        return None  # the model already asks for more
+    limit = 1 + cfg.tolerance
+    waiting, ttft = obs.metrics.get("waiting_per_replica"), obs.metrics.get("ttft_p95_s")
+    if waiting is None or ttft is None or before is None or waiting <= before \
+            or waiting <= cfg.target_waiting_per_replica * limit or ttft <= cfg.ttft_slo_s * limit:
+        return None
+    return Proposal("backlog", obs.current + 1,
+                    f"{waiting:.3g} waiting per replica ({waiting / cfg.target_waiting_per_replica:.1f}x "
+                    f"target, {before:.3g} a tick before) and P95 TTFT {ttft:.2f}s "
+                    f"({ttft / cfg.ttft_slo_s:.1f}x SLO) with every replica ready, while the work sizes "
+                    f"{obs.work.replicas}: one replica more")
+
+
 def per_replica(value: float | None, ready: int) -> float | None:
     """A fleet-wide value averaged over ready replicas (HPA's AverageValue); None without a ready one."""
     return None if value is None or ready <= 0 else value / ready
@@ -167,6 +193,8 @@ def decide(obs: Observation, state: LoopState, cfg: AutoscalerConfig,
     extra: list[Proposal] = []
     if cfg.work_sizing and obs.work is not None and obs.request_rate:
         extra.append(Proposal("work", obs.work.proposal(obs.current), obs.work.reason))
+        if (backlog := backlog_proposal(obs, cfg, state.waiting)) is not None:
+            extra.append(backlog)
     reading, anomaly = None, state.anomaly
     if anomaly is not None:
         # Without requests there is no latency to judge (the target source reads it as 0).
@@ -180,7 +208,8 @@ def decide(obs: Observation, state: LoopState, cfg: AutoscalerConfig,
     # the window follows the configuration, which an operator may change between ticks
     history = replace(state.history, window_s=cfg.scale_down_stabilization_s).added(obs.now,
                                                                                     decision.recommendation)
-    return _bounded(obs, decision, cfg, windows, reading), LoopState(history, panic, anomaly)
+    waiting = obs.metrics.get("waiting_per_replica")
+    return _bounded(obs, decision, cfg, windows, reading), LoopState(history, panic, anomaly, waiting)
 
 
 def applied(state: LoopState, obs: Observation, plan: Plan) -> LoopState:

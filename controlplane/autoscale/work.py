@@ -20,7 +20,9 @@ requests that finished in the window into three replica counts, each from the re
   stays rare).
 
 The largest of the three is the ``work`` proposal of :func:`controlplane.autoscale.decide.decide`; the queue
-and TTFT guards still hold scale-down back, and every input and count is in the proposal's reason.
+and TTFT guards still hold scale-down back, and every input and count is in the proposal's reason. Where
+the fleet shows what the model does not (a queue growing past its target while TTFT misses the SLO, every
+replica ready), :func:`controlplane.autoscale.decide.backlog_proposal` adds one replica at a time.
 """
 
 from __future__ import annotations

@@ -98,3 +98,44 @@ def test_a_prefill_longer_than_the_slo_holds_its_queue_to_its_own_length_not_to_
     slow = ReplicaProfile(**{**PROFILE.to_json(), "per_prefill_token_s": 0.002, "points": ()})
     replicas, reason = plan_for(0.5, prompt=1000, output=20, profile=slow)
     assert replicas < CONFIG.max_replicas and "it alone is over the 1s TTFT SLO" in reason
+
+
+def backlog_plan(waitings: list[float], ttft: float, *, starting: int = 0) -> list[tuple[int, str]]:
+    """Ticks of a 1-replica fleet (a rate the work sizes at 1 replica) whose queue reads ``waitings``,
+    with P95 TTFT ``ttft``: the final count and the backlog proposal's reason at each tick."""
+    rate, prompt, output = 2.0, 300.0, 50.0
+    work = offered_work(PROFILE, CONFIG, request_rate=rate, mean_prompt_tokens=prompt,
+                        mean_output_tokens=output)
+    assert work is not None and work.replicas == 1
+    state, out = new_state(CONFIG), []
+    for tick, waiting in enumerate(waitings):
+        metrics = {**QUIET, "waiting_per_replica": waiting, "ttft_p95_s": ttft}
+        obs = Observation(now=1000.0 + 5 * tick, wall=1000.0 + 5 * tick, current=1, ready=1 - starting,
+                          starting=starting, metrics=metrics, request_rate=rate, mean_prompt_tokens=prompt,
+                          mean_output_tokens=output, work=work)
+        plan, state = decide(obs, state, CONFIG, [])
+        reasons = [p.reason for p in plan.decision.proposals if p.source == "backlog"]
+        out.append((plan.replicas, reasons[0] if reasons else ""))
+    return out
+
+
+def test_a_growing_queue_over_the_slo_adds_a_replica_the_work_model_does_not_see() -> None:
+    # the work says 1 replica is enough, yet requests pile up and wait past the SLO: the model
+    # under-prices what this fleet serves, and what the fleet shows wins, one replica at a time
+    first, grown = backlog_plan([20.0, 40.0], ttft=3.0)
+    assert first == (1, "")  # one reading is no trend
+    assert grown[0] == 2
+    assert "40 waiting per replica (10.0x target, 20 a tick before)" in grown[1]
+    assert "P95 TTFT 3.00s (3.0x SLO)" in grown[1] and "the work sizes 1" in grown[1]
+
+
+@pytest.mark.parametrize(("waitings", "ttft", "starting", "why"), [
+    ([40.0, 20.0], 3.0, 0, "a queue that shrinks is being served"),
+    ([40.0, 40.0], 3.0, 0, "a queue that holds is not a growing backlog"),
+    ([2.0, 4.2], 3.0, 0, "a queue within the tolerance of its target"),
+    ([20.0, 40.0], 1.05, 0, "TTFT within the tolerance of the SLO: long prompts, not a backlog"),
+    ([20.0, 40.0], 3.0, 1, "a replica still starting is capacity on its way"),
+])
+def test_no_backlog_replica_without_a_growing_queue_a_missed_slo_and_every_replica_ready(
+        waitings: list[float], ttft: float, starting: int, why: str) -> None:
+    assert backlog_plan(waitings, ttft, starting=starting)[-1] == (1, ""), why
