@@ -15,8 +15,12 @@ APT_PACKAGES := prometheus prometheus-alertmanager chromium chromium-driver stre
 up: $(STAMP) apt
 	$(PY) -m controlplane up $(if $(CONFIG),--config $(CONFIG),)
 
+# Two passes: the tests not marked exclusive in two workers (pytest-xdist, one test module per worker at a
+# time), then the exclusive ones, which judge capacity or timing on the host's cores or change host-wide
+# network state, one at a time with the machine to themselves.
 test: $(STAMP) apt ebpf lint typecheck
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not exclusive" -n 2 --dist loadfile
+	$(PY) -m pytest -q -m exclusive
 
 # The long fuzz run: schemathesis against the REST API, a replica and a gateway (each run: 25 examples per
 # operation, then fuzzing until 2 minutes are spent, stateful sequences included); counts printed per run.

@@ -31,7 +31,7 @@ from tests.polling import wait_until
 
 from .fakes import MemoryLedger
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.exclusive, pytest.mark.timeout(180)]
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ import pytest
 from chaos import ebpf
 from chaos.faults.network import PartitionRecord, PortPartition, availability
 
+pytestmark = pytest.mark.exclusive
+
 ROOT = Path(__file__).resolve().parents[2]
 CONNECT_TIMEOUT_S = 0.5
 

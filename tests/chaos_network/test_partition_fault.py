@@ -22,7 +22,7 @@ from inference.models.default import ensure_default_model
 
 from ..chaos.fakes import MemoryLedger
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.exclusive, pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 @dataclass(frozen=True)

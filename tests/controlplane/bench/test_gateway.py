@@ -23,6 +23,8 @@ from controlplane.bench.gateway import format_report, run_gateway_bench
 from controlplane.bench.load import ROUTES, round_plan, ticket_plan
 from controlplane.config import STATE_DIR_ENV
 
+pytestmark = pytest.mark.exclusive
+
 LEVELS = (1, 4)
 REQUESTS = 20
 

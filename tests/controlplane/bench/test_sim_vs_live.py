@@ -27,7 +27,7 @@ DURATION_S = 60.0
 TRACE_START_S, COMPRESS = 450.0, 3.0
 BOUND_S = 280.0
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(BOUND_S) + 60)]
+pytestmark = [pytest.mark.exclusive, pytest.mark.slow, pytest.mark.timeout(int(BOUND_S) + 60)]
 
 
 def test_a_short_live_run_scales_and_the_simulator_stays_close(tmp_path: Path) -> None:

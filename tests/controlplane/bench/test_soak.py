@@ -21,7 +21,7 @@ SCRAPE_S = 0.5
 # Each phase within its own bound: start, capacity run (and its grace), load (and its grace), drain, stop.
 BOUND_S = START_TIMEOUT_S + CAPACITY_S + 180 + MINUTES * 60 + 60 + DRAIN_TIMEOUT_S + STOP_TIMEOUT_S
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(BOUND_S) + 120)]
+pytestmark = [pytest.mark.exclusive, pytest.mark.slow, pytest.mark.timeout(int(BOUND_S) + 120)]
 
 
 def test_a_short_soak_meets_every_target_and_watches_every_process(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from controlplane.lab.lab import Lab
 from controlplane.lab.topology import CLIENT_PORT, GCS_PORT, PREFIX, LabConfig
 from tests.controlplane.ray.conftest import is_ray_process, lab_unavailable, root_listeners
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.exclusive, pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def lab_cli(*args: str) -> subprocess.CompletedProcess[str]:

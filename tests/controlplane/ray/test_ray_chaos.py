@@ -24,7 +24,7 @@ from tests.controlplane.up.conftest import poll, shutdown, start, wait_ready
 
 from .conftest import TOKEN, RayControlPlane, cmdline, ray_config, run_streams
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.exclusive, pytest.mark.slow, pytest.mark.timeout(300)]
 
 FINISHED = ("passed", "failed", "aborted", "error", "interrupted")
 

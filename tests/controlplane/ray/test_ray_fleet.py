@@ -26,7 +26,7 @@ from tests.controlplane.up.conftest import gateway_pids, poll, wait_ready
 
 from .conftest import RayControlPlane, cmdline, is_ray_process, root_listeners, run_streams
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.exclusive, pytest.mark.slow, pytest.mark.timeout(300)]
 
 NUM_STREAMS = 30
 MAX_TOKENS = 32

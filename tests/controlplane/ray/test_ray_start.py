@@ -14,7 +14,7 @@ import pytest
 from controlplane.config import ConfigError, load_config
 from inference.launcher import free_port
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.exclusive, pytest.mark.timeout(120)]
 
 
 def up(tmp_path: Path, fleet: str,

@@ -25,7 +25,7 @@ from tests.polling import wait_until
 
 from .conftest import Running, shutdown, start, wait_ready
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.exclusive, pytest.mark.slow, pytest.mark.timeout(300)]
 
 TICK_S = 1.0
 STABILIZATION_S = 20.0

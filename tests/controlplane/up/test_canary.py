@@ -28,7 +28,7 @@ from tests.polling import wait_until
 
 from .conftest import Running, shutdown, start, wait_ready
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.exclusive, pytest.mark.slow, pytest.mark.timeout(420)]
 
 TOKEN = "admin-token-for-canaries"
 CONCURRENT = 4

@@ -18,7 +18,7 @@ from controlplane.client import ApiError
 
 from .conftest import Running, start, wait_ready
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.exclusive, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def process_state(pid: int) -> str:

@@ -30,7 +30,8 @@ from inference.launcher import free_port
 
 from .conftest import Running, poll, shutdown, start, wait_ready
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a backstop: each wait below has its own bound
+# the timeout is a backstop: each wait below has its own bound
+pytestmark = [pytest.mark.exclusive, pytest.mark.slow, pytest.mark.timeout(900)]
 
 TOKEN = "admin-token-for-drill-tests"
 FINISHED = ("passed", "failed", "aborted", "error", "interrupted")

@@ -46,7 +46,8 @@ from .test_drills import (
     wait_finished,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # a backstop: each wait below has its own bound
+# the timeout is a backstop: each wait below has its own bound
+pytestmark = [pytest.mark.exclusive, pytest.mark.slow, pytest.mark.timeout(600)]
 
 MODEL = "default-moe"
 TOKEN = "admin-token-for-the-moe-fleet"
