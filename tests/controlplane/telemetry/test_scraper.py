@@ -229,7 +229,10 @@ def test_background_loop_scrapes_every_interval_until_stopped(fleet: Fleet) -> N
         return "x 1\n"
 
     source = ScraperSource(lambda: fleet.endpoints, interval_s=0.05, ring_size=10, fetch=fetch)
+    before = set(threading.enumerate())
     source.start()
+    # its own loop, not one another test of the same process (an xdist worker) may have running
+    (loop,) = [t for t in threading.enumerate() if t.name == "telemetry-scraper" and t not in before]
     try:
         assert scraped.wait(5), "the loop did not scrape twice"
     finally:
@@ -237,4 +240,4 @@ def test_background_loop_scrapes_every_interval_until_stopped(fleet: Fleet) -> N
     after_stop = count
     time.sleep(0.2)
     assert count == after_stop
-    assert not any(t.name == "telemetry-scraper" for t in threading.enumerate())
+    assert not loop.is_alive()
