@@ -3,7 +3,9 @@ of a trace.
 
 One slice of the shipped Azure conversation trace (``--trace-start``, ``--duration`` seconds of replay,
 ``--compress``, ``--token-scale``, prompts and outputs capped as the simulator's benchmark caps them) runs
-twice, with the same replica profile and the same autoscaler configuration:
+twice, with the same replica profile and the same autoscaler configuration (``--calibrate`` measures that
+profile on this host first; otherwise ``--profile``, the state folder's calibrated one or the shipped one,
+which is off by as much as the host's speed has moved since it was measured):
 
 - live: a real ``controlplane up`` (its own state folder under a temporary folder, free loopback ports, the
   built default model linked in, Prometheus, alerts and console off: the in-process scraper feeds the
@@ -46,8 +48,9 @@ from typing import Any
 
 import httpx
 
+from controlplane.autoscale.calibrate import CalibrationPlan, calibrate
 from controlplane.autoscale.config import AutoscalerConfig
-from controlplane.autoscale.profile import DEFAULT_PROFILE, load_profile, resolve_profile_path
+from controlplane.autoscale.profile import DEFAULT_PROFILE, HELD_OUT_BOUND, load_profile, resolve_profile_path
 from controlplane.bench.sim_vs_live_report import format_report, live_side, sim_side, verdicts, write_html
 from controlplane.client import ControlPlaneClient
 from controlplane.config import load_config
@@ -150,6 +153,29 @@ def profile_path(configured: str, state_dir: Path) -> str:
     if chosen:
         return str(Path(chosen).resolve())
     return str(resources.files("controlplane.data").joinpath(DEFAULT_PROFILE))
+
+
+def calibrate_here(workdir: Path) -> str:
+    """``controlplane calibrate`` in this run: this host's profile as it is now, written to the workdir."""
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    with tqdm(total=CalibrationPlan().num_measurements, desc="calibrate", unit="step") as bar:
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(done - bar.n)
+            bar.set_postfix_str(what)
+
+        profile = calibrate(progress=progress)
+    error = profile.fit_error()
+    out = workdir / "replica_profile.json"
+    out.write_text(json.dumps(profile.to_json(), indent=1) + "\n")
+    print(f"calibrated: {error.describe()}; written to {out}", flush=True)
+    if error.held_out_max is not None and error.held_out_max > HELD_OUT_BOUND:
+        # `controlplane calibrate` would not install it; here it is used, and the report says how far off
+        print(f"warning: the held-out error is over the {HELD_OUT_BOUND:.0%} bound within which "
+              f"`controlplane calibrate` installs a profile: the simulated side is that much less certain",
+              flush=True)
+    return str(out)
 
 
 # ---- the live run -------------------------------------------------------------------------------
@@ -329,6 +355,10 @@ def add_sim_vs_live_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-replicas", type=int, default=MAX_REPLICAS, help="(%(default)s)")
     p.add_argument("--profile", default="", help="replica profile JSON for both sides (default: the state "
                    "folder's calibrated one, else the shipped one)")
+    p.add_argument("--calibrate", action="store_true", help="measure this host's replica first "
+                   "(`controlplane calibrate`, about 2 minutes) and run both sides on that profile, "
+                   "written to the workdir: a profile from another day is off by as much as the host's "
+                   "speed moved since")
     p.add_argument("--state-dir", default=None, help="where the default model and a calibrated profile are "
                    "found (default: the control plane's state folder)")
     p.add_argument("--workdir", default=None, help="the live run's folder (default: a temporary one)")
@@ -339,8 +369,12 @@ def add_sim_vs_live_arguments(p: argparse.ArgumentParser) -> None:
 def sim_vs_live_main(args: argparse.Namespace) -> int:
     if args.duration <= 0 or args.compress <= 0 or args.token_scale <= 0 or args.max_replicas < 2:
         raise ValueError("need --duration, --compress and --token-scale > 0 and --max-replicas >= 2")
+    if args.calibrate and args.profile:
+        raise ValueError("--calibrate measures the profile: give --profile or --calibrate, not both")
     source_state = Path(args.state_dir).expanduser() if args.state_dir else load_config(None).state_path
-    path = profile_path(args.profile, source_state)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="sim-vs-live-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = calibrate_here(workdir) if args.calibrate else profile_path(args.profile, source_state)
     profile = load_profile(path)
     cut = Slice(args.trace_start, args.duration, args.compress, args.token_scale,
                 profile.max_model_len * 3 // 4, profile.max_model_len // 4)
@@ -353,12 +387,10 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
         raise ValueError("the slice holds fewer than 2 requests: choose another --trace-start/--duration")
     print(f"slice: {len(requests)} requests from {cut.trace_start_s:g}s of the Azure trace, compressed "
           f"{cut.compress:g}x ({cut.duration_s:g}s of replay), tokens x{cut.token_scale:g}, prompts <= "
-          f"{cut.max_prompt_len}, outputs <= {cut.max_output_len}; profile {path}; host cores "
-          f"{settings.host_cores}; replicas 1..{args.max_replicas}", flush=True)
+          f"{cut.max_prompt_len}, outputs <= {cut.max_output_len}; profile {path} ({profile.source}); "
+          f"host cores {settings.host_cores}; replicas 1..{args.max_replicas}", flush=True)
     # simulated first: the control plane started next imports the same decision code
     report = simulate(requests, PolicySpec("ours"), profile=profile, settings=settings)
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="sim-vs-live-"))
-    workdir.mkdir(parents=True, exist_ok=True)
     run = run_live(cut, autoscaler, workdir, source_state)
     check_same_requests(requests, run.records)
     live, sim = live_side(run.records, run.fleet, run.decisions, span, settings.slo), sim_side(report)
@@ -376,6 +408,7 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({
             "slice": dataclasses.asdict(cut), "profile": path, "span_s": span, "workdir": str(workdir),
+            "profile_source": profile.source, "profile_fit_error": dataclasses.asdict(profile.fit_error()),
             "autoscaler": dataclasses.asdict(autoscaler), "host_cores": settings.host_cores,
             "live": dataclasses.asdict(live), "sim": dataclasses.asdict(sim), "cpu": run.cpu,
             "engine_s": round(work, 1),

@@ -4,6 +4,8 @@ the simulator's autoscaler exactly, and the live figures are computed as the sim
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -61,3 +63,12 @@ def test_live_figures_count_failures_as_misses_and_integrate_the_fleet() -> None
     assert side.replica_seconds == pytest.approx(10 * 1 + 10 * 2 + 10 * 1)
     assert side.ttft_p95_s is None  # a request with no first token is the P95 here
     assert integrate([(0.0, 3)], 5.0) == 15.0 and p95([1.0, 2.0]) == 2.0
+
+
+def test_calibrate_and_a_named_profile_together_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, "-m", "controlplane.bench", "sim-vs-live", "--calibrate",
+                          "--profile", str(tmp_path / "p.json"), "--workdir", str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "give --profile or --calibrate, not both" in run.stderr and len(run.stderr.splitlines()) == 1
+    assert not (tmp_path / "run").exists()  # refused before the workdir (or a replica) was made
