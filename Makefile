@@ -18,7 +18,7 @@ up: $(STAMP) apt
 # Two passes: every test not marked `exclusive` in two pytest-xdist workers (one module per worker at a
 # time), then the exclusive ones (they judge timing on the host's cores or change host-wide network state)
 # one at a time. Both passes run even when the first fails; the target fails when either did.
-# `make test-serial` runs the same tests in one pass, one at a time (about 5 minutes longer).
+# `make test-serial` runs the same tests in one pass, one at a time (3-5 minutes longer).
 test: $(STAMP) apt ebpf lint typecheck
 	$(PY) -m pytest -q -m "not exclusive" -n 2 --dist loadfile; first=$$?; \
 	$(PY) -m pytest -q -m exclusive; second=$$?; \
