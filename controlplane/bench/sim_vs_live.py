@@ -155,6 +155,13 @@ def profile_path(configured: str, state_dir: Path) -> str:
     return str(resources.files("controlplane.data").joinpath(DEFAULT_PROFILE))
 
 
+def run_folder(given: str | None) -> Path:
+    """The run's folder: ``--workdir``, else a new temporary one."""
+    workdir = Path(given or tempfile.mkdtemp(prefix="sim-vs-live-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir
+
+
 def calibrate_here(workdir: Path) -> str:
     """``controlplane calibrate`` in this run: this host's profile as it is now, written to the workdir."""
     from tqdm import tqdm  # type: ignore[import-untyped]
@@ -372,9 +379,8 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
     if args.calibrate and args.profile:
         raise ValueError("--calibrate measures the profile: give --profile or --calibrate, not both")
     source_state = Path(args.state_dir).expanduser() if args.state_dir else load_config(None).state_path
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="sim-vs-live-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    path = calibrate_here(workdir) if args.calibrate else profile_path(args.profile, source_state)
+    workdir = run_folder(args.workdir) if args.calibrate else None  # the calibrated profile is kept there
+    path = calibrate_here(workdir) if workdir else profile_path(args.profile, source_state)
     profile = load_profile(path)
     cut = Slice(args.trace_start, args.duration, args.compress, args.token_scale,
                 profile.max_model_len * 3 // 4, profile.max_model_len // 4)
@@ -391,6 +397,7 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
           f"host cores {settings.host_cores}; replicas 1..{args.max_replicas}", flush=True)
     # simulated first: the control plane started next imports the same decision code
     report = simulate(requests, PolicySpec("ours"), profile=profile, settings=settings)
+    workdir = workdir or run_folder(args.workdir)
     run = run_live(cut, autoscaler, workdir, source_state)
     check_same_requests(requests, run.records)
     live, sim = live_side(run.records, run.fleet, run.decisions, span, settings.slo), sim_side(report)
