@@ -93,6 +93,19 @@ def calibrate(plan: CalibrationPlan = CalibrationPlan(), *,
     return fit(points, held_out, start_s=round(start_s, 3), source=source, **limits)
 
 
+def calibrate_with_bar(plan: CalibrationPlan = CalibrationPlan()) -> ReplicaProfile:
+    """:func:`calibrate` with a progress bar on the terminal (``controlplane calibrate``, the benchmarks)."""
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    with tqdm(total=plan.num_measurements, desc="calibrate", unit="step") as bar:
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(done - bar.n)
+            bar.set_postfix_str(what)
+
+        return calibrate(plan, progress=progress)
+
+
 async def _measure(url: str, plan: CalibrationPlan,
                    say: Progress) -> tuple[list[ProfilePoint], list[ProfilePoint], dict[str, int]]:
     """Every point once per round, ``repeats`` rounds: a slow spell of a shared host then costs each point

@@ -70,6 +70,11 @@ class FitError:
     held_out_max: float | None  # None: no held-out point
     held_out_mean: float | None
 
+    @property
+    def over_bound(self) -> bool:
+        """Held-out error over :data:`HELD_OUT_BOUND`: ``controlplane calibrate`` would not install it."""
+        return self.held_out_max is not None and self.held_out_max > HELD_OUT_BOUND
+
     def describe(self) -> str:
         fitted = f"{self.calibration_max:.1%} max, {self.calibration_mean:.1%} mean on calibration points"
         if self.held_out_max is None:

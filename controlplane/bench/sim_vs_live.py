@@ -48,7 +48,7 @@ from typing import Any
 
 import httpx
 
-from controlplane.autoscale.calibrate import CalibrationPlan, calibrate
+from controlplane.autoscale.calibrate import calibrate_with_bar
 from controlplane.autoscale.config import AutoscalerConfig
 from controlplane.autoscale.profile import DEFAULT_PROFILE, HELD_OUT_BOUND, load_profile, resolve_profile_path
 from controlplane.bench.sim_vs_live_report import format_report, live_side, sim_side, verdicts, write_html
@@ -164,20 +164,12 @@ def run_folder(given: str | None) -> Path:
 
 def calibrate_here(workdir: Path) -> str:
     """``controlplane calibrate`` in this run: this host's profile as it is now, written to the workdir."""
-    from tqdm import tqdm  # type: ignore[import-untyped]
-
-    with tqdm(total=CalibrationPlan().num_measurements, desc="calibrate", unit="step") as bar:
-
-        def progress(done: int, total: int, what: str) -> None:
-            bar.update(done - bar.n)
-            bar.set_postfix_str(what)
-
-        profile = calibrate(progress=progress)
+    profile = calibrate_with_bar()
     error = profile.fit_error()
     out = workdir / "replica_profile.json"
     out.write_text(json.dumps(profile.to_json(), indent=1) + "\n")
     print(f"calibrated: {error.describe()}; written to {out}", flush=True)
-    if error.held_out_max is not None and error.held_out_max > HELD_OUT_BOUND:
+    if error.over_bound:
         # `controlplane calibrate` would not install it; here it is used, and the report says how far off
         print(f"warning: the held-out error is over the {HELD_OUT_BOUND:.0%} bound within which "
               f"`controlplane calibrate` installs a profile: the simulated side is that much less certain",

@@ -40,9 +40,7 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from tqdm import tqdm  # type: ignore[import-untyped]
-
-    from controlplane.autoscale.calibrate import QUICK_PLAN, CalibrationPlan, calibrate
+    from controlplane.autoscale.calibrate import QUICK_PLAN, CalibrationPlan, calibrate_with_bar
     from controlplane.config import load_config
     from controlplane.store.files import private_dir
 
@@ -56,16 +54,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"calibrate: {out.parent} is not a folder")
     plan = replace(QUICK_PLAN if args.quick else CalibrationPlan(), num_threads=args.threads)
     started = time.monotonic()
-    with tqdm(total=plan.num_measurements, desc="calibrate", unit="step") as bar:
-
-        def progress(done: int, total: int, what: str) -> None:
-            bar.update(done - bar.n)
-            bar.set_postfix_str(what)
-
-        profile = calibrate(plan, progress=progress)
+    profile = calibrate_with_bar(plan)
     print(report(profile))
     error = profile.fit_error()
-    rejected = error.held_out_max is not None and error.held_out_max > HELD_OUT_BOUND and not args.force
+    rejected = error.over_bound and not args.force
     target = out.with_name(out.name + ".rejected") if rejected else out
     target.write_text(json.dumps(profile.to_json(), indent=1) + "\n")
     took = time.monotonic() - started
