@@ -9,8 +9,8 @@ from typing import Any
 import dash
 from dash import ALL, Input, Output, State, ctx, dcc, html
 
-from controlplane.client import AZURE_TRACE, ApiError, Scenario
-from dashboards import figures, session
+from controlplane.client import AZURE_TRACE, ApiError, DrillSchedule, Scenario
+from dashboards import figures, live_rows, session
 from dashboards.figures import number_input, scenario_options
 from dashboards.shell import REFRESH
 
@@ -61,15 +61,29 @@ def schedule_form(scenarios: list[Scenario], fleet: list[tuple[str, str]], opera
 @dash.callback(
     Output("drills-schedules", "children"),
     Output("drills-sched-pick", "options"),
+    Output("drills-schedules-key", "data"),
+    Output("drills-schedules-live", "data"),
     Input(REFRESH, "n_intervals"),
     Input("drills-sched-result", "children"),
+    State("drills-schedules-key", "data"),
 )
-def schedules(*_: Any) -> tuple[Any, Any]:
+def schedules(_tick: int, _result: Any, drawn: str | None) -> tuple[Any, Any, Any, Any]:
+    """The schedules, drawn again (with the pick's options) only when a schedule or the role changes: the
+    rows' buttons stay put (:mod:`dashboards.live_rows`); the next run, which moves at each firing, goes to
+    its cell."""
     operate = session.can_operate()
     try:
         found = session.client().drill_schedules()
     except ApiError as exc:
-        return [html.Tr(html.Td(f"schedules: {exc}"))], []
+        return [html.Tr(html.Td(f"schedules: {exc}"))], [], None, {}
+    identity = (operate, [(s.id, s.name, s.scenario_id, s.cron, s.timezone, s.paused, s.overrides,
+                           s.created_by) for s in found])
+    rows, key = live_rows.redraw(identity, drawn, lambda: _schedule_rows(found, operate))
+    options = dash.no_update if key is dash.no_update else [{"label": s.name, "value": s.id} for s in found]
+    return rows, options, key, live_rows.live({"drills-sched-next": {s.id: _next_run(s) for s in found}})
+
+
+def _schedule_rows(found: list[DrillSchedule], operate: bool) -> list[Any]:
     rows: list[Any] = [html.Tr([html.Th(h) for h in ("name", "scenario", "cron", "overrides", "aim; load",
                                                      "next run", "created by", "")])]
     for s in found:
@@ -82,14 +96,21 @@ def schedules(*_: Any) -> tuple[Any, Any]:
         rows.append(html.Tr(
             [html.Td(s.name), html.Td(s.scenario_id), html.Td(f"{s.cron} ({s.timezone})"),
              html.Td(overrides), html.Td(s.aim_and_load, className="schedule-aim"),
-             html.Td("paused" if s.paused else str(s.next_run_time)),
+             live_rows.cell("drills-sched-next", s.id, _next_run(s), className="schedule-next"),
              html.Td(s.created_by), html.Td(buttons)],
             className="schedule-row",
             **figures.data_attrs(name=s.name, paused=str(s.paused).lower(), aim=s.aim_and_load),
         ))
     if not found:
         rows.append(html.Tr(html.Td("no schedule", id="drills-no-schedule")))
-    return rows, [{"label": s.name, "value": s.id} for s in found]
+    return rows
+
+
+def _next_run(schedule: DrillSchedule) -> str:
+    return "paused" if schedule.paused else str(schedule.next_run_time)
+
+
+live_rows.fill_cells("drills-schedules-live", "drills-sched-next")
 
 
 @dash.callback(
@@ -119,7 +140,6 @@ def pick(schedule_id: str | None) -> tuple[Any, ...]:
     Output("drills-sched-result", "children"),
     Input("drills-sched-create", "n_clicks"),
     Input("drills-sched-save", "n_clicks"),
-    Input({"type": "drills-sched-act", "index": ALL}, "n_clicks"),
     State("drills-sched-pick", "value"),
     State("drills-sched-name", "value"),
     State("drills-sched-scenario", "value"),
@@ -128,24 +148,17 @@ def pick(schedule_id: str | None) -> tuple[Any, ...]:
     *[State(cid, "value") for cid in SCHEDULE_AIM],
     prevent_initial_call=True,
 )
-def schedule_action(_create: int, _save: int, acts: list[int | None], picked: str | None, name: str | None,
+def schedule_action(_create: int, _save: int, picked: str | None, name: str | None,
                     scenario_id: str | None, cron: str | None, *values: Any) -> Any:
+    """Create, or save the schedule picked. The rows' buttons have their own callback: every redraw of the
+    table fires theirs, and Dash keeps only a callback's newest answer, so a redraw sharing this one would
+    drop the answer to a save clicked just before it."""
     trigger = ctx.triggered_id
-    if isinstance(trigger, dict) and not any(acts):
-        return dash.no_update  # the table was redrawn; nobody clicked
     numbers, (replica, trace, compress) = values[:len(SCHEDULE_OVERRIDES)], values[len(SCHEDULE_OVERRIDES):]
     overrides = {n: float(v) for n, v in zip(SCHEDULE_OVERRIDES, numbers, strict=True) if v is not None}
     aim = _schedule_aim(replica, trace, compress)
     try:
         api = session.client()
-        if isinstance(trigger, dict):
-            verb, _, schedule_id = str(trigger["index"]).partition(":")
-            if verb == "delete":
-                api.delete_drill_schedule(schedule_id)
-                return f"schedule {schedule_id} deleted"
-            change = api.pause_drill_schedule if verb == "pause" else api.resume_drill_schedule
-            changed = change(schedule_id)
-            return f"schedule {changed.name}: {'paused' if changed.paused else 'resumed'}"
         if not name or not scenario_id or not cron:
             return "give a name, a scenario and a cron expression"
         if trigger == "drills-sched-save":
@@ -159,6 +172,29 @@ def schedule_action(_create: int, _save: int, acts: list[int | None], picked: st
     except ApiError as exc:
         return html.Span(f"refused: {exc}", className="notice")
     return f"schedule {created.name} created; next run {created.next_run_time}"
+
+
+@dash.callback(
+    Output("drills-sched-result", "children", allow_duplicate=True),
+    Input({"type": "drills-sched-act", "index": ALL}, "n_clicks"),
+    prevent_initial_call=True,
+)
+def schedule_row_action(acts: list[int | None]) -> Any:
+    """A row's pause, resume or delete."""
+    trigger = ctx.triggered_id
+    if not isinstance(trigger, dict) or not any(acts):
+        return dash.no_update  # the table was redrawn; nobody clicked
+    verb, _, schedule_id = str(trigger["index"]).partition(":")
+    try:
+        api = session.client()
+        if verb == "delete":
+            api.delete_drill_schedule(schedule_id)
+            return f"schedule {schedule_id} deleted"
+        change = api.pause_drill_schedule if verb == "pause" else api.resume_drill_schedule
+        changed = change(schedule_id)
+    except ApiError as exc:
+        return html.Span(f"refused: {exc}", className="notice")
+    return f"schedule {changed.name}: {'paused' if changed.paused else 'resumed'}"
 
 
 def _schedule_aim(replica: str | None, trace: list[str] | None, compress: float | None) -> dict[str, Any]:

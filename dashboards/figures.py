@@ -252,6 +252,17 @@ def decision_reason(decision: Decision) -> str:
     return "; ".join(parts)
 
 
+def profile_drift_text(last: Decision | None) -> str:
+    """The last decision's profile drift: engine time observed over the profile's prediction, and the share
+    of the engines' step time on a core (the rest they waited for one) where the replicas count it."""
+    drift = None if last is None else last.inputs.profile_drift
+    if not drift:
+        return "– (replicas too idle to judge)"
+    ratio = float(drift["ratio"])
+    on_cpu = "" if drift.get("on_cpu") is None else f", {float(drift['on_cpu']):.0%} on a core"
+    return f"{ratio:.2f}x{on_cpu}" + (" (stale: run controlplane calibrate)" if drift.get("stale") else "")
+
+
 def simulation_timeline(result: SimulationResult | None) -> go.Figure:
     """What-if: each policy's replicas over simulated time against the trace's load."""
     title = "What-if: replicas per policy vs load"

@@ -58,6 +58,13 @@ class StepStat:
     num_decode_tokens: int
     num_running: int
     num_waiting: int
+    # The step's work in the replica profile's terms (controlplane.autoscale.profile): keys the decoded
+    # tokens attended to, and the (query, key) pairs of the prefill chunks' attention.
+    context_tokens: int = 0
+    prefill_pairs: int = 0
+    # CPU seconds the stepping thread ran within ``duration`` (its own CPU clock): less than ``duration``
+    # when it waited for a core (other processes or replicas on the same cores) or the interpreter lock.
+    cpu: float = 0.0
 
     @property
     def num_tokens(self) -> int:
@@ -184,7 +191,7 @@ class LLMEngine:
 
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        start = self.clock()
+        start, cpu_start = self.clock(), time.thread_time()
         profile = step_profile.current()
         if profile is not None:
             profile.begin()
@@ -197,12 +204,13 @@ class LLMEngine:
         step_profile.lap(SCHEDULE)
         sampled, logprobs = self.runner.run(out, rows)
         self.scheduler.update_after_step(out, sampled)
+        cpu = time.thread_time() - cpu_start  # read inside the step's wall span: never more than it
         now = self.clock()
         if self.record_prefill_chunks:
             self._record_prefill_chunks(out, start, now)
         outputs = [self._postprocess(self._by_seq[item.seq.seq_id], token, logprob, now)
                    for item, token, logprob in zip(out.scheduled, sampled, logprobs) if token is not None]
-        self._record_step(out, start, now)
+        self._record_step(out, start, now, cpu)
         if profile is not None:
             profile.lap(POSTPROCESS)
             decode = self.step_stats[-1].num_decode_tokens
@@ -289,10 +297,20 @@ class LLMEngine:
                 chunks = metrics.prefill_chunks = metrics.prefill_chunks or []
                 chunks.append((start, end, item.num_new_tokens))
 
-    def _record_step(self, out: SchedulerOutput, start: float, end: float) -> None:
-        decode = sum(1 for s in out.scheduled if s.num_new_tokens == 1)
+    def _record_step(self, out: SchedulerOutput, start: float, end: float, cpu: float) -> None:
+        """The step's shape and time (after ``update_after_step``: each sequence's computed tokens include
+        this step's)."""
+        decode = context = pairs = 0
+        for item in out.scheduled:
+            computed, new = item.seq.num_computed_tokens, item.num_new_tokens
+            if new == 1:
+                decode += 1
+                context += computed
+            else:  # a chunk of ``new`` tokens after ``computed - new`` already in the cache
+                pairs += new * (computed - new) + new * (new + 1) // 2
         self.step_stats.append(StepStat(start, end - start, out.num_batched_tokens - decode, decode,
-                                        self.scheduler.num_running, self.scheduler.num_waiting))
+                                        self.scheduler.num_running, self.scheduler.num_waiting, context,
+                                        pairs, cpu))
 
 
 ProgressCallback = Callable[[int, int], None]

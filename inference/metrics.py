@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -19,6 +20,9 @@ from prometheus_client.registry import Collector
 
 from inference.output import RequestOutput
 from inference.runtime_metrics import NAMESPACE, register_runtime_metrics
+
+if TYPE_CHECKING:
+    from inference.engine import LLMEngine, StepStat
 
 # Like vLLM: no `_created` series (they double the page and Prometheus ignores them in text format).
 disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
@@ -51,6 +55,13 @@ KV_BYTES_PER_TOKEN = f"{NAMESPACE}kv_cache_bytes_per_token"
 KV_CAPACITY_BYTES = f"{NAMESPACE}kv_cache_capacity_bytes"
 EXPERT_TOKENS = f"{NAMESPACE}moe_expert_tokens"  # a counter: the page shows it with ``_total``
 EXPERT_IMBALANCE = f"{NAMESPACE}moe_expert_load_imbalance"
+# The engine's time and its steps' work in the replica profile's terms, so the control plane can tell how far
+# the replica runs from its profile (controlplane.autoscale.drift): both counters, shown with ``_total``.
+ENGINE_BUSY_SECONDS = f"{NAMESPACE}engine_busy_seconds"
+ENGINE_TURN_SECONDS = f"{NAMESPACE}engine_turn_seconds"  # of the busy seconds, those between two steps
+ENGINE_STEP_CPU_SECONDS = f"{NAMESPACE}engine_step_cpu_seconds"  # of the steps' seconds, those on a CPU
+ENGINE_STEP_WORK = f"{NAMESPACE}engine_step_work"
+STEP_WORK_TERMS = ("steps", "decode_sequences", "prefill_tokens", "context_tokens", "prefill_pairs")
 
 
 def buckets_1_2_5(maximum: int) -> tuple[float, ...]:
@@ -224,6 +235,19 @@ class ReplicaMetrics:
                                      [*LABELS, "path", "status_code"], registry=r)
         self.rejected_requests = counter(REJECTED_REQUESTS, "Requests refused before they started, by "
                                          "reason.", ("reason",))
+        self.engine_busy = counter(ENGINE_BUSY_SECONDS, "Seconds the engine spent in steps, with the turn "
+                                   "between two back-to-back steps (the step period a stream sees).")
+        self.engine_turn = counter(ENGINE_TURN_SECONDS, "Of the engine's busy seconds, those between two "
+                                   "back-to-back steps (handing out tokens, taking in requests, waiting "
+                                   "for the interpreter lock).")
+        self.engine_step_cpu = counter(ENGINE_STEP_CPU_SECONDS, "CPU seconds the engine's thread ran within "
+                                       "its steps (busy less turn seconds): the rest it waited for a core "
+                                       "(other processes or replicas on the same cores) or for the "
+                                       "interpreter lock. With several torch threads, the engine thread's "
+                                       "own share.")
+        self.step_work = counter(ENGINE_STEP_WORK, "Engine steps and their work by term: decoded sequences, "
+                                 "prefill tokens, keys the decoded tokens attended to, prefill attention "
+                                 "pairs.", ("term",))
         self._create_series()
         # The per-token and per-step series, labelled once: ``labels()`` hashes and locks on every call, and
         # these are observed on the event loop for every token the replica streams.
@@ -232,6 +256,12 @@ class ReplicaMetrics:
         self._itl_series = self.itl.labels(*lv)
         self._tpot_series = self.tpot.labels(*lv)
         self._iteration_series = self.iteration_tokens.labels(*lv)
+        self._busy_series = self.engine_busy.labels(*lv)
+        self._turn_series = self.engine_turn.labels(*lv)
+        self._step_cpu_series = self.engine_step_cpu.labels(*lv)
+        self._work_series = tuple(self.step_work.labels(*lv, term) for term in STEP_WORK_TERMS)
+        self._busy_until: float | None = None  # the last step's end while the engine still had work
+        self._last_step: StepStat | None = None
 
     def _create_series(self) -> None:
         """Export every vLLM series at 0 from start-up, as vLLM does, so a quiet replica shows zeros."""
@@ -239,12 +269,15 @@ class ReplicaMetrics:
         for metric in (self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.tpot,
                        self.request_tpot, self.e2e, self.queue, self.prefill, self.decode, self.inference,
                        self.request_prompt_tokens, self.request_generation_tokens, self.iteration_tokens,
-                       self.max_num_generation_tokens, self.params_n, self.params_max_tokens):
+                       self.max_num_generation_tokens, self.params_n, self.params_max_tokens,
+                       self.engine_busy, self.engine_turn, self.engine_step_cpu):
             metric.labels(*lv)
         for reason in FINISH_REASONS:
             self.request_success.labels(*lv, reason)
         for reason in REJECT_REASONS:
             self.rejected_requests.labels(*lv, reason)
+        for term in STEP_WORK_TERMS:
+            self.step_work.labels(*lv, term)
         for path in ("/v1/completions", "/v1/chat/completions"):  # so a rate sees the first requests
             for status in ("200", "500", "503"):
                 self.http_requests.labels(*lv, path, status)
@@ -278,8 +311,29 @@ class ReplicaMetrics:
         self.params_n.labels(*lv).observe(n)
         self.params_max_tokens.labels(*lv).observe(max_tokens)
 
-    def observe_step(self, num_tokens: int) -> None:
-        self._iteration_series.observe(num_tokens)
+    def after_step(self, engine: LLMEngine) -> None:
+        """The engine loop's hook after each step (a step that scheduled nothing records no stat)."""
+        if engine.step_stats and engine.step_stats[-1] is not self._last_step:
+            self._last_step = engine.step_stats[-1]
+            self.observe_step(self._last_step, more_work=engine.has_unfinished_requests())
+
+    def observe_step(self, step: StepStat, *, more_work: bool) -> None:
+        """One engine step; ``more_work``: the engine had requests left after it, so the next step follows
+        at once and the turn between the two (handing out tokens, taking in requests) is the replica's
+        time, as the profile's measured step periods count it."""
+        self._iteration_series.observe(step.num_tokens)
+        turn = 0.0 if self._busy_until is None else max(step.start - self._busy_until, 0.0)
+        end = step.start + step.duration
+        self._busy_until = end if more_work else None
+        self._busy_series.inc(step.duration + turn)
+        self._turn_series.inc(turn)
+        self._step_cpu_series.inc(step.cpu)
+        steps, decode, prefill, context, pairs = self._work_series
+        steps.inc()
+        decode.inc(step.num_decode_tokens)
+        prefill.inc(step.num_prefill_tokens)
+        context.inc(step.context_tokens)
+        pairs.inc(step.prefill_pairs)
 
     def observe_http(self, path: str, status_code: int) -> None:
         self.http_requests.labels(*self.label_values, path, str(status_code)).inc()

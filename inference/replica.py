@@ -38,7 +38,7 @@ def build_replica(model: str, engine_config: EngineConfig, server_config: Server
                              max_model_len=engine.max_model_len,
                              read_engine=engine_gauges(aengine, engine.device), cache_info=info)
     aengine.before_step.append(faults.apply_before_step)
-    aengine.after_step.append(lambda e: metrics.observe_step(e.step_stats[-1].num_tokens))
+    aengine.after_step.append(metrics.after_step)
     replica = Replica(aengine, server_config, faults, metrics, name, device_kind=engine.device.kind)
     if tracing is not None and tracing.is_enabled:
         from inference.tracing import ReplicaTracing, start_provider

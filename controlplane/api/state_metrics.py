@@ -133,6 +133,15 @@ def _autoscaler(autoscaler: AutoscalerView) -> Iterable[Metric]:
                      "bounds and clamps.", last["recommendation"])
         yield _gauge("autoscaler_final_replicas", "Replicas the last decision settled on, after bounds and "
                      "clamps.", last.get("final", last["recommendation"]))
+    drift = (last.get("inputs") or {}).get("profile_drift")
+    if drift:  # absent while the replicas are too idle to judge
+        yield _gauge("autoscaler_profile_drift_ratio", "The replicas' engine time over what their profile "
+                     "predicts for the same steps, at the last decision (1: the profile holds).",
+                     drift["ratio"])
+        if drift.get("on_cpu") is not None:  # absent when the replicas do not count their steps' CPU time
+            yield _gauge("autoscaler_engine_on_cpu_ratio", "The share of the replicas' engine step time on a "
+                         "core, at the last decision (below 1: they waited for cores held by other "
+                         "processes or replicas).", drift["on_cpu"])
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

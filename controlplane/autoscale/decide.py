@@ -29,6 +29,7 @@ from typing import Any
 from controlplane.autoscale.anomaly import AnomalyReading, AnomalySettings, AnomalyState
 from controlplane.autoscale.anomaly import observe as observe_anomaly
 from controlplane.autoscale.config import AUTOSCALER_METRICS, AutoscalerConfig
+from controlplane.autoscale.drift import ProfileDrift
 from controlplane.autoscale.policies import (
     Decision,
     History,
@@ -67,6 +68,7 @@ class Observation:
     mean_output_tokens: float | None = None
     work: WorkNeeds | None = None  # replicas the offered work needs (controlplane.autoscale.work)
     refused_rate: float | None = None  # of request_rate, refused at the gateways for want of capacity
+    drift: ProfileDrift | None = None  # the replicas' engine time against the profile's (autoscale.drift)
 
 
 @dataclass(slots=True, frozen=True)
@@ -247,7 +249,8 @@ def record_body(obs: Observation, plan: Plan, *, tick: int, mode: str, applied: 
                    "mean_prompt_tokens": _round(obs.mean_prompt_tokens),
                    "mean_output_tokens": _round(obs.mean_output_tokens), "notes": list(obs.notes),
                    "work": None if obs.work is None else {"prefill": obs.work.prefill,
-                                                          "decode": obs.work.decode, "kv": obs.work.kv}},
+                                                          "decode": obs.work.decode, "kv": obs.work.kv},
+                   "profile_drift": None if obs.drift is None else obs.drift.as_dict()},
         "proposals": [{"source": p.source, "replicas": p.replicas, "reason": p.reason} for p in d.proposals],
         "recommendation": d.recommendation, "panic": d.panic, "window": window,
         "bounds": list(plan.bounds), "clamps": list(plan.clamps), "final": plan.replicas,

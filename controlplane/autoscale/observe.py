@@ -2,7 +2,9 @@
 :class:`~controlplane.autoscale.decide.Observation` (waiting requests, KV-cache usage, P95 TTFT, generated
 tokens/s and offered engine load per ready replica; the request rate, over the metrics and panic windows).
 The offered engine load uses the requests that finished in the window (``vllm:prompt_tokens_total`` and
-``vllm:generation_tokens_total`` over ``vllm:request_success_total``).
+``vllm:generation_tokens_total`` over ``vllm:request_success_total``, each pair read on the same samples:
+:meth:`~controlplane.telemetry.base.Telemetry.ratio`). The replicas' engine time against
+the profile's prediction (:mod:`controlplane.autoscale.drift`) goes into the record, not into the sizing.
 
 The request rate is what reached the replicas plus what the gateways refused for want of capacity
 (``refused``: :class:`~controlplane.fleet.refusals.RefusalCounts`): a fleet whose gateways shed would
@@ -15,6 +17,7 @@ import math
 from collections.abc import Callable, Mapping
 
 from controlplane.autoscale.decide import METRICS, Observation, offered_engine_load, per_replica
+from controlplane.autoscale.drift import observe_drift
 from controlplane.autoscale.profile import ReplicaProfile
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
 from controlplane.telemetry.base import (
@@ -51,8 +54,9 @@ def observe_telemetry(telemetry: Telemetry, endpoints: list[ReplicaEndpoint], *,
         rate = telemetry.rate(HTTP_REQUESTS, window_s=window_s, by=(), match=inference).get(())
         ttft = telemetry.quantile(TTFT, 0.95, window_s=window_s, by=()).get(())
         short = telemetry.rate(HTTP_REQUESTS, window_s=panic_window_s, by=(), match=inference).get(())
-        finished = telemetry.rate(REQUEST_SUCCESS, window_s=window_s, by=()).get(())
-        prompt = telemetry.rate(PROMPT_TOKENS, window_s=window_s, by=()).get(())
+        mean_prompt = telemetry.ratio(PROMPT_TOKENS, REQUEST_SUCCESS, window_s=window_s)
+        mean_output = telemetry.ratio(GENERATION_TOKENS, REQUEST_SUCCESS, window_s=window_s)
+        drift = observe_drift(telemetry, profile, window_s=window_s)
     except TelemetryError as exc:
         notes.append(f"telemetry unavailable: {exc}")
         return Observation(now, wall, current, len(ready), starting, dict.fromkeys(METRICS),
@@ -60,7 +64,8 @@ def observe_telemetry(telemetry: Telemetry, endpoints: list[ReplicaEndpoint], *,
     if ttft is None and rate is not None and rate == 0:
         ttft = 0.0  # no request in the window: nothing waited for a first token
         notes.append("ttft_p95_s: no request in the window, counted as 0")
-    mean_prompt, mean_output = _means(finished, prompt, sum(tokens.values()) if tokens else None)
+    if drift is not None and (stale := drift.note()) is not None:
+        notes.append(stale)
     if short is None and rate is not None:
         short = rate  # the panic window holds too few scrapes for a rate: the metrics window stands in
         notes.append(f"request rate over {panic_window_s:g}s unknown: the metrics window's used")
@@ -84,15 +89,7 @@ def observe_telemetry(telemetry: Telemetry, endpoints: list[ReplicaEndpoint], *,
     demand = offered_engine_load(profile, request_rate=short, mean_prompt_tokens=mean_prompt,
                                  mean_output_tokens=mean_output)
     return Observation(now, wall, current, len(ready), starting, metrics, demand, rate, tuple(notes),
-                       short, mean_prompt, mean_output, refused_rate=shed)
-
-
-def _means(finished: float | None, prompt: float | None,
-           generated: float | None) -> tuple[float | None, float | None]:
-    """Mean prompt and output tokens of the requests that finished in the window (counter rates)."""
-    if not finished or prompt is None or generated is None:
-        return None, None
-    return prompt / finished, generated / finished
+                       short, mean_prompt, mean_output, refused_rate=shed, drift=drift)
 
 
 def _mean(values: Mapping[tuple[str, ...], float], replicas: list[str]) -> float | None:

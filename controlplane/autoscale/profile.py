@@ -114,12 +114,19 @@ class ReplicaProfile:
                   prefill_pairs: int | None = None) -> float:
         """Seconds of one step; ``prefill_pairs`` defaults to one chunk from the prompt's start."""
         pairs = attention_pairs(num_prefill_tokens) if prefill_pairs is None else prefill_pairs
+        return self.seconds(steps=1, num_decode=num_decode, num_prefill_tokens=num_prefill_tokens,
+                            context_tokens=context_tokens, prefill_pairs=pairs)
+
+    def seconds(self, *, steps: float, num_decode: float, num_prefill_tokens: float, context_tokens: float,
+                prefill_pairs: float) -> float:
+        """Seconds of ``steps`` steps whose terms sum to the others: the model is linear, so a run of steps
+        is priced from its sums (:mod:`controlplane.autoscale.drift`)."""
         return (
-            self.step_base_s
+            self.step_base_s * steps
             + self.per_seq_s * num_decode
             + self.per_prefill_token_s * num_prefill_tokens
             + self.per_context_token_s * context_tokens
-            + self.per_prefill_pair_s * pairs
+            + self.per_prefill_pair_s * prefill_pairs
         )
 
     def predict(self, point: ProfilePoint) -> float:

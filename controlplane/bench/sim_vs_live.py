@@ -22,9 +22,12 @@ which is off by as much as the host's speed has moved since it was measured):
 
 Both sides are measured over the same span, from the load's start to the slice's last arrival: SLO
 attainment (:class:`~controlplane.sim.simulator.Slo`; a failed request is a miss), P95 TTFT and TPOT,
-replica-seconds, scale events. Targets: attainment within 5 points, replica-seconds within 15%, P95 TTFT
-within 25%; exit 1 when one is missed, 2 when the run could not be set up. The figures and the chart:
-:mod:`controlplane.bench.sim_vs_live_report`.
+replica-seconds, scale events; and how far the live replicas ran from the profile both sides price their
+steps with (:mod:`controlplane.autoscale.drift`, over the run's decision records:
+:mod:`controlplane.bench.live_speed`), and, not judged, the simulator again with its replicas at the
+speed the live ones ran, window by window. Targets: attainment within 5 points, replica-seconds within
+15%, P95 TTFT within 25%; exit 1 when one is missed, 2 when the run could not be set up. The figures
+and the chart: :mod:`controlplane.bench.sim_vs_live_report`.
 """
 
 from __future__ import annotations
@@ -51,12 +54,21 @@ import httpx
 from controlplane.autoscale.calibrate import calibrate_with_bar
 from controlplane.autoscale.config import AutoscalerConfig
 from controlplane.autoscale.profile import DEFAULT_PROFILE, HELD_OUT_BOUND, load_profile, resolve_profile_path
-from controlplane.bench.sim_vs_live_report import format_report, live_side, sim_side, verdicts, write_html
+from controlplane.bench.live_speed import host_speed, run_drift, run_on_cpu, speed_at
+from controlplane.bench.sim_vs_live_report import (
+    format_report,
+    live_side,
+    load_start,
+    sim_side,
+    verdicts,
+    write_html,
+)
 from controlplane.client import ControlPlaneClient
 from controlplane.config import load_config
 from controlplane.errors import ControlPlaneError
 from controlplane.sim.simulator import PolicySpec, SimSettings, autoscaler_config, simulate
 from controlplane.sim.trace import SimRequest, TraceShape, azure_trace, trace_duration
+from controlplane.telemetry.base import DEFAULT_WINDOW_S
 from inference.bench.datasets import AZURE_TRACE
 from inference.bench.report import RequestRecord, read_jsonl
 from inference.environment import child_environment
@@ -72,7 +84,10 @@ TRACE_START_S = 0.0
 COMPRESS = 2.5
 TOKEN_SCALE = 0.25
 DURATION_S = 300.0
-MAX_REPLICAS = 4
+# Local replicas run one torch thread each: past the host's cores another adds no capacity (a third replica
+# on two cores took a 300 s run from 97.8% to 84.7% of requests within the SLO), and the simulator's model
+# of cores shared by more engines than cores is coarse. The default keeps the fleet to the cores.
+MAX_REPLICAS = max(2, os.cpu_count() or 1)
 ALIVE = frozenset({"starting", "ready", "draining", "ejected"})  # replicas paid for (fleet.py's "alive")
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0
@@ -237,6 +252,10 @@ def wait_ready(process: subprocess.Popen[bytes], client: ControlPlaneClient, gat
 
 
 def load_command(cut: Slice, gateway: str, workdir: Path) -> list[str]:
+    """The load client replaying the slice; ``--token-ids`` times tokens as they stream, the simulator's
+    terms: the bundled model's tokens often carry no text yet (a byte of a character), and timed by its
+    text a stream's first token reached the client up to 3.7 s after the gateway had it (the 300 s run of
+    2026-12-04, at 0.15 s per token)."""
     return [sys.executable, "-m", "inference.bench", "serve", "--base-url", gateway,
             "--dataset", f"trace:{AZURE_TRACE}", "--time-scale", repr(cut.compress),
             "--token-scale", repr(cut.token_scale), "--trace-start", repr(cut.trace_start_s),
@@ -244,7 +263,7 @@ def load_command(cut: Slice, gateway: str, workdir: Path) -> list[str]:
             "--max-input-len", str(cut.max_prompt_len), "--max-output-len", str(cut.max_output_len),
             "--duration", f"{cut.duration_s + 5:g}", "--grace", f"{LOAD_GRACE_S:g}",
             "--request-timeout", f"{LOAD_GRACE_S:g}", "--seed", "0", "--jsonl", str(workdir / "load.jsonl"),
-            "--result-json", str(workdir / "load.json"), "--no-progress"]
+            "--result-json", str(workdir / "load.json"), "--no-progress", "--token-ids"]
 
 
 @dataclass(slots=True)
@@ -253,6 +272,9 @@ class LiveRun:
     fleet: list[tuple[float, int]]  # (POSIX seconds, replicas paid for)
     decisions: list[tuple[float, bool, str]]  # (POSIX seconds, applied, outcome)
     cpu: dict[str, float] = field(default_factory=dict)  # core-seconds during the load, by role
+    drift: float | None = None  # the replicas' engine time over the profile's, across the run's decisions
+    on_cpu: float | None = None  # the share of the replicas' step time on a core, across the decisions
+    speed: list[tuple[float, float]] = field(default_factory=list)  # (POSIX s, host speed): host_speed
 
 
 class CpuMeter:
@@ -341,8 +363,11 @@ def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_sta
                 load.wait()
         if load.returncode != 0:
             raise SimVsLiveError(f"the load client exited with {load.returncode}; see {workdir / 'load.log'}")
-        decisions = [(d.at, d.applied, d.outcome) for d in client.autoscaler_decisions(limit=5000)]
-    return LiveRun(read_jsonl(workdir / "load.jsonl"), fleet, decisions, meter.totals())
+        records = client.autoscaler_decisions(limit=5000)
+    decisions = [(d.at, d.applied, d.outcome) for d in records]
+    window = autoscaler.metrics_window_s or DEFAULT_WINDOW_S
+    return LiveRun(read_jsonl(workdir / "load.jsonl"), fleet, decisions, meter.totals(), run_drift(records),
+                   run_on_cpu(records), host_speed(records, window_s=window, cores=os.cpu_count() or 1))
 
 
 # ---- the command --------------------------------------------------------------------------------
@@ -351,7 +376,9 @@ def add_sim_vs_live_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=DURATION_S, help="seconds of live replay (%(default)s)")
     p.add_argument("--compress", type=float, default=COMPRESS, help="trace speed-up (%(default)s)")
     p.add_argument("--token-scale", type=float, default=TOKEN_SCALE, help="multiplies lengths (%(default)s)")
-    p.add_argument("--max-replicas", type=int, default=MAX_REPLICAS, help="(%(default)s)")
+    p.add_argument("--max-replicas", type=int, default=MAX_REPLICAS,
+                   help="the autoscaler's bound on both sides (default: the host's cores, at least 2: "
+                   "%(default)s)")
     p.add_argument("--profile", default="", help="replica profile JSON for both sides (default: the state "
                    "folder's calibrated one, else the shipped one)")
     p.add_argument("--calibrate", action="store_true", help="measure this host's replica first "
@@ -399,6 +426,23 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
     prompt, output = sum(r.prompt_len for r in requests), sum(r.output_len for r in requests)
     work = profile.engine_load(prompt_tokens_per_s=prompt, generated_tokens_per_s=output,
                                mean_prompt_tokens=prompt / len(requests))
+    speeds = [s for _, s in run.speed]
+    print("live replicas against the profile: " + ("too idle to judge" if run.drift is None else
+          f"{run.drift:.2f}x its predicted engine time over the run (autoscale.drift; 1.00: the profile "
+          "holds)") + ("" if not speeds else f"; the host's speed, with core sharing taken out, "
+                       f"{min(speeds):.2f}-{max(speeds):.2f}x over {len(speeds)} decision windows"))
+    if run.on_cpu is not None and run.drift is not None:
+        print(f"live engines on a core {run.on_cpu:.0%} of their steps' time, waiting for one the rest (the "
+              f"load client, the gateway, the control plane and the other replicas share the host's cores); "
+              f"on a core, {run.drift * run.on_cpu:.2f}x the profile")
+    at_speed = None
+    if run.speed:  # the simulator's own error, once the profile's and the host's are taken out
+        at_speed = sim_side(simulate(requests, PolicySpec("ours"), profile=profile, settings=settings,
+                                     speed=speed_at(run.speed, load_start(run.records))))
+        print(f"diagnostic, not judged: the simulator with its replicas at the host's speed window by window "
+              f"(the policy sizing on the profile, as live): SLO attainment {at_speed.slo_attainment:.1%}, "
+              f"P95 TTFT {at_speed.ttft_p95_s:.3f}s, P95 TPOT {at_speed.tpot_p95_s:.3f}s, replica-seconds "
+              f"{at_speed.replica_seconds:.0f}, scale events {at_speed.scale_events}")
     print("host CPU while the load ran, core-seconds: "
           + ", ".join(f"{role} {used:g}" for role, used in run.cpu.items())
           + f"; the slice's engine-seconds by the profile (its reference batch): {work:.0f}")
@@ -410,7 +454,9 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
             "profile_source": profile.source, "profile_fit_error": dataclasses.asdict(profile.fit_error()),
             "autoscaler": dataclasses.asdict(autoscaler), "host_cores": settings.host_cores,
             "live": dataclasses.asdict(live), "sim": dataclasses.asdict(sim), "cpu": run.cpu,
-            "engine_s": round(work, 1),
+            "engine_s": round(work, 1), "live_profile_drift": run.drift, "live_on_cpu": run.on_cpu,
+            "live_host_speed": run.speed,
+            "sim_at_live_speed": None if at_speed is None else dataclasses.asdict(at_speed),
             "verdicts": {k: {"met": ok, "detail": why} for k, (ok, why) in judged.items()},
             "leftover_pids": leftover_pids(workdir / "state")}, indent=1))
     return 0 if all(ok for ok, _ in judged.values()) else 1

@@ -50,11 +50,16 @@ def integrate(timeline: Sequence[tuple[float, int]], end: float) -> float:
     return total
 
 
+def load_start(records: Sequence[RequestRecord]) -> float:
+    """The load client's time zero, in POSIX seconds."""
+    return statistics.median(r.send_wall - r.send_time for r in records)
+
+
 def live_side(records: Sequence[RequestRecord], fleet: Sequence[tuple[float, int]],
               decisions: Sequence[tuple[float, bool, str]], span_s: float, slo: Slo) -> Side:
     """The live figures: ``fleet`` as (POSIX seconds, replicas paid for), ``decisions`` as (POSIX seconds,
     applied, outcome); times are counted from the load client's start."""
-    t0 = statistics.median(r.send_wall - r.send_time for r in records)  # the load client's time zero
+    t0 = load_start(records)
     outcomes = [outcome(r) for r in records]
     timeline = [(round(at - t0, 2), n) for at, n in fleet]
     if timeline and timeline[0][0] > 0:

@@ -275,8 +275,9 @@ def _process(role: str, pid: int, tasks: float | None, *, warmup_s: float | None
     try:
         p = psutil.Process(pid)
         warm_from = None if warmup_s is None else round(p.create_time() + warmup_s - since, 3)
+        established = sum(1 for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_ESTABLISHED)
         return ProcessSample(role, pid, int(p.memory_info().rss), int(p.num_fds()),
-                             None if tasks is None else int(tasks), warm_from)
+                             None if tasks is None else int(tasks), warm_from, established)
     except psutil.Error:
         return None
 

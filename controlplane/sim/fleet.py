@@ -23,6 +23,10 @@ replicas share that many cores (as local replica processes of one torch thread e
 segment's step time is stretched by ``max(1, busy / host_cores)``, ``busy`` counting the replicas running a
 segment when it starts, itself included. The stretch is fixed for the segment; a replica that starts or
 stops stepping later does not change it.
+
+The host's speed (``speed``): a function of simulated time that multiplies every step time, read when a
+segment starts; none by default (the profile's speed throughout). ``python -m controlplane.bench
+sim-vs-live`` replays the speed the live replicas ran at (their profile drift, window by window) with it.
 """
 
 from __future__ import annotations
@@ -114,6 +118,7 @@ class FleetSim:
         progress: Callable[[float, float], None] | None = None,
         short_window_s: float = 6.0,
         host_cores: int | None = None,
+        speed: Callable[[float], float] | None = None,
     ) -> None:
         if initial_replicas < 0 or tick_s <= 0 or sample_s <= 0:
             raise ValueError("initial_replicas must be >= 0, tick_s and sample_s > 0")
@@ -121,6 +126,7 @@ class FleetSim:
             raise ValueError(f"host_cores: must be >= 1 or None, got {host_cores}")
         self.profile = profile
         self.host_cores = host_cores
+        self.speed = speed
         self.short_window_s = short_window_s
         self.requests = sorted(requests, key=lambda r: r.arrival)
         self.duration = (
@@ -272,7 +278,7 @@ class FleetSim:
             self._maybe_stop(replica)
             return
         replica.busy = True
-        dt *= self._core_share()
+        dt *= self._core_share() * (1.0 if self.speed is None else self.speed(self.now))
         replica.seg_start, replica.seg_dt, replica.seg_steps = self.now, dt, steps
         replica.version += 1
         self.clock.push(self.now + steps * dt, "step", replica, replica.version)

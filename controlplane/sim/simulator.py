@@ -334,7 +334,11 @@ def simulate(
     profile: ReplicaProfile | None = None,
     settings: SimSettings = SimSettings(),
     progress: Progress | None = None,
+    speed: Callable[[float], float] | None = None,
 ) -> PolicyReport:
+    """One policy on the trace. ``speed(t)`` multiplies the replicas' step times at simulated time ``t``
+    while the policy prices the work with the profile as given: a fleet whose replicas run off the profile
+    it is sized by (``python -m controlplane.bench sim-vs-live``'s diagnostic); None: at the profile."""
     profile = profile or load_profile()
     policy, tick, initial = make_policy(spec, profile, settings)
     started = time.perf_counter()
@@ -349,6 +353,7 @@ def simulate(
         sample_s=settings.sample_s,
         progress=hook,
         host_cores=settings.host_cores,
+        speed=speed,
     ).run()
     return _report(spec.label, sim, settings, time.perf_counter() - started)
 

@@ -194,6 +194,18 @@ class Telemetry(abc.ABC):
               match: Matchers | None = None, agg: Aggregation = "sum") -> list[Series]:
         """``kind`` evaluated every ``step`` seconds from ``start`` to ``end`` (POSIX seconds), for charts."""
 
+    def ratio(self, numerator: str, denominator: str, *, window_s: float | None = None,
+              match: Matchers | None = None) -> float | None:
+        """``sum(rate(numerator[w])) / sum(rate(denominator[w]))``: a mean per event, such as generated
+        tokens per finished request. None when the denominator did not move or is unknown. Sources
+        evaluate both rates on the same samples (one query, one lock): read a scrape apart, one window's
+        tokens would be put over the next window's requests, off by a whole batch of finishes. This
+        default, for sources without that guarantee, reads the two rates one after the other."""
+        window = self._window(window_s)
+        top = self.rate(numerator, window_s=window, by=(), match=match).get(())
+        bottom = self.rate(denominator, window_s=window, by=(), match=match).get(())
+        return quotient(top, bottom)
+
     def now(self) -> float:
         """Monotonic seconds, the time base of ``observed_at`` (sources with an injected clock override)."""
         return time.monotonic()
@@ -249,6 +261,13 @@ class Telemetry(abc.ABC):
         if not window > 0:
             raise ValueError(f"window_s must be > 0, got {window_s}")
         return window
+
+
+def quotient(top: float | None, bottom: float | None) -> float | None:
+    """``top / bottom``; None where either is unknown or the bottom is 0."""
+    if top is None or not bottom:
+        return None
+    return top / bottom
 
 
 def check_quantile(q: float) -> None:

@@ -31,7 +31,7 @@ from controlplane.telemetry.base import (
     TelemetryError,
     check_range,
 )
-from controlplane.telemetry.promql import gauge_query, quantile_query, rate_query
+from controlplane.telemetry.promql import gauge_query, quantile_query, rate_query, ratio_query
 
 QUERY_TIMEOUT_S = 5.0
 T = TypeVar("T")
@@ -68,6 +68,11 @@ class PrometheusSource(Telemetry):
                  by: tuple[str, ...] = ("replica",), match: Matchers | None = None) -> dict[Group, float]:
         promql = quantile_query(histogram, q, window_s=self._window(window_s), by=by, match=match)
         return self.instant(promql, by)
+
+    def ratio(self, numerator: str, denominator: str, *, window_s: float | None = None,
+              match: Matchers | None = None) -> float | None:
+        promql = ratio_query(numerator, denominator, window_s=self._window(window_s), match=match)
+        return self.instant(promql, ()).get(())
 
     def range(self, kind: RangeKind, metric: str, *, start: float, end: float, step: float,
               q: float | None = None, window_s: float | None = None, by: tuple[str, ...] = ("replica",),

@@ -72,6 +72,14 @@ def rate_query(metric: str, *, window_s: float, by: Sequence[str], match: Matche
     return f"sum {_by(by)} (rate({selector(metric, match)}[{duration(window_s)}]))"
 
 
+def ratio_query(numerator: str, denominator: str, *, window_s: float, match: Matchers | None) -> str:
+    """The two rates' sums divided in one query, so that both are read on the same samples; "> 0" leaves
+    no answer where the denominator did not move (rather than NaN or +Inf)."""
+    top = rate_query(numerator, window_s=window_s, by=(), match=match)
+    bottom = rate_query(denominator, window_s=window_s, by=(), match=match)
+    return f"{top} / ({bottom} > 0)"
+
+
 def quantile_query(histogram: str, q: float, *, window_s: float, by: Sequence[str],
                    match: Matchers | None) -> str:
     check_quantile(q)

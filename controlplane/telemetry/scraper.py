@@ -47,6 +47,7 @@ from controlplane.telemetry.base import (
     check_range,
     histogram_base,
     label_matches,
+    quotient,
 )
 
 logger = logging.getLogger(__name__)
@@ -361,8 +362,11 @@ class ScraperSource(Telemetry):
 
     def _select(self, name: str, match: Matchers | None) -> list[_Snapshot]:
         with self._lock:
-            return [_Snapshot.of(s) for s in self._series.get(name, {}).values()
-                    if label_matches(s.labels, match)]
+            return self._select_locked(name, match)
+
+    def _select_locked(self, name: str, match: Matchers | None) -> list[_Snapshot]:
+        series = self._series.get(name, {}).values()
+        return [_Snapshot.of(s) for s in series if label_matches(s.labels, match)]
 
     # -- queries
     def gauge(self, metric: str, *, by: tuple[str, ...] = ("replica",), match: Matchers | None = None,
@@ -381,6 +385,15 @@ class ScraperSource(Telemetry):
         window = self._window(window_s)
         buckets = self._select(f"{histogram_base(histogram)}_bucket", match)
         return self._quantile_at(buckets, self.clock(), window, q, by)
+
+    def ratio(self, numerator: str, denominator: str, *, window_s: float | None = None,
+              match: Matchers | None = None) -> float | None:
+        window = self._window(window_s)
+        with self._lock:  # both series as one scrape left them, read at one instant
+            top, bottom = (self._select_locked(name, match) for name in (numerator, denominator))
+            at = self.clock()
+        rates = (self._rate_at(snaps, at, window, ()).get(()) for snaps in (top, bottom))
+        return quotient(*rates)
 
     def range(self, kind: RangeKind, metric: str, *, start: float, end: float, step: float,
               q: float | None = None, window_s: float | None = None, by: tuple[str, ...] = ("replica",),

@@ -35,6 +35,8 @@ class DecisionInputs:
     mean_output_tokens: float | None = None
     notes: tuple[str, ...] = ()
     refused_rate: float | None = None  # refused at the gateways for want of capacity, per second
+    # the replicas' engine time against their profile's: ratio, busy_s_per_s, predicted_s_per_s, replicas
+    profile_drift: Mapping[str, Any] | None = None
 
 
 @dataclass(slots=True, frozen=True)

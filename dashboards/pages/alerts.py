@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import dash
-from dash import ALL, Input, Output, ctx, html
+from dash import ALL, Input, Output, State, ctx, dcc, html
 
 from controlplane.client import ActiveAlert, AlertRule, AlertTransition, ApiError
-from dashboards import session
+from dashboards import live_rows, session
 from dashboards.figures import number, when
 from dashboards.shell import REFRESH, alert_line
 
@@ -33,6 +33,8 @@ def layout(**_: Any) -> html.Div:
                                                   html.Table(id="al-active", className="data")]),
             html.Div(className="panel", children=[html.H3("Rules"),
                                                   html.Table(id="al-rules", className="data"),
+                                                  dcc.Store(id="al-rules-key"),
+                                                  dcc.Store(id="al-rules-live"),
                                                   html.Div(id="al-switch-result", className="muted")]),
             html.Div(className="panel", children=[html.H3("History (newest first) and the actions taken"),
                                                   html.Table(id="al-history", className="data")]),
@@ -52,11 +54,16 @@ def _data(**attrs: Any) -> dict[str, Any]:
 @dash.callback(
     Output("al-active", "children"),
     Output("al-rules", "children"),
+    Output("al-rules-key", "data"),
+    Output("al-rules-live", "data"),
     Output("al-history", "children"),
     Input(REFRESH, "n_intervals"),
     Input("al-switch-result", "children"),
+    State("al-rules-key", "data"),
 )
-def refresh(*_: Any) -> tuple[Any, Any, Any]:
+def refresh(_tick: int, _switched: Any, drawn: str | None) -> tuple[Any, Any, Any, Any, Any]:
+    """The rules table is drawn again only when a rule's definition, its switch or the role changes (the
+    switches stay put: :mod:`dashboards.live_rows`); its counts and last evaluation go to their cells."""
     operate = session.can_operate()
     try:
         api = session.client()
@@ -65,8 +72,13 @@ def refresh(*_: Any) -> tuple[Any, Any, Any]:
         history = api.alert_history(limit=HISTORY)
     except ApiError as exc:
         error = [html.Tr(html.Td(f"alerts: {exc}"))]
-        return error, error, error
-    return _active(active), _rules(rules, operate), _history(history)
+        return error, error, None, {}, error
+    identity = (operate, [(r.name, r.summary, _condition(r), r.for_s, r.severity, r.action, r.enabled)
+                          for r in rules])
+    table, key = live_rows.redraw(identity, drawn, lambda: _rules(rules, operate))
+    live = live_rows.live({"al-counts": {r.name: _counts(r) for r in rules},
+                           "al-last": {r.name: _last_eval(r) for r in rules}})
+    return _active(active), table, key, live, _history(history)
 
 
 def _active(alerts: list[ActiveAlert]) -> list[Any]:
@@ -86,17 +98,15 @@ def _rules(rules: list[AlertRule], operate: bool) -> list[Any]:
                                                      "pending / firing", "last evaluation", "enabled", "")])]
     for r in rules:
         enabled = r.enabled
-        condition = f"{r.query or r.expr} {r.comparison} {r.threshold}"
-        last = when(r.last_eval) + (f" · error: {r.last_error}" if r.last_error else "")
         rows.append(html.Tr(
             [
                 html.Td([html.Strong(r.name), html.Div(r.summary, className="muted")]),
-                html.Td(condition),
+                html.Td(_condition(r)),
                 html.Td(f"{number(r.for_s, 0)} s"),
                 html.Td(r.severity),
                 html.Td(r.action),
-                html.Td(f"{r.pending} / {r.firing}"),
-                html.Td(last),
+                live_rows.cell("al-counts", r.name, _counts(r), className="rule-counts"),
+                live_rows.cell("al-last", r.name, _last_eval(r), className="rule-last-eval"),
                 html.Td("yes" if enabled else "no"),
                 html.Td(html.Button(
                     "Disable" if enabled else "Enable",
@@ -111,6 +121,21 @@ def _rules(rules: list[AlertRule], operate: bool) -> list[Any]:
             **_data(rule=r.name, enabled=str(enabled).lower()),
         ))
     return rows
+
+
+def _condition(rule: AlertRule) -> str:
+    return f"{rule.query or rule.expr} {rule.comparison} {rule.threshold}"
+
+
+def _counts(rule: AlertRule) -> str:
+    return f"{rule.pending} / {rule.firing}"
+
+
+def _last_eval(rule: AlertRule) -> str:
+    return when(rule.last_eval) + (f" · error: {rule.last_error}" if rule.last_error else "")
+
+
+live_rows.fill_cells("al-rules-live", "al-counts", "al-last")
 
 
 def _history(records: list[AlertTransition]) -> list[Any]:

@@ -17,7 +17,7 @@ from dash import Input, Output, State, ctx, dcc, html
 
 from controlplane.client import AUTOSCALER_TARGETS, ApiError, AutoscalerPolicy, AutoscalerStatus, Decision
 from dashboards import figures, schedule_panel, session, whatif_panel
-from dashboards.figures import autoscaler_timeline, decision_reason, empty, number, when
+from dashboards.figures import autoscaler_timeline, decision_reason, empty, number, profile_drift_text, when
 from dashboards.shell import REFRESH
 
 DECISIONS = 200  # decision records drawn and listed
@@ -154,6 +154,7 @@ def _status_cards(status: AutoscalerStatus) -> list[Any]:
         ("as-ticks", "ticks", str(status.ticks)),
         ("as-last", "last decision", f"{last.final} at {when(last.at)}" if last else "– at –"),
         ("as-window", "schedule window", status.window.name if status.window else "none"),
+        ("as-drift", "replicas vs profile", profile_drift_text(last)),
     )
     return [html.Div([html.Div(label, className="label"), html.Div(value, className="value")],
                      className="card", id=cid) for cid, label, value in cards]

@@ -12,8 +12,8 @@ from typing import Any
 import dash
 from dash import ALL, Input, Output, State, ctx, dcc, html
 
-from controlplane.client import ApiError, BlastRadius, FaultKind, FaultParam
-from dashboards import figures, session, slice_panel
+from controlplane.client import ActiveFault, ApiError, BlastRadius, FaultKind, FaultParam
+from dashboards import figures, live_rows, session, slice_panel
 from dashboards.shell import REFRESH
 
 
@@ -53,6 +53,8 @@ def layout(**_: Any) -> html.Div:
                         children=[
                             html.H3("Active faults"),
                             html.Table(id="chaos-active", className="data"),
+                            dcc.Store(id="chaos-active-key"),
+                            dcc.Store(id="chaos-active-live"),
                             html.Div(id="chaos-revert-result", className="notice"),
                             html.Button(
                                 "Release (accept new faults after a HALT ALL)",
@@ -309,16 +311,27 @@ def _plan(plan: BlastRadius) -> html.Div:
 
 @dash.callback(
     Output("chaos-active", "children"),
+    Output("chaos-active-key", "data"),
+    Output("chaos-active-live", "data"),
     Input(REFRESH, "n_intervals"),
     Input("chaos-result", "children"),
     Input("chaos-revert-result", "children"),
+    State("chaos-active-key", "data"),
 )
-def active(*_: Any) -> list[Any]:
+def active(_tick: int, _injected: Any, _reverted: Any, drawn: str | None) -> tuple[Any, Any, Any]:
+    """The active faults, drawn again only when the set of faults or the role changes (their Revert
+    buttons stay put: :mod:`dashboards.live_rows`); the time left goes to its cells every tick."""
     operate = session.can_operate()
     try:
         faults = session.client().chaos_faults()
     except ApiError as exc:
-        return [html.Tr(html.Td(str(exc)))]
+        return [html.Tr(html.Td(str(exc)))], None, {}
+    identity = (operate, [(f.id, f.kind, f.target) for f in faults])
+    rows, key = live_rows.redraw(identity, drawn, lambda: _active_rows(faults, operate))
+    return rows, key, live_rows.live({"chaos-left": {f.id: _time_left(f) for f in faults}})
+
+
+def _active_rows(faults: list[ActiveFault], operate: bool) -> list[Any]:
     if not faults:
         return [html.Tr(html.Td("no active fault", id="chaos-none-active"))]
     rows: list[Any] = [html.Tr([html.Th(h) for h in ("id", "kind", "target", "time left", "")])]
@@ -329,7 +342,7 @@ def active(*_: Any) -> list[Any]:
                     html.Td(str(f.id)),
                     html.Td(f.kind),
                     html.Td(f.target),
-                    html.Td(f"{f.remaining_s:.0f} s"),
+                    live_rows.cell("chaos-left", f.id, _time_left(f), className="time-left"),
                     html.Td(
                         html.Button(
                             "Revert",
@@ -345,6 +358,13 @@ def active(*_: Any) -> list[Any]:
             )
         )
     return rows
+
+
+def _time_left(fault: ActiveFault) -> str:
+    return f"{fault.remaining_s:.0f} s"
+
+
+live_rows.fill_cells("chaos-active-live", "chaos-left")
 
 
 @dash.callback(

@@ -27,7 +27,7 @@ from controlplane.client import (
     DrillSummary,
     Scenario,
 )
-from dashboards import figures, session
+from dashboards import figures, live_rows, session
 from dashboards.drill_schedules import TRACE_DEFAULT, schedule_form
 from dashboards.figures import drill_timeline, number, number_input, progress, scenario_options, when
 from dashboards.shell import REFRESH
@@ -108,7 +108,10 @@ def layout(**_: Any) -> html.Div:
             html.Div(className="panel", children=[html.H3("Schedules"),
                                                   schedule_form(scenarios, fleet, operate),
                                                   html.Div(id="drills-sched-result", className="muted"),
-                                                  html.Table(id="drills-schedules", className="data")]),
+                                                  html.Table(id="drills-schedules", className="data"),
+                                                  dcc.Store(id="drills-schedules-key"),
+                                                  dcc.Store(id="drills-schedules-live")]),
+            dcc.Store(id="drills-history-key"),
             dcc.Store(id="drills-current", data=current),
             dcc.Store(id="drills-shown", data=None),
         ]
@@ -194,6 +197,19 @@ def scenario_info(scenario_id: str | None) -> tuple[Any, ...]:
             *[_placeholder(s.targets.get(name)) for name, _ in TARGETS])
 
 
+@dash.callback(
+    Output("drills-current", "data", allow_duplicate=True),
+    Input({"type": "drills-show", "index": ALL}, "n_clicks"),
+    prevent_initial_call=True,
+)
+def show_row(shows: list[int | None]) -> Any:
+    """A history row's "Show". Its own callback: every redraw of the history table fires it (nobody
+    clicked), and Dash keeps only the newest answer of a callback, so a redraw shared with the buttons'
+    callback would drop the answer to an abort clicked just before (the page never said "aborting")."""
+    trigger = ctx.triggered_id
+    return int(trigger["index"]) if isinstance(trigger, dict) and any(shows) else dash.no_update
+
+
 def _placeholder(value: Any) -> str:
     return "not judged" if value is None else f"{value:g}" if isinstance(value, int | float) else str(value)
 
@@ -205,7 +221,6 @@ def _placeholder(value: Any) -> str:
     Input("drills-preview", "n_clicks"),
     Input("drills-run", "n_clicks"),
     Input("drills-abort", "n_clicks"),
-    Input({"type": "drills-show", "index": ALL}, "n_clicks"),
     State("drills-scenario", "value"),
     State("drills-current", "data"),
     State("drills-aim-zone", "value"),
@@ -218,13 +233,10 @@ def _placeholder(value: Any) -> str:
     *[State(f"drills-target-{name}", "value") for name, _ in TARGETS],
     prevent_initial_call=True,
 )
-def act(_preview: int, _run: int, _abort: int, shows: list[int | None], scenario_id: str | None,
-        current: int | None, zone: str | None, replica: str | None, kind: str | None, trace: str | None,
-        compress: float | None, token_scale: float | None, *values: Any) -> tuple[Any, Any, Any]:
+def act(_preview: int, _run: int, _abort: int, scenario_id: str | None, current: int | None,
+        zone: str | None, replica: str | None, kind: str | None, trace: str | None, compress: float | None,
+        token_scale: float | None, *values: Any) -> tuple[Any, Any, Any]:
     trigger = ctx.triggered_id
-    if isinstance(trigger, dict):  # a history row's "Show" (or a redraw of the table: nobody clicked)
-        return (dash.no_update, dash.no_update, int(trigger["index"])) if any(shows) else (
-            dash.no_update, dash.no_update, dash.no_update)
     try:
         api = session.client()
         if trigger == "drills-abort":
@@ -390,23 +402,35 @@ def _fmt(value: Any) -> str:
 @dash.callback(
     Output("drills-history", "children"),
     Output("drills-compare-ids", "options"),
+    Output("drills-history-key", "data"),
     Input(REFRESH, "n_intervals"),
     Input("drills-run-result", "children"),
+    State("drills-history-key", "data"),
 )
-def history(*_: Any) -> tuple[Any, Any]:
+def history(_tick: int, _run: Any, drawn: str | None) -> tuple[Any, Any, Any]:
+    """The history, drawn again (with the comparison's options) only when a drill starts or its record
+    changes: the rows' Show buttons stay put (:mod:`dashboards.live_rows`; nothing in a row moves by
+    itself)."""
     try:
         drills = session.client().drills(limit=HISTORY)
     except ApiError as exc:
-        return [html.Tr(html.Td(f"drills: {exc}"))], []
+        return [html.Tr(html.Td(f"drills: {exc}"))], [], None
+    identity = [(d.id, d.scenario, d.status, d.started_at, d.rto_service_s, d.rto_capacity_s,
+                 d.requests_failed, d.tokens_lost) for d in drills]
+    rows, key = live_rows.redraw(identity, drawn, lambda: _history_rows(drills))
+    options = (dash.no_update if key is dash.no_update
+               else [{"label": f"#{d.id} {d.scenario} ({d.status})", "value": d.id} for d in drills])
+    return rows, options, key
+
+
+def _history_rows(drills: list[DrillSummary]) -> list[Any]:
     rows: list[Any] = [html.Tr([html.Th(h) for h in ("id", "scenario", "status", "started (UTC)",
                                                      "RTO service", "RTO capacity", "failed requests",
                                                      "tokens lost", "")])]
-    for d in drills:
-        rows.append(_history_row(d))
+    rows += [_history_row(d) for d in drills]
     if not drills:
         rows.append(html.Tr(html.Td("no drill has run yet")))
-    options = [{"label": f"#{d.id} {d.scenario} ({d.status})", "value": d.id} for d in drills]
-    return rows, options
+    return rows
 
 
 def _history_row(d: DrillSummary) -> html.Tr:

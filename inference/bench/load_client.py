@@ -214,6 +214,8 @@ class _Runner:
                                 "ignore_eos": self.cfg.ignore_eos}
         if kind != PLAIN:
             body["stream_options"] = {"include_usage": True}
+        if self.cfg.token_ids:
+            body["return_token_ids"] = True
         if self.cfg.endpoint == COMPLETIONS:
             body["prompt"] = prompt
         else:

@@ -96,6 +96,9 @@ class LoadConfig:
     slo: Slo | None = None
     temperature: float = 0.0
     ignore_eos: bool = True  # so that every request produces exactly max_tokens tokens
+    # Ask for each chunk's token ids (``return_token_ids``): a token arrives when it is streamed, also one
+    # whose text is still empty (part of a character), so TTFT and TPOT count tokens, not visible text.
+    token_ids: bool = False
     run_id: str = ""  # "" : a fresh random id; requests are sent with X-Request-Id "<run_id>-<index>"
     # A mixed load (``--mix``): the share of each kind of request (report.KINDS); None: streams only.
     mix: dict[str, float] | None = None

@@ -103,6 +103,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       "after --cancel-after tokens) and bad (invalid on purpose: must get a 4xx), e.g. "
                       "stream=0.7,plain=0.15,cancel=0.1,bad=0.05 (default: streams only)")
     load.add_argument("--cancel-after", type=int, default=1, help="tokens a cancel request reads")
+    load.add_argument("--token-ids", action="store_true",
+                      help="ask for each chunk's token ids (return_token_ids): every token counts when it "
+                      "arrives, also one whose text is still empty (a byte of a character, frequent with "
+                      "the bundled random models), so TTFT and TPOT time tokens rather than visible text")
 
     out = p.add_argument_group("report")
     out.add_argument("--slo", default=None, help="goodput SLOs in ms, as in ttft=500,tpot=100 (also e2el)")
@@ -122,7 +126,7 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
         api_key=args.api_key, request_rate=args.request_rate, concurrency=args.concurrency,
         max_concurrency=args.max_concurrency, duration=args.duration, grace=args.grace,
         request_timeout=args.request_timeout, slo=None if args.slo is None else Slo.parse(args.slo),
-        mix=args.mix, cancel_after=args.cancel_after)
+        mix=args.mix, cancel_after=args.cancel_after, token_ids=args.token_ids)
 
 
 def _say_progress_on_stderr() -> None:

@@ -25,6 +25,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -43,6 +44,7 @@ from tests.controlplane.up.conftest import (  # noqa: F401 (model_state is a fix
     wait_ready,
     write_config,
 )
+from tests.polling import wait_until
 
 ADMIN_PASSWORD = "admin-password-for-console-tests"
 VIEWER_PASSWORD = "viewer-password-for-console-tests"
@@ -168,6 +170,31 @@ def wait_text(browser: WebDriver, selector: str, pattern: str, timeout_s: float 
     except Exception as exc:
         raise AssertionError(f"{selector}: no text matching {pattern!r}; saw {found!r}") from exc
     return next(t for t in found if re.search(pattern, t))
+
+
+def button_outlives_ticks(browser: WebDriver, button: str, live: str, *, changes: int = 2,
+                          timeout_s: float = 30.0) -> WebElement:
+    """The element ``button`` names, found once, after the text of ``live`` has changed ``changes`` times:
+    still on the page, not a copy drawn under the pointer (a table redrawn on each refresh tick drops the
+    answer to a click made just before a tick)."""
+    element = wait_for(browser, button)
+    seen = [_text(browser, live)]
+
+    def moved() -> bool:
+        text = _text(browser, live)
+        if text != seen[-1]:
+            seen.append(text)
+        return len(seen) > changes
+
+    wait_until(moved, timeout=timeout_s, what=f"{live} to change {changes} times", interval=0.2)
+    assert not expected_conditions.staleness_of(element)(browser), (
+        f"{button} was drawn again while {live} went {seen}")
+    return element
+
+
+def _text(browser: WebDriver, selector: str) -> str | None:
+    return browser.execute_script(  # type: ignore[no-any-return]
+        "const e = document.querySelector(arguments[0]); return e && e.innerText;", selector)
 
 
 def log_in(browser: WebDriver, url: str, user: str, password: str) -> None:

@@ -25,6 +25,7 @@ from inference.bench.report import RequestRecord
 
 from .conftest import (
     Console,
+    button_outlives_ticks,
     choose,
     console_errors,
     console_pids,
@@ -225,6 +226,27 @@ def test_pause_fault_from_the_chaos_page_then_halt_all_reverts_it(console: Conso
     assert_no_console_errors(driver, "chaos")
 
 
+def test_a_revert_button_outlives_the_countdown_and_its_click_says_reverted(console: Console,
+                                                                           driver: WebDriver) -> None:
+    log_in(driver, console.url, "admin", console.admin_password)
+    with console.running.client() as api:
+        [fault] = api.chaos_inject("token_latency", duration_s=300, replicas=["az-c-1"],
+                                   params={"seconds": 0.001}).faults
+        assert fault.error is None and fault.id is not None, fault
+        try:
+            visit(driver, console, "chaos", "#chaos-catalogue tr[data-kind]")
+            row = f"#chaos-active tr.active-fault[data-fault='{fault.id}']"
+            revert = button_outlives_ticks(driver, f"{row} button", f"{row} td.time-left")
+            revert.click()
+            assert wait_text(driver, "#chaos-revert-result", "reverted") == f"fault #{fault.id} reverted"
+            wait_for(driver, "#chaos-none-active")
+            assert api.chaos_faults() == []
+        finally:
+            if api.chaos_faults():
+                api.chaos_revert(fault.id)
+    assert_no_console_errors(driver, "chaos revert")
+
+
 def test_a_viewer_sees_the_chaos_page_but_cannot_inject(console: Console, driver: WebDriver) -> None:
     log_in(driver, console.url, "viewer", console.viewer_password)
     visit(driver, console, "chaos", "#chaos-catalogue tr[data-kind]")
@@ -293,6 +315,8 @@ def test_rollouts_page_shows_no_release_yet_and_registers_a_version(console: Con
         driver.find_element(By.ID, field).send_keys(value)
     driver.find_element(By.ID, "ro-add").click()
     wait_text(driver, "#ro-added", r"registered v1")
+    # the table is drawn again by its own callback, which the message starts: it can land after the message
+    wait_for(driver, "#ro-versions tr.version-row")
     [row] = rows_of(driver, "#ro-versions tr.version-row")
     assert row["version"] == "v1" and row["current"] == "true"  # the fleet's model: the current version
     driver.find_element(By.ID, "ro-add").click()  # again: the API's refusal, as a note

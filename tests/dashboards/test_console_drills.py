@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from .conftest import (
     ADMIN_PASSWORD,
     Console,
     _wait_for_console,
+    button_outlives_ticks,
     choose,
     console_config,
     console_pids,
@@ -159,6 +161,22 @@ def test_alerts_page_shows_rules_firing_alerts_and_the_actions_they_took(console
     assert enabled[TEST_RULE] is False and enabled["LongQueue"] is True
     assert {("admin", "alerts.disable", "ok"), ("admin", "alerts.enable", "ok")} <= _audit(console)
     assert_no_console_errors(driver, "alerts")
+
+
+def test_a_rule_switch_outlives_the_refresh_and_its_click_says_what_it_did(console: Console,
+                                                                         driver: WebDriver) -> None:
+    log_in(driver, console.url, "admin", console.admin_password)
+    driver.get(console.url + "/alerts")
+    row = "#al-rules tr.rule-row[data-rule='LongQueue']"
+    switch = button_outlives_ticks(driver, f"{row}[data-enabled='true'] button", f"{row} td.rule-last-eval")
+    switch.click()
+    assert wait_text(driver, "#al-switch-result", "LongQueue") == "LongQueue disabled"
+    _click(driver, f"{row}[data-enabled='false'] button")  # a new label: this row is drawn again
+    assert wait_text(driver, "#al-switch-result", "enabled") == "LongQueue enabled"
+    wait_for(driver, f"{row}[data-enabled='true']")
+    with console.running.client() as api:
+        assert {r.name: r.enabled for r in api.alert_rules()}["LongQueue"] is True
+    assert_no_console_errors(driver, "alert switch")
 
 
 # ---- Drills ---------------------------------------------------------------------------------------
@@ -301,6 +319,56 @@ def test_drill_schedules_are_created_edited_paused_and_deleted(console: Console,
     assert_no_console_errors(driver, "drill schedules")
 
 
+@contextmanager
+def _banner_countdown(api: ControlPlaneClient) -> Iterator[str]:
+    """The banner's countdown of a harmless fault, what shows the refresh ticking on the Drills page (nothing
+    in a schedule's or a drill's row moves by itself)."""
+    [fault] = api.chaos_inject("token_latency", duration_s=300, replicas=["az-a-1"],
+                               params={"seconds": 0.001}).faults
+    assert fault.id is not None and fault.error is None, fault
+    try:
+        yield "#banner .banner-fault"
+    finally:
+        if api.chaos_faults():
+            api.chaos_revert(fault.id)
+
+
+def test_a_schedule_button_outlives_the_refresh_and_its_click_says_paused(console: Console,
+                                                                        driver: WebDriver) -> None:
+    log_in(driver, console.url, "admin", console.admin_password)
+    with console.running.client() as api:
+        schedule = api.add_drill_schedule(name="monthly-crash", scenario_id="replica-crash", cron="0 3 1 * *")
+        try:
+            with _banner_countdown(api) as ticking:
+                driver.get(console.url + "/drills")
+                row = "#drills-schedules tr.schedule-row[data-name='monthly-crash']"
+                pause = button_outlives_ticks(driver, f"{row}[data-paused='false'] button", ticking)
+                pause.click()
+                assert wait_text(driver, "#drills-sched-result", "paused") == "schedule monthly-crash: paused"
+            wait_for(driver, f"{row}[data-paused='true']")
+            assert wait_text(driver, f"{row} td.schedule-next", "paused") == "paused"
+            assert api.drill_schedule(schedule.id).paused is True
+        finally:
+            api.delete_drill_schedule(schedule.id)
+    assert_no_console_errors(driver, "schedule pause")
+
+
+def test_a_history_show_button_outlives_the_refresh_and_shows_its_drill(console: Console,
+                                                                       driver: WebDriver) -> None:
+    log_in(driver, console.url, "admin", console.admin_password)
+    with console.running.client() as api:
+        first, *later = sorted(d.id for d in api.drills())
+        assert later, "the drill tests above leave two drills"
+        with _banner_countdown(api) as ticking:
+            driver.get(console.url + "/drills")
+            wait_text(driver, "#drills-done", rf"^Drill {max(later)} ")  # the page opens on the newest
+            show = button_outlives_ticks(driver, f"#drills-history tr.drill-row[data-drill='{first}'] button",
+                                         ticking)
+            show.click()
+            wait_text(driver, "#drills-done", rf"^Drill {first} \(replica-crash\)")
+    assert_no_console_errors(driver, "history show")
+
+
 # ---- Autoscaler -----------------------------------------------------------------------------------
 def test_autoscaler_page_shows_the_decisions_with_their_reasons(console: Console, driver: WebDriver) -> None:
     log_in(driver, console.url, "admin", console.admin_password)
@@ -322,6 +390,12 @@ def test_autoscaler_page_shows_the_decisions_with_their_reasons(console: Console
         assert record.proposals and all(f"{p.source} -> {p.replicas}: {p.reason}" in row["text"]
                                         for p in record.proposals)
         assert all(c in row["text"] for c in record.clamps)
+    # how the replicas ran against their profile, and the share of their step time on a core, at the last
+    # decision (or why it could not be told) (read as the page refreshes the cards: wait_text retries an
+    # element replaced under it)
+    shown = (r"^(\d+\.\d\dx, \d+% on a core( \(stale: run controlplane calibrate\))?"
+             r"|– \(replicas too idle to judge\))$")
+    wait_text(driver, "#as-drift .value", shown)
     # the chart: replicas and load over time from the same records
     WebDriverWait(driver, 30).until(
         lambda b: {t["name"]: t["n"] for t in plot_data(b, "as-timeline")}.get("replicas (current)", 0) > 0)

@@ -1,12 +1,14 @@
 """The per-token histograms of ``inference.metrics``: each inter-token latency lands once in vLLM's
 ``vllm:inter_token_latency_seconds`` and once in its deprecated ``vllm:time_per_output_token_seconds``,
-through series labelled when the replica starts (not looked up again per token, on the event loop)."""
+through series labelled when the replica starts (not looked up again per token, on the event loop); and the
+engine's busy time and step work, which the control plane prices with the replica profile."""
 
 from __future__ import annotations
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from inference.engine import StepStat
 from inference.metrics import CacheConfigInfo, EngineGauges, ReplicaMetrics
 
 LABELS = {"model_name": "m", "engine": "0", "replica": "r-1", "zone": "az-a"}
@@ -51,7 +53,28 @@ def test_a_token_or_a_step_looks_up_no_labelled_series(monkeypatch: pytest.Monke
 
     metrics.observe_token(True, 0.1)
     metrics.observe_token(False, 0.01)
-    metrics.observe_step(8)
+    metrics.observe_step(StepStat(0.0, 0.01, 6, 2, 2, 0), more_work=False)
 
     assert _value(metrics.registry, "vllm:time_per_output_token_seconds_count") == 1
     assert _value(metrics.registry, "vllm:iteration_tokens_total_count") == 1
+
+
+def _step(start: float, duration: float, *, decode: int = 0, prefill: int = 0, context: int = 0,
+          pairs: int = 0, cpu: float = 0.0) -> StepStat:
+    return StepStat(start, duration, prefill, decode, 0, 0, context, pairs, cpu)
+
+
+def test_engine_time_counts_the_turn_between_back_to_back_steps_and_not_the_idle_between() -> None:
+    metrics = _metrics()
+    metrics.observe_step(_step(10.0, 0.5, prefill=16, pairs=136, cpu=0.375), more_work=True)
+    metrics.observe_step(_step(10.6, 0.2, decode=1, context=17, cpu=0.125), more_work=False)  # 0.1 s turn
+    metrics.observe_step(_step(50.0, 0.3, decode=1, context=18, cpu=0.25), more_work=False)  # idle: not
+
+    busy = _value(metrics.registry, "llmsre_engine_busy_seconds_total")
+    assert busy == pytest.approx(0.5 + 0.1 + 0.2 + 0.3)
+    assert _value(metrics.registry, "llmsre_engine_turn_seconds_total") == pytest.approx(0.1)
+    assert _value(metrics.registry, "llmsre_engine_step_cpu_seconds_total") == 0.75  # within steps only
+    work = {term: _value(metrics.registry, "llmsre_engine_step_work_total", term=term) for term in
+            ("steps", "decode_sequences", "prefill_tokens", "context_tokens", "prefill_pairs")}
+    assert work == {"steps": 3, "decode_sequences": 2, "prefill_tokens": 16, "context_tokens": 35,
+                    "prefill_pairs": 136}

@@ -132,6 +132,41 @@ def test_counters_and_histograms_move_by_exactly_the_traffic_served(replica: Rep
     assert delta("vllm:e2e_request_latency_seconds_sum") > 0
 
 
+def test_engine_time_and_step_work_move_with_the_steps_served(replica: ReplicaProcess) -> None:
+    """What the control plane prices with the replica profile (controlplane.autoscale.drift): prompts no
+    earlier test sent (no prefix-cache hit), one at a time, so each token after the first is one decode
+    step attending to the prompt and every token before it."""
+    before = replica.metrics()
+    started = time.monotonic()
+    usages = []
+    for words in ("violet harbour lantern", "seven quiet engines measure", "granite orchard"):
+        response = replica.http.post("/v1/completions", json=completion(prompt=f"{words} {time.time_ns()}",
+                                                                         max_tokens=6, ignore_eos=True))
+        assert response.status_code == 200
+        usages.append(response.json()["usage"])
+    elapsed = time.monotonic() - started
+    after = replica.metrics()
+
+    def work(term: str) -> float:
+        name = "llmsre_engine_step_work_total"
+        return (metric_value(after, name, term=term) or 0.0) - (metric_value(before, name, term=term) or 0.0)
+
+    prompts = [u["prompt_tokens"] for u in usages]
+    assert work("prefill_tokens") == sum(prompts)
+    assert work("prefill_pairs") == sum(p * (p + 1) // 2 for p in prompts)
+    assert work("decode_sequences") == 3 * 5
+    assert work("context_tokens") == sum(5 * p + sum(range(1, 6)) for p in prompts)
+    assert work("steps") >= 3 * 6  # a prompt this short is one step, then five decode steps
+    def moved(name: str) -> float:
+        return (metric_value(after, name) or 0.0) - (metric_value(before, name) or 0.0)
+
+    busy = moved("llmsre_engine_busy_seconds_total")
+    assert 0 < busy < elapsed
+    # the engine thread's CPU time within its steps: some, and never more than the steps' wall time
+    cpu = moved("llmsre_engine_step_cpu_seconds_total")
+    assert 0 < cpu <= busy - moved("llmsre_engine_turn_seconds_total") + 1e-6
+
+
 def test_refusals_are_counted_by_status_and_by_reason(start_fresh: StartFresh) -> None:
     replica = start_fresh("--max-num-seqs", "1", "--max-waiting-requests", "1", replica_id="counted")
     before = replica.metrics()

@@ -253,10 +253,14 @@ class FixedTelemetry(Telemetry):
         return dict(self.gauges.get(metric, {}))
 
     def rate(self, metric: str, *, window_s: float | None = None,  # type: ignore[override]
-             **_: Any) -> dict[Group, float]:
+             by: tuple[str, ...] = ("replica",), **_: Any) -> dict[Group, float]:
         if window_s == 6.0 and metric in self.panic_rates:
-            return dict(self.panic_rates[metric])
-        return dict(self.rates.get(metric, {}))
+            got = dict(self.panic_rates[metric])
+        else:
+            got = dict(self.rates.get(metric, {}))
+        if by == () and got:  # per-replica answers summed, as "sum by ()" does
+            return {(): sum(got.values())}
+        return got
 
     def quantile(self, histogram: str, q: float, **_: Any) -> dict[Group, float]:  # type: ignore[override]
         return dict(self.quantiles.get(histogram, {}))

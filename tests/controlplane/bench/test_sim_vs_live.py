@@ -22,8 +22,8 @@ import pytest
 from controlplane.bench.sim_vs_live import leftover_pids
 
 DURATION_S = 60.0
-# From 450 s of the trace, three times as fast (about 15 requests/s): both fleets scale 1 -> 3 within
-# the run.
+# From 450 s of the trace, three times as fast (about 15 requests/s): both fleets scale up, to the host's
+# cores (the default bound), within the run.
 TRACE_START_S, COMPRESS = 450.0, 3.0
 BOUND_S = 280.0
 

@@ -1,5 +1,6 @@
 """The parts of ``python -m controlplane.bench sim-vs-live`` that need no live fleet: the live config carries
-the simulator's autoscaler exactly, and the live figures are computed as the simulator computes its own."""
+the simulator's autoscaler exactly, the live figures are computed as the simulator computes its own, and the
+run's profile drift and the diagnostic simulation at that drift."""
 
 from __future__ import annotations
 
@@ -12,10 +13,13 @@ from pathlib import Path
 import pytest
 
 from controlplane.autoscale.profile import load_profile
+from controlplane.bench.live_speed import host_speed, run_drift, run_on_cpu, speed_at
 from controlplane.bench.sim_vs_live import profile_path, write_config
 from controlplane.bench.sim_vs_live_report import integrate, live_side, outcome
+from controlplane.client import Decision, DecisionInputs
 from controlplane.config import load_config
-from controlplane.sim.simulator import SimSettings, Slo, autoscaler_config, p95
+from controlplane.sim.simulator import PolicySpec, SimSettings, Slo, autoscaler_config, p95, simulate
+from controlplane.sim.trace import SimRequest
 from inference.bench.report import RequestRecord
 
 
@@ -72,3 +76,56 @@ def test_calibrate_and_a_named_profile_together_are_refused_before_anything_star
     assert run.returncode == 2, run.stdout + run.stderr
     assert "give --profile or --calibrate, not both" in run.stderr and len(run.stderr.splitlines()) == 1
     assert not (tmp_path / "run").exists()  # refused before the workdir (or a replica) was made
+
+
+def _decision(current: int, drift: dict[str, float] | None) -> Decision:
+    inputs = DecisionInputs(current=current, ready=current, starting=0, metrics={}, profile_drift=drift)
+    return Decision(at=0.0, mode="active", inputs=inputs, proposals=(), final=current, applied=False,
+                    outcome="")
+
+
+def test_the_runs_drift_weighs_each_decisions_window_by_its_engine_time() -> None:
+    decisions = [_decision(1, None),  # too idle to judge
+                 _decision(1, {"ratio": 1.5, "busy_s_per_s": 0.3, "predicted_s_per_s": 0.2}),
+                 _decision(3, {"ratio": 2.5, "busy_s_per_s": 2.5, "predicted_s_per_s": 1.0})]
+    assert run_drift(decisions) == pytest.approx(2.8 / 1.2)
+    assert run_drift([d for d in decisions if d.inputs.current <= 2]) == pytest.approx(1.5)
+    assert run_drift(decisions[:1]) is None
+
+
+def test_the_runs_share_on_a_core_weighs_each_decision_by_its_engine_time() -> None:
+    decisions = [_decision(1, {"ratio": 1.5, "busy_s_per_s": 0.5, "predicted_s_per_s": 0.4, "on_cpu": 1.0}),
+                 _decision(2, {"ratio": 2.0, "busy_s_per_s": 1.5, "predicted_s_per_s": 0.75, "on_cpu": 0.6}),
+                 _decision(2, {"ratio": 2.0, "busy_s_per_s": 1.5, "predicted_s_per_s": 0.75}),  # not counted
+                 _decision(1, None)]
+    assert run_on_cpu(decisions) == pytest.approx((0.5 * 1.0 + 1.5 * 0.6) / 2.0)
+    assert run_on_cpu(decisions[2:]) is None
+
+
+def test_the_hosts_speed_takes_the_core_sharing_out_of_each_windows_drift() -> None:
+    decisions = [_decision(1, {"ratio": 1.5, "busy_s_per_s": 0.6, "predicted_s_per_s": 0.4}),
+                 _decision(3, {"ratio": 2.4, "busy_s_per_s": 3.0, "predicted_s_per_s": 1.25}),
+                 _decision(1, None)]
+    decisions = [dataclasses.replace(d, at=100.0 + 5 * i) for i, d in enumerate(decisions)]
+    # three replicas busy 3.0 s/s on 2 cores run 1.5x slower by the sharing alone: the host ran at 1.6
+    speed = host_speed(decisions, window_s=30.0, cores=2)
+    assert speed == [(85.0, 1.5), (90.0, pytest.approx(1.6))]
+    at = speed_at(speed, t0=80.0)
+    assert [at(0.0), at(5.0), at(9.9), at(10.0), at(500.0)] == [1.5, 1.5, 1.5, pytest.approx(1.6),
+                                                               pytest.approx(1.6)]
+
+
+def test_the_diagnostic_steps_the_replicas_at_the_hosts_speed_and_sizes_on_the_profile() -> None:
+    profile = load_profile()
+    slower = dataclasses.replace(profile, **{name: getattr(profile, name) * 1.5 for name in (
+        "step_base_s", "per_seq_s", "per_prefill_token_s", "per_context_token_s", "per_prefill_pair_s")})
+    requests = [SimRequest(i, i * 0.5, 200, 40) for i in range(40)]
+    settings = SimSettings(min_replicas=1, initial_replicas=1, max_replicas=1)
+    # a fixed fleet sizes nothing: the replicas' speed alone moves the result
+    fixed = PolicySpec.parse("static:1")
+    at_speed = simulate(requests, fixed, profile=profile, settings=settings, speed=lambda now: 1.5)
+    on_slower = simulate(requests, fixed, profile=slower, settings=settings)
+    assert at_speed.to_json() | {"wall_s": 0} == on_slower.to_json() | {"wall_s": 0}
+    at_profile = simulate(requests, fixed, profile=profile, settings=settings)
+    assert at_speed.ttft_p95_s is not None and at_profile.ttft_p95_s is not None
+    assert at_speed.ttft_p95_s > at_profile.ttft_p95_s

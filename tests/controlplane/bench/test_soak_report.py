@@ -19,8 +19,10 @@ from inference.bench.report import BAD, CANCEL, STREAM, RequestRecord
 START = 1_800_000_000.0
 
 
-def sample(t: float, *, rss: float, fds: int, tasks: int, kv: int = 0, pid: int = 100) -> Sample:
-    return Sample(t=t, wall=START + t, processes=(ProcessSample("replica r1", pid, int(rss), fds, tasks),),
+def sample(t: float, *, rss: float, fds: int, tasks: int, kv: int = 0, pid: int = 100,
+           connections: int | None = None) -> Sample:
+    process = ProcessSample("replica r1", pid, int(rss), fds, tasks, connections=connections)
+    return Sample(t=t, wall=START + t, processes=(process,),
                   kv_blocks_in_use={"r1": kv}, requests_running={"r1": 0}, store_bytes=4096,
                   store_rows={"events": int(t)}, prometheus_series=100, ready=2, desired=2)
 
@@ -94,6 +96,25 @@ def test_tasks_or_descriptors_whose_floor_rises_every_quarter_fail() -> None:
                for i in range(60)]
     got = outcomes(run(leaking))
     assert got["fd_growth"] == "fail" and got["task_growth"] == "fail"
+
+
+def test_connections_a_peer_keeps_open_are_not_a_descriptor_leak() -> None:
+    """A replica that takes over a killed one's traffic holds more of the gateway's connections from then
+    on: its descriptors' floors rise every quarter, all of it established connections. A descriptor that
+    is not an established connection (a file, a socket left in CLOSE_WAIT) still fails."""
+    pooled = [sample(10.0 * i, rss=600e6, fds=19 + i // 10 + i % 3, tasks=4,
+                     connections=5 + i // 10 + i % 3)
+              for i in range(60)]
+    assert outcomes(run(pooled))["fd_growth"] == "pass"
+    uncounted = [sample(s.t, rss=600e6, fds=s.processes[0].num_fds, tasks=4) for s in pooled]
+    verdict = next(v for v in run(uncounted).verdicts if v.name.startswith("fd_growth"))
+    assert verdict.outcome == "fail" and "rise every quarter" in verdict.detail
+    leaking = [sample(10.0 * i, rss=600e6, fds=19 + i // 10 + i % 3, tasks=4, connections=5 + i % 3)
+               for i in range(60)]
+    verdict = next(v for v in run(leaking).verdicts if v.name.startswith("fd_growth"))
+    assert verdict.outcome == "fail"
+    assert verdict.detail == ("floors per quarter of descriptors less established connections "
+                              "16, 17, 18, 19 rise every quarter")
 
 
 def test_a_process_restarted_late_is_not_judged_and_says_why() -> None:

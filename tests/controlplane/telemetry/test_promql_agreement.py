@@ -17,7 +17,7 @@ import pytest
 
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
 from controlplane.telemetry.base import Group
-from controlplane.telemetry.promql import gauge_query, quantile_query, rate_query
+from controlplane.telemetry.promql import gauge_query, quantile_query, rate_query, ratio_query
 from controlplane.telemetry.scraper import ScraperSource
 
 STEP_S = 10
@@ -34,6 +34,11 @@ SERIES: list[tuple[str, dict[str, str], Values]] = [  # (series name, labels, va
     ("c_total", {"replica": "a"}, [0, 10, 20, 5, 15, 25, 35]),  # a restart at 20 s
     ("c_total", {"replica": "b"}, [None, None, 100, 110, 120, 130, 140]),  # joined late, counter not at 0
     ("c_total", {"replica": "c"}, [3, 4, 1, 9, 2, 2, 7]),  # two resets
+    # tokens counted as requests finish, in bursts, 48 each: their ratio is 48 whatever the extrapolation
+    ("tok_total", {"replica": "a"}, [0, 48, 48, 144, 192, 192, 288]),
+    ("done_total", {"replica": "a"}, [0, 1, 1, 3, 4, 4, 6]),
+    ("tok_total", {"replica": "b"}, [None, None, 96, 96, 144, 240, 240]),
+    ("done_total", {"replica": "b"}, [None, None, 2, 2, 3, 5, 5]),
     ("g", {"replica": "a"}, [1, 2, 3, 4, 5, 6, 0.25]),
     ("g", {"replica": "b"}, [None, None, 0.5, 0.5, 0.5, 0.5, 0.75]),
     *histogram("a", {
@@ -51,6 +56,7 @@ SERIES: list[tuple[str, dict[str, str], Values]] = [  # (series name, labels, va
 ]
 EVAL_TIMES_S = (60, 65)  # samples reaching the window's end, and stopping 5 s short of it
 Answer = Callable[[ScraperSource], dict[Group, float]]
+RATIO = ratio_query("tok_total", "done_total", window_s=WINDOW_S, match=None)  # 48 tokens per finish
 QUERIES: list[tuple[str, Answer]] = [  # (PromQL as PrometheusSource sends it, how the scraper answers it)
     (rate_query("c_total", window_s=WINDOW_S, by=("replica",), match=None),
      lambda s: s.rate("c_total", window_s=WINDOW_S, by=("replica",))),
@@ -58,6 +64,8 @@ QUERIES: list[tuple[str, Answer]] = [  # (PromQL as PrometheusSource sends it, h
      lambda s: s.rate("c_total", window_s=WINDOW_S, by=())),
     (gauge_query("g", by=("replica",), match=None, agg="max"), lambda s: s.gauge("g", agg="max")),
     (gauge_query("g", by=(), match=None, agg="avg"), lambda s: s.gauge("g", by=(), agg="avg")),
+    (RATIO,
+     lambda s: {(): value} if (value := s.ratio("tok_total", "done_total", window_s=WINDOW_S)) else {}),
     *[(quantile_query("h", q, window_s=WINDOW_S, by=by, match=None),
        lambda s, q=q, by=by: s.quantile("h", q, window_s=WINDOW_S, by=by))
       for q in (0.5, 0.9, 0.99) for by in (("replica",), ())],
@@ -126,6 +134,8 @@ def test_scraper_agrees_with_prometheus_engine(tmp_path: Path) -> None:
     for eval_time in EVAL_TIMES_S:
         for (promql, _), answer in zip(QUERIES, scraper_answers(eval_time)):
             assert answer, f"the scraper answered nothing for {promql} at {eval_time}s"
+            if promql == RATIO:
+                assert answer == {(): pytest.approx(48.0)}, answer
             cases.append(promtool_case(promql, eval_time, answer, by_of(promql)))
     (tmp_path / "rules.yml").write_text("groups: []\n")
     test_file = tmp_path / "agreement_test.yml"

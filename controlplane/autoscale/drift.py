@@ -1,0 +1,141 @@
+"""How far the live replicas run from their profile: the engine time they spent against what the profile
+predicts for the same steps.
+
+Every count the autoscaler sizes by, and every what-if simulation, prices engine steps with the replica
+profile (:mod:`controlplane.autoscale.profile`). A profile measured on another host, or on this host on a
+day it ran faster, prices them wrong, and nothing else would say so: the fleet would only look slow.
+The replicas export their engine's busy seconds and their steps' work in the profile's own terms (steps,
+decoded sequences, prefill tokens, keys the decoded tokens attended to, prefill attention pairs;
+:mod:`inference.metrics`). The profile's step time is linear in those terms, so the engine time it
+predicts over a window is its coefficients times the terms' rates, exactly, whatever the steps held; the
+ratio of the busy time observed to that prediction is the drift: 1.0 on the profile, 1.3 for replicas
+running 30% slower than it. Replicas that share a host's cores (more busy replicas than cores) read
+slower by the sharing too: the drift is what the profile misses on this host, whatever the cause, and the
+per-replica ratios tell one slow replica from a slow host. The replicas also count the CPU seconds their
+engine thread ran within its steps (``llmsre_engine_step_cpu_seconds_total``): over the steps' seconds
+(busy less turn) that is the share of its step time an engine ran on a core (:attr:`ProfileDrift.on_cpu`),
+and the drift times that share is the engine's own cost against the profile
+(:attr:`ProfileDrift.cpu_ratio`). An engine waiting for cores held by other processes or replicas reads
+slow in the drift and below 1 in the share; one that runs slower on a core of its own does not lower the
+share. The autoscaler puts it in every decision
+record (with a note when it is beyond :data:`STALE_BEYOND`), the control plane's metrics page and the
+console show it, and ``python -m controlplane.bench sim-vs-live`` reports it for the live run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from controlplane.autoscale.profile import ReplicaProfile
+from controlplane.telemetry.base import Telemetry
+
+ENGINE_BUSY = "llmsre_engine_busy_seconds_total"
+ENGINE_TURN = "llmsre_engine_turn_seconds_total"  # of the busy seconds, those between two steps
+ENGINE_STEP_CPU = "llmsre_engine_step_cpu_seconds_total"  # of the steps' seconds, those on a CPU
+STEP_WORK = "llmsre_engine_step_work_total"  # by term, as inference.metrics.STEP_WORK_TERMS names them
+# A replica busy less than this share of the window ran too few steps to judge (a few steps' noise, or
+# the first step of a shape, would read as drift).
+MIN_BUSY_SHARE = 0.05
+STALE_BEYOND = 0.25  # a drift further than this from 1.0 says so in the decision record
+# A stale drift's note names waiting for cores when the engines ran on a core less than this share of their
+# steps' time (the interpreter lock and the odd preemption cost a replica alone on a core a few percent).
+STARVED_BELOW = 0.9
+
+
+@dataclass(slots=True, frozen=True)
+class ProfileDrift:
+    """Engine seconds per second observed and predicted by the profile, fleet-wide and per replica."""
+
+    busy_s_per_s: float
+    predicted_s_per_s: float
+    replicas: Mapping[str, float] = field(default_factory=dict)  # replica -> its own ratio
+    # CPU seconds over step seconds of the judged replicas that export both (None: none does)
+    on_cpu: float | None = None
+
+    @property
+    def ratio(self) -> float:
+        return self.busy_s_per_s / self.predicted_s_per_s
+
+    @property
+    def cpu_ratio(self) -> float | None:
+        """The engines' CPU time over the profile's prediction: the drift with waiting for cores taken out."""
+        return None if self.on_cpu is None else self.ratio * self.on_cpu
+
+    @property
+    def is_stale(self) -> bool:
+        return abs(self.ratio - 1.0) > STALE_BEYOND
+
+    def note(self) -> str | None:
+        """What the decision record says when the profile is stale; None when it holds."""
+        if not self.is_stale:
+            return None
+        way = "slower" if self.ratio > 1 else "faster"
+        waited = ""
+        if self.on_cpu is not None and self.on_cpu < STARVED_BELOW:
+            waited = (f"; the engines ran on a core {self.on_cpu:.0%} of their steps' time and waited for "
+                      f"one the rest (other processes or replicas on these cores), {self.cpu_ratio:.2f}x "
+                      f"the profile on a core")
+        return (f"profile drift {self.ratio:.2f}: the replicas ran {way} than their profile "
+                f"({self.busy_s_per_s:.3g} engine s/s against {self.predicted_s_per_s:.3g} predicted"
+                f"{waited}): a profile from another host or day, or replicas sharing cores; every count "
+                f"priced by it is off by as much (`controlplane calibrate` measures this host)")
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {"ratio": round(self.ratio, 4), "stale": self.is_stale,
+               "busy_s_per_s": round(self.busy_s_per_s, 6),
+               "predicted_s_per_s": round(self.predicted_s_per_s, 6),
+               "replicas": {r: round(v, 4) for r, v in sorted(self.replicas.items())}}
+        if self.on_cpu is not None:
+            out["on_cpu"] = round(self.on_cpu, 4)
+        return out
+
+
+def predicted_seconds(profile: ReplicaProfile, work: Mapping[str, float]) -> float:
+    """Engine seconds the profile predicts for steps whose summed work per term (the replicas' ``term``
+    label) is ``work``."""
+    return profile.seconds(steps=work.get("steps", 0.0), num_decode=work.get("decode_sequences", 0.0),
+                           num_prefill_tokens=work.get("prefill_tokens", 0.0),
+                           context_tokens=work.get("context_tokens", 0.0),
+                           prefill_pairs=work.get("prefill_pairs", 0.0))
+
+
+def drift_from(profile: ReplicaProfile, busy: Mapping[str, float], work: Mapping[str, Mapping[str, float]],
+               *, step_cpu: Mapping[str, float] | None = None,
+               turn: Mapping[str, float] | None = None) -> ProfileDrift | None:
+    """The drift from per-replica busy seconds and work per term (totals over one span, or rates over a
+    window: the ratio is the same), and the share of their steps' seconds on a CPU from their step CPU and
+    turn seconds where they export them; None when no replica has busy seconds and work."""
+    ratios: dict[str, float] = {}
+    observed = predicted = on_cpu = stepping = 0.0
+    for replica, seconds in busy.items():
+        expected = predicted_seconds(profile, work.get(replica, {}))
+        if expected <= 0 or seconds <= 0:
+            continue
+        ratios[replica] = seconds / expected
+        observed, predicted = observed + seconds, predicted + expected
+        cpu, between = (step_cpu or {}).get(replica), (turn or {}).get(replica, 0.0)
+        if cpu is not None and seconds - between > 0:
+            on_cpu, stepping = on_cpu + cpu, stepping + seconds - between
+    if predicted <= 0:
+        return None
+    return ProfileDrift(observed, predicted, ratios, on_cpu / stepping if stepping > 0 else None)
+
+
+def observe_drift(telemetry: Telemetry, profile: ReplicaProfile, *,
+                  window_s: float | None) -> ProfileDrift | None:
+    """The drift over the metrics window, of the replicas busy at least :data:`MIN_BUSY_SHARE` of it;
+    None when none was (or the replicas export no work counters). Telemetry errors propagate."""
+    busy = {group[0]: v for group, v in telemetry.rate(ENGINE_BUSY, window_s=window_s).items()
+            if v >= MIN_BUSY_SHARE}
+    if not busy:
+        return None
+    work: dict[str, dict[str, float]] = {}
+    for (replica, term), value in telemetry.rate(STEP_WORK, window_s=window_s,
+                                                 by=("replica", "term")).items():
+        work.setdefault(replica, {})[term] = value
+    per_replica = {metric: {group[0]: v for group, v in telemetry.rate(metric, window_s=window_s).items()}
+                   for metric in (ENGINE_STEP_CPU, ENGINE_TURN)}
+    return drift_from(profile, busy, work, step_cpu=per_replica[ENGINE_STEP_CPU],
+                      turn=per_replica[ENGINE_TURN])
