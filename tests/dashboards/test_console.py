@@ -301,6 +301,7 @@ def test_audit_page_lists_who_did_what(console: Console, driver: WebDriver) -> N
 
 def test_rollouts_page_shows_no_release_yet_and_registers_a_version(console: Console,
                                                                      driver: WebDriver) -> None:
+    log_in(driver, console.url, "admin", console.admin_password)  # so that it also runs alone
     visit(driver, console, "rollouts", "#ro-versions tr")
     wait_for(driver, "#ro-no-versions")
     wait_for(driver, "#ro-no-release")
