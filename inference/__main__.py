@@ -31,12 +31,14 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=_default(EngineConfig, "max_num_seqs"))
     p.add_argument("--max-num-batched-tokens", type=int,
                    default=_default(EngineConfig, "max_num_batched_tokens"))
+    p.add_argument("--decode-graphs", action="store_true",
+                   help="replay pure-decode steps as CUDA graphs at bucketed batch sizes (captured at start)")
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                        num_threads=getattr(args, "num_threads", 0))
+                        num_threads=getattr(args, "num_threads", 0), decode_graphs=args.decode_graphs)
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -31,6 +31,9 @@ class EngineConfig:
     # CPU: linear weights reordered once for oneDNN at load (inference/packed_linear.py). Off by default: a
     # soak measured a replica's RSS growing 11.5% in 112 s with it (oneDNN keeps a primitive per batch shape)
     pack_linear_weights: bool = False
+    # Pure-decode steps replayed as CUDA graphs at bucketed batch sizes and context widths
+    # (inference/decode_graphs.py); without CUDA the same padded buckets run eagerly (what tests check).
+    decode_graphs: bool = False
 
     def __post_init__(self) -> None:
         _positive("max_num_seqs", self.max_num_seqs)

@@ -23,7 +23,7 @@ from inference import step_profile
 from inference.config import EngineConfig
 from inference.device import select_device
 from inference.kv_blocks import BlockManager
-from inference.model_runner import ModelRunner, plan_cache
+from inference.model_runner import GraphsConfig, ModelRunner, plan_cache
 from inference.models.default import ensure_default_model
 from inference.models.default_moe import ensure_default_moe_model
 from inference.models.loader import load_model
@@ -126,8 +126,11 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    config.enable_chunked_prefill), self.block_manager)
         kernel = make_npu_decode_kernel() if self.device.kind == "npu" else None
+        graphs = (GraphsConfig(config.max_num_seqs, -(-self.max_model_len // layout.block_size))
+                  if config.decode_graphs else None)
         self.runner = ModelRunner(self.model, layout, device=self.device.torch_device, dtype=self.dtype,
-                                  int8_kv=config.kv_cache_dtype == "int8", decode_kernel=kernel)
+                                  int8_kv=config.kv_cache_dtype == "int8", decode_kernel=kernel,
+                                  graphs=graphs)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.requests: dict[str, _Request] = {}
         self._by_seq: dict[int, _Request] = {}  # the same requests, by sequence id

@@ -24,6 +24,7 @@ from inference.attention import (
     attention_context,
     score_bias,
 )
+from inference.decode_graphs import DecodeGraphs, unsupported_reason
 from inference.kv_quant import (
     GatherWorkspace,
     Int8KVCacheStore,
@@ -125,13 +126,21 @@ def decode_group_bounds(context_lens: list[int], block_size: int) -> list[tuple[
     return bounds
 
 
+@dataclass(slots=True, frozen=True)
+class GraphsConfig:
+    """Decode graphs' bounds: batches up to ``max_num_seqs``, contexts up to ``max_blocks`` blocks."""
+
+    max_num_seqs: int
+    max_blocks: int
+
+
 LogitsHook = Callable[[list[ScheduledSeq], torch.Tensor], None]
 
 
 class ModelRunner:
     def __init__(self, model: CausalLM, layout: CacheLayout, *, device: torch.device,
                  dtype: torch.dtype, int8_kv: bool = False, seed: int = 0,
-                 decode_kernel: DecodeKernel | None = None) -> None:
+                 decode_kernel: DecodeKernel | None = None, graphs: GraphsConfig | None = None) -> None:
         self.model = model
         self.layout = layout
         self.device = device
@@ -140,45 +149,64 @@ class ModelRunner:
         if len(self.attention_layers) != layout.num_layers:
             raise ValueError(f"model has {len(self.attention_layers)} attention layers, "
                              f"cache planned for {layout.num_layers}")
+        self.graphs_unavailable = None if graphs is None else unsupported_reason(
+            self.attention_layers, int8_kv=int8_kv, fused_kernel=decode_kernel is not None)
+        if graphs is not None and self.graphs_unavailable is not None:
+            logger.warning("decode graphs unavailable: %s; decode steps run eagerly", self.graphs_unavailable)
+        use_graphs = graphs is not None and self.graphs_unavailable is None
+        # Decode graphs pad batches with rows that write into a block no sequence owns: one past the pool.
+        num_blocks = layout.num_blocks + (1 if use_graphs else 0)
         workspace = GatherWorkspace()
         for layer in self.attention_layers:
             if isinstance(layer, LatentAttention):
                 latent_store = Int8LatentCacheStore if int8_kv else LatentCacheStore
-                layer.cache = latent = latent_store(layout.num_blocks, layout.block_size, layer.latent_width,
+                layer.cache = latent = latent_store(num_blocks, layout.block_size, layer.latent_width,
                                                     dtype=dtype, device=device)
                 latent.workspace = workspace
             else:
                 kv_store = Int8KVCacheStore if int8_kv else KVCacheStore
-                layer.cache = kv = kv_store(layout.num_blocks, layout.block_size, layout.num_kv_heads,
+                layer.cache = kv = kv_store(num_blocks, layout.block_size, layout.num_kv_heads,
                                             layout.head_dim, dtype=dtype, device=device)
                 kv.workspace = workspace
                 layer.decode_kernel = decode_kernel
         self.sampler = Sampler(device, seed)
         self.logits_hook: LogitsHook | None = None  # tests compare logits with a reference model
+        self.graphs: DecodeGraphs | None = None
+        if graphs is not None and use_graphs:
+            stores = [layer.cache for layer in self.attention_layers if isinstance(layer, Attention)]
+            self.graphs = DecodeGraphs(model, [s for s in stores if s is not None],
+                                       block_size=layout.block_size, scratch_block=layout.num_blocks,
+                                       max_num_seqs=graphs.max_num_seqs, max_blocks=graphs.max_blocks,
+                                       device=device, dtype=dtype, capture=device.type == "cuda")
 
     @torch.inference_mode()
     def run(self, out: SchedulerOutput,
             rows: list[SamplingRow]) -> tuple[list[int | None], list[TokenLogprob | None]]:
         """``rows`` holds sampling parameters for the scheduled items that sample, in order."""
-        batch = self.prepare(out.scheduled)
-        step_profile.lap(PREPARE)
-        with attention_context(batch.context):
-            hidden = self.model(batch.input_ids, batch.positions)
-        step_profile.lap(MODEL_REST)
         tokens: list[int | None] = [None] * len(out.scheduled)
         logprobs: list[TokenLogprob | None] = [None] * len(out.scheduled)
-        if not batch.sample_rows:
-            return tokens, logprobs
-        logits = self.model.compute_logits(hidden[batch.sample_rows]).float()
-        step_profile.lap(LOGITS)
+        replayed = None if self.graphs is None else self.graphs.run(out.scheduled)
+        if replayed is not None:
+            logits, sample_items = replayed
+        else:
+            batch = self.prepare(out.scheduled)
+            step_profile.lap(PREPARE)
+            with attention_context(batch.context):
+                hidden = self.model(batch.input_ids, batch.positions)
+            step_profile.lap(MODEL_REST)
+            if not batch.sample_rows:
+                return tokens, logprobs
+            logits = self.model.compute_logits(hidden[batch.sample_rows]).float()
+            step_profile.lap(LOGITS)
+            sample_items = batch.sample_items
         if self.logits_hook is not None:
-            self.logits_hook([out.scheduled[i] for i in batch.sample_items], logits)
+            self.logits_hook([out.scheduled[i] for i in sample_items], logits)
         # ``rows`` follow the scheduled order; the logits follow the batch layout (prefills first, then
         # decodes by context length).
         row_of = dict(zip((i for i, s in enumerate(out.scheduled) if s.samples), rows, strict=True))
-        laid_out = [row_of[i] for i in batch.sample_items]
+        laid_out = [row_of[i] for i in sample_items]
         sampled = self.sampler(logits, laid_out)
-        for item, token, logprob in zip(batch.sample_items, sampled.token_ids, sampled.logprobs, strict=True):
+        for item, token, logprob in zip(sample_items, sampled.token_ids, sampled.logprobs, strict=True):
             tokens[item], logprobs[item] = token, logprob
         step_profile.lap(SAMPLING)
         return tokens, logprobs

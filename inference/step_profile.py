@@ -115,3 +115,14 @@ def profiling(profile: StepProfile) -> Iterator[StepProfile]:
         yield profile
     finally:
         _current = previous
+
+
+@contextmanager
+def paused() -> Iterator[None]:
+    """No profile records inside this block (a CUDA graph's capture: a lap would synchronize in it)."""
+    global _current
+    previous, _current = _current, None
+    try:
+        yield
+    finally:
+        _current = previous

@@ -379,7 +379,15 @@ def run_offline(config: OfflineConfig) -> OfflineResult:
         output_lens=tuple(r.output_len for r in requests),
         max_num_seqs=config.engine.max_num_seqs, kv_cache_dtype=config.engine.kv_cache_dtype,
         num_preemptions=preemptions, paths=tuple(paths), roofline=roofline,
-        kv_cache=kv_cache_footprint(engine), decode_profile=decode_profile, float32_agreement=agreement)
+        kv_cache=kv_cache_footprint(engine), decode_profile=decode_profile, float32_agreement=agreement,
+        decode_graphs=graphs_summary(engine) if config.engine.decode_graphs else None)
+
+
+def graphs_summary(engine: LLMEngine) -> str:
+    runner = engine.runner
+    if runner.graphs is None:
+        return f"unavailable: {runner.graphs_unavailable}"
+    return runner.graphs.summary()
 
 
 # ---- the command line --------------------------------------------------------------------------
@@ -401,6 +409,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--packed-weights", action="store_true",
                    help="the engine's linear weights packed once for oneDNN at load instead of torch's "
                         "linear (off by default: its memory is not bounded yet)")
+    p.add_argument("--decode-graphs", action="store_true",
+                   help="the engine replays pure-decode steps as CUDA graphs (inference/decode_graphs.py)")
     p.add_argument("--skip-hf", action="store_true", help="time only the engine")
     p.add_argument("--hf-one-at-a-time-requests", type=int, default=None, metavar="N",
                    help="run the one-at-a-time baseline on the first N requests only (default: all)")
@@ -421,7 +431,7 @@ def config_from_args(args: argparse.Namespace) -> OfflineConfig:
         workload=WorkloadSpec(num_requests=args.num_requests, seed=args.seed),
         engine=EngineConfig(max_num_seqs=args.max_num_seqs, kv_cache_dtype=args.kv_cache_dtype,
                             device=args.device, num_threads=args.num_threads, dtype=args.dtype,
-                            pack_linear_weights=args.packed_weights),
+                            pack_linear_weights=args.packed_weights, decode_graphs=args.decode_graphs),
         skip_hf=args.skip_hf, hf_one_at_a_time_requests=args.hf_one_at_a_time_requests,
         hf_batch_size=args.hf_batch_size, show_progress=not args.no_progress, repeats=args.repeats,
         vllm_python=args.vs_vllm)

@@ -155,6 +155,7 @@ class OfflineResult:
     kv_cache: KvCacheFootprint | None = None
     decode_profile: Breakdown | None = None  # where a pure-decode step's time goes (a profiled run)
     float32_agreement: Agreement | None = None  # below float32 only
+    decode_graphs: str | None = None  # with --decode-graphs: what was captured and replayed, or why not
 
     @property
     def num_requested_output_tokens(self) -> int:
@@ -235,6 +236,8 @@ def format_result(result: OfflineResult) -> str:
         lines += ["", f"Agreement with a float32 engine (greedy, the first {a.num_requests} requests): "
                       f"{a.share_before_divergence:.1%} of tokens before the first divergence, "
                       f"{a.num_identical} of {a.num_requests} outputs identical"]
+    if result.decode_graphs is not None:
+        lines += ["", f"Decode graphs: {result.decode_graphs}"]
     if result.kv_cache is not None:
         lines += ["", format_kv_cache(result.kv_cache)]
     if result.decode_profile is not None:

@@ -3,10 +3,14 @@
 Prompts of different lengths are submitted together and decoded concurrently; the reference runs each
 prompt alone through ``generate``. Variants force the paths that could break equality: prefix-cache hits,
 preemption under a tiny KV pool, and chunked prefill.
+
+The engine runs on the CPU; ``LLMSRE_TEST_DEVICE=cuda`` runs it on a GPU instead (the reference stays on
+the CPU), which is how a machine with one checks the CUDA path.
 """
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +28,7 @@ transformers = pytest.importorskip("transformers")
 PROMPT_LENGTHS = (3, 9, 17, 30, 45, 64, 81, 100)
 MAX_TOKENS = 12
 BLOCK_SIZE = 8
+DEVICE = os.environ.get("LLMSRE_TEST_DEVICE", "cpu")
 
 
 @dataclass
@@ -47,7 +52,8 @@ def run_engine(folder: Path, prompts: list[list[int]], config: EngineConfig, *,
 
     def capture(items: list[ScheduledSeq], rows: torch.Tensor) -> None:
         for item, row in zip(items, rows):
-            logits.setdefault(item.seq.seq_id, []).append(row.clone())
+            # a copy on the CPU, where the reference is (the engine may run on a GPU)
+            logits.setdefault(item.seq.seq_id, []).append(row.to("cpu", copy=True))
 
     engine.runner.logits_hook = capture
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
@@ -94,7 +100,7 @@ def assert_equal_to_reference(run: Run, ref_out: dict[str, list[int]],
 
 
 def base_config(**overrides: object) -> EngineConfig:
-    values: dict[str, object] = {"device": "cpu", "dtype": "float32", "block_size": BLOCK_SIZE,
+    values: dict[str, object] = {"device": DEVICE, "dtype": "float32", "block_size": BLOCK_SIZE,
                                  "num_kv_blocks": 256, "max_num_batched_tokens": 2048}
     values.update(overrides)
     return EngineConfig(**values)  # type: ignore[arg-type]

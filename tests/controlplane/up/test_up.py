@@ -11,6 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from controlplane.views import MetricSummary
+
 from .conftest import Running, poll, prometheus_pids, replica_pids, start, wait_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -22,15 +24,28 @@ def test_up_serves_three_ready_replicas_in_three_zones_and_sigterm_leaves_no_chi
     with running.client() as client:
         fleet = client.fleet()
     assert sorted(r.zone for r in fleet.replicas) == ["az-a", "az-b", "az-c"]
-    for i in range(25):
-        response = httpx.post(f"{running.gateway}/v1/completions",
-                              json={"prompt": f"hi {i}", "max_tokens": 4}, timeout=30)
-        assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4
+    sent = 0
+
+    def complete(count: int) -> None:
+        nonlocal sent
+        for _ in range(count):
+            response = httpx.post(f"{running.gateway}/v1/completions",
+                                  json={"prompt": f"hi {sent}", "max_tokens": 4}, timeout=30)
+            assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4
+            sent += 1
+
+    def summary_under_traffic() -> MetricSummary:
+        # a rate needs two scrapes of a counter that moved between them: traffic that all came before a
+        # replica's first scrape (a busy machine) shows as no rate, so it goes on while the test waits
+        complete(2)
+        return client.summary("fleet")
+
+    complete(25)
     with running.client() as client:
         # the gateway delivers traces in batches each second: the first 20 requests are all kept (the
         # sampler keeps everything until it knows the tail), the rest sampled
         traces = poll(lambda: client.slow_traces(limit=100), lambda t: len(t) >= 20)
-        summary = poll(lambda: client.summary("fleet"), lambda s: s.qps and s.ttft.p99)
+        summary = poll(summary_under_traffic, lambda s: s.qps and s.ttft.p99)
         zone = client.summary("zone:az-a")
     assert len(traces) >= 20 and traces[0].e2e_s >= traces[-1].e2e_s  # slowest first
     assert {t.replica_id for t in traces} <= {r.replica_id for r in fleet.replicas}
