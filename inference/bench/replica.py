@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--range-ratio", type=float, default=0.5)
     p.add_argument("--threads", type=int, default=1, help="torch threads for the engine and the replica")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="for the engine and the replica: auto, cpu, cuda[:N]")
+    p.add_argument("--decode-graphs", action="store_true",
+                   help="the engine and the replica replay pure-decode steps as CUDA graphs")
     p.add_argument("--sustained", action="store_true",
                    help="then search the highest rate served within --ttft-slo-ms and --tpot-slo-ms at p99")
     p.add_argument("--ttft-slo-ms", type=float, default=1000.0)
@@ -77,9 +80,10 @@ class Probe:
                 f"-> {'held' if self.held else 'missed'}")
 
 
-def offline_ttfts(dataset: DatasetConfig, threads: int) -> dict[int, float]:
+def offline_ttfts(dataset: DatasetConfig, args: argparse.Namespace) -> dict[int, float]:
     """Engine-only TTFT of each request, submitted alone (no HTTP, no serialization)."""
-    engine = LLMEngine("default", EngineConfig(num_threads=threads))
+    engine = LLMEngine("default", EngineConfig(num_threads=args.threads, device=args.device,
+                                               decode_graphs=args.decode_graphs))
     result: dict[int, float] = {}
     for request in build_requests(dataset):
         prompt = render_prompt(request, "token_ids", seed=dataset.seed, vocab_size=dataset.vocab_size)
@@ -101,7 +105,9 @@ def run_rates(args: argparse.Namespace, datasets: list[DatasetConfig],
     with tempfile.TemporaryDirectory() as tmp:
         replica = ReplicaProcess(free_port(), replica_id="bench-0", log_path=Path(tmp) / "replica.log",
                                  extra_args=["--num-threads", str(args.threads), "--max-waiting-requests",
-                                             "100000", "--max-waiting-tokens", "100000000"])
+                                             "100000", "--max-waiting-tokens", "100000000",
+                                             "--device", args.device,
+                                             *(["--decode-graphs"] if args.decode_graphs else [])])
         with replica:
             replica.wait_ready()
             for rate, dataset in zip(rates, datasets):
@@ -223,7 +229,7 @@ def _run(args: argparse.Namespace) -> int:
                               output_len=args.output_len, range_ratio=args.range_ratio, seed=args.seed + i)
                 for i in range(len(rates))]
     lowest = min(range(len(rates)), key=rates.__getitem__)
-    offline = offline_ttfts(datasets[lowest], args.threads)
+    offline = offline_ttfts(datasets[lowest], args)
     results, probes = run_rates(args, datasets, rates)
     print("\n" + summary_table(results))
     line, share = overhead_line(results[lowest], offline)
