@@ -31,8 +31,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=_default(EngineConfig, "max_num_seqs"))
     p.add_argument("--max-num-batched-tokens", type=int,
                    default=_default(EngineConfig, "max_num_batched_tokens"))
-    p.add_argument("--decode-graphs", action="store_true",
-                   help="replay pure-decode steps as CUDA graphs at bucketed batch sizes (captured at start)")
+    p.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="replay pure-decode steps as CUDA graphs, captured at start (default: on with CUDA)")
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:

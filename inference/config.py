@@ -32,14 +32,19 @@ class EngineConfig:
     # soak measured a replica's RSS growing 11.5% in 112 s with it (oneDNN keeps a primitive per batch shape)
     pack_linear_weights: bool = False
     # Pure-decode steps replayed as CUDA graphs at bucketed batch sizes and context widths
-    # (inference/decode_graphs.py); without CUDA the same padded buckets run eagerly (what tests check).
-    decode_graphs: bool = False
+    # (inference/decode_graphs.py). None: on where the device is CUDA. Asked for without CUDA, the same
+    # padded buckets run eagerly (what tests check on a CPU).
+    decode_graphs: bool | None = None
+    # The longest context a captured step covers (longer ones run eagerly): a graph gathers keys and values
+    # at its bucket's full width, so this bounds that memory (max_num_seqs x this x KV bytes per token).
+    decode_graphs_max_context: int = 4096
 
     def __post_init__(self) -> None:
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("block_size", self.block_size)
         _positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
+        _positive("decode_graphs_max_context", self.decode_graphs_max_context)
         if self.num_kv_blocks < 0:
             raise ValueError(f"num_kv_blocks: must be >= 0, got {self.num_kv_blocks}")
         if self.max_model_len < 0:

@@ -126,8 +126,10 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    config.enable_chunked_prefill), self.block_manager)
         kernel = make_npu_decode_kernel() if self.device.kind == "npu" else None
-        graphs = (GraphsConfig(config.max_num_seqs, -(-self.max_model_len // layout.block_size))
-                  if config.decode_graphs else None)
+        use_graphs = self.device.kind == "cuda" if config.decode_graphs is None else config.decode_graphs
+        captured_context = min(self.max_model_len, config.decode_graphs_max_context)
+        graphs = (GraphsConfig(config.max_num_seqs, -(-captured_context // layout.block_size))
+                  if use_graphs else None)
         self.runner = ModelRunner(self.model, layout, device=self.device.torch_device, dtype=self.dtype,
                                   int8_kv=config.kv_cache_dtype == "int8", decode_kernel=kernel,
                                   graphs=graphs)

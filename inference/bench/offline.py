@@ -380,7 +380,11 @@ def run_offline(config: OfflineConfig) -> OfflineResult:
         max_num_seqs=config.engine.max_num_seqs, kv_cache_dtype=config.engine.kv_cache_dtype,
         num_preemptions=preemptions, paths=tuple(paths), roofline=roofline,
         kv_cache=kv_cache_footprint(engine), decode_profile=decode_profile, float32_agreement=agreement,
-        decode_graphs=graphs_summary(engine) if config.engine.decode_graphs else None)
+        decode_graphs=graphs_summary(engine) if graphs_asked(engine, config) else None)
+
+
+def graphs_asked(engine: LLMEngine, config: OfflineConfig) -> bool:
+    return engine.runner.graphs is not None or bool(config.engine.decode_graphs)
 
 
 def graphs_summary(engine: LLMEngine) -> str:
@@ -409,8 +413,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--packed-weights", action="store_true",
                    help="the engine's linear weights packed once for oneDNN at load instead of torch's "
                         "linear (off by default: its memory is not bounded yet)")
-    p.add_argument("--decode-graphs", action="store_true",
-                   help="the engine replays pure-decode steps as CUDA graphs (inference/decode_graphs.py)")
+    p.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="the engine replays pure-decode steps as CUDA graphs (inference/decode_graphs.py; "
+                        "default: on with CUDA)")
     p.add_argument("--skip-hf", action="store_true", help="time only the engine")
     p.add_argument("--hf-one-at-a-time-requests", type=int, default=None, metavar="N",
                    help="run the one-at-a-time baseline on the first N requests only (default: all)")

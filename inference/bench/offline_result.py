@@ -155,7 +155,7 @@ class OfflineResult:
     kv_cache: KvCacheFootprint | None = None
     decode_profile: Breakdown | None = None  # where a pure-decode step's time goes (a profiled run)
     float32_agreement: Agreement | None = None  # below float32 only
-    decode_graphs: str | None = None  # with --decode-graphs: what was captured and replayed, or why not
+    decode_graphs: str | None = None  # when on or asked for: what was captured and replayed, or why not
 
     @property
     def num_requested_output_tokens(self) -> int:

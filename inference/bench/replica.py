@@ -51,8 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads for the engine and the replica")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="for the engine and the replica: auto, cpu, cuda[:N]")
-    p.add_argument("--decode-graphs", action="store_true",
-                   help="the engine and the replica replay pure-decode steps as CUDA graphs")
+    p.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="the engine and the replica replay decode steps as CUDA graphs (default: with CUDA)")
     p.add_argument("--sustained", action="store_true",
                    help="then search the highest rate served within --ttft-slo-ms and --tpot-slo-ms at p99")
     p.add_argument("--ttft-slo-ms", type=float, default=1000.0)
@@ -107,7 +107,7 @@ def run_rates(args: argparse.Namespace, datasets: list[DatasetConfig],
                                  extra_args=["--num-threads", str(args.threads), "--max-waiting-requests",
                                              "100000", "--max-waiting-tokens", "100000000",
                                              "--device", args.device,
-                                             *(["--decode-graphs"] if args.decode_graphs else [])])
+                                             *graphs_flag(args.decode_graphs)])
         with replica:
             replica.wait_ready()
             for rate, dataset in zip(rates, datasets):
@@ -119,6 +119,13 @@ def run_rates(args: argparse.Namespace, datasets: list[DatasetConfig],
                 fixed = [Probe(r.rate, r.report.summary, args.ttft_slo_ms, args.tpot_slo_ms) for r in results]
                 probes = search_sustained(args, replica.base_url, fixed)
     return results, probes
+
+
+def graphs_flag(decode_graphs: bool | None) -> list[str]:
+    """The replica's flag for the engine's ``decode_graphs`` (None: the replica's own default)."""
+    if decode_graphs is None:
+        return []
+    return ["--decode-graphs" if decode_graphs else "--no-decode-graphs"]
 
 
 def search_sustained(args: argparse.Namespace, base_url: str, fixed: list[Probe]) -> list[Probe]:

@@ -81,3 +81,23 @@ def test_models_the_graphs_cannot_capture_run_eagerly_and_say_why(tiny_deepseek_
     assert int8.engine.runner.graphs is None
     assert "INT8" in (int8.engine.runner.graphs_unavailable or "")
 
+
+
+def test_graphs_are_on_by_default_with_cuda_only(tiny_llama_dir: Path) -> None:
+    run = run_engine_with(tiny_llama_dir, make_prompts(vocab_of(tiny_llama_dir), lengths=(3,)),
+                          base_config(decode_graphs=None))
+    assert (run.engine.runner.graphs is not None) == DEVICE.startswith("cuda")
+
+
+def test_contexts_past_the_captured_width_run_eagerly(tiny_llama_dir: Path) -> None:
+    """Captured widths stop at ``decode_graphs_max_context``: a step with a longer context runs eagerly,
+    and the output is the same either way."""
+    prompts = make_prompts(vocab_of(tiny_llama_dir), seed=8, lengths=LENGTHS)
+    # two waves: 3, 17 and 45 tokens (at most 57 with their outputs) first, then 81 and 100
+    run = run_engine_with(tiny_llama_dir, prompts,
+                          base_config(decode_graphs=True, decode_graphs_max_context=64), waves=2)
+    graphs = run.engine.runner.graphs
+    assert graphs is not None and graphs.widths == (8,)  # 64 tokens in blocks of 8
+    decode_steps = sum(1 for s in run.engine.step_stats if s.num_prefill_tokens == 0)
+    assert 0 < graphs.replays < decode_steps  # the first wave replayed, the second not
+    assert_equal_to_reference(run, *reference(tiny_llama_dir, prompts))

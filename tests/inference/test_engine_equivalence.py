@@ -100,7 +100,9 @@ def assert_equal_to_reference(run: Run, ref_out: dict[str, list[int]],
 
 
 def base_config(**overrides: object) -> EngineConfig:
+    # decode graphs off: on a GPU these tests check the eager path (test_decode_graphs.py the graphs)
     values: dict[str, object] = {"device": DEVICE, "dtype": "float32", "block_size": BLOCK_SIZE,
+                                 "decode_graphs": False,
                                  "num_kv_blocks": 256, "max_num_batched_tokens": 2048}
     values.update(overrides)
     return EngineConfig(**values)  # type: ignore[arg-type]
