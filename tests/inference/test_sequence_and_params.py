@@ -164,6 +164,7 @@ def test_default_engine_config_is_valid() -> None:
     ("kv_cache_dtype", "fp8"),
     ("dtype", "float64"),
     ("num_threads", -1),
+    ("decode_graphs_max_context", 0),
 ])
 def test_each_invalid_engine_config_field_raises_a_value_error_naming_it(field: str, value: Any) -> None:
     with pytest.raises(ValueError) as info:
