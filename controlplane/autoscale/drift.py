@@ -127,15 +127,17 @@ def observe_drift(telemetry: Telemetry, profile: ReplicaProfile, *,
                   window_s: float | None) -> ProfileDrift | None:
     """The drift over the metrics window, of the replicas busy at least :data:`MIN_BUSY_SHARE` of it;
     None when none was (or the replicas export no work counters). Telemetry errors propagate."""
-    busy = {group[0]: v for group, v in telemetry.rate(ENGINE_BUSY, window_s=window_s).items()
-            if v >= MIN_BUSY_SHARE}
+    # One read of every counter, so that busy time, CPU time and work cover the same scrapes: read apart,
+    # a scrape between two reads would put one window's CPU seconds over another's busy seconds.
+    rates = telemetry.rates((ENGINE_BUSY, ENGINE_STEP_CPU, ENGINE_TURN, STEP_WORK), window_s=window_s,
+                            by=("replica", "term"))
+    per_replica = {metric: {group[0]: v for group, v in rates[metric].items()}
+                   for metric in (ENGINE_BUSY, ENGINE_STEP_CPU, ENGINE_TURN)}  # no term label: one each
+    busy = {replica: v for replica, v in per_replica[ENGINE_BUSY].items() if v >= MIN_BUSY_SHARE}
     if not busy:
         return None
     work: dict[str, dict[str, float]] = {}
-    for (replica, term), value in telemetry.rate(STEP_WORK, window_s=window_s,
-                                                 by=("replica", "term")).items():
+    for (replica, term), value in rates[STEP_WORK].items():
         work.setdefault(replica, {})[term] = value
-    per_replica = {metric: {group[0]: v for group, v in telemetry.rate(metric, window_s=window_s).items()}
-                   for metric in (ENGINE_STEP_CPU, ENGINE_TURN)}
     return drift_from(profile, busy, work, step_cpu=per_replica[ENGINE_STEP_CPU],
                       turn=per_replica[ENGINE_TURN])

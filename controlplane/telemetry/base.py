@@ -16,7 +16,7 @@ import abc
 import math
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -49,6 +49,7 @@ AGGREGATIONS: tuple[str, ...] = ("sum", "avg", "max", "min", "count")
 RangeKind = Literal["gauge", "rate", "quantile"]
 RANGE_KINDS: tuple[str, ...] = ("gauge", "rate", "quantile")
 Group = tuple[str, ...]
+Rates = dict[str, dict[Group, float]]  # counter -> group -> per-second rate, from one read
 EndpointsProvider = Callable[[], list[ReplicaEndpoint]]
 
 
@@ -205,6 +206,15 @@ class Telemetry(abc.ABC):
         top = self.rate(numerator, window_s=window, by=(), match=match).get(())
         bottom = self.rate(denominator, window_s=window, by=(), match=match).get(())
         return quotient(top, bottom)
+
+    def rates(self, metrics: Sequence[str], *, window_s: float | None = None,
+              by: tuple[str, ...] = ("replica",), match: Matchers | None = None) -> Rates:
+        """Each counter's :meth:`rate`, all read on the same samples (one query, one lock), as ``ratio``
+        does for two sums: read a scrape apart, one counter's window would end a scrape after another's,
+        and a share of one in the other (CPU seconds per busy second) could read over 1. This default,
+        for sources without that guarantee, reads them one after the other."""
+        window = self._window(window_s)
+        return {m: self.rate(m, window_s=window, by=by, match=match) for m in metrics}
 
     def now(self) -> float:
         """Monotonic seconds, the time base of ``observed_at`` (sources with an injected clock override)."""

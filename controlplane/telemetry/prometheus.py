@@ -26,12 +26,20 @@ from controlplane.telemetry.base import (
     Group,
     Matchers,
     RangeKind,
+    Rates,
     Series,
     Telemetry,
     TelemetryError,
     check_range,
 )
-from controlplane.telemetry.promql import gauge_query, quantile_query, rate_query, ratio_query
+from controlplane.telemetry.promql import (
+    RATE_OF_LABEL,
+    gauge_query,
+    quantile_query,
+    rate_query,
+    rates_query,
+    ratio_query,
+)
 
 QUERY_TIMEOUT_S = 5.0
 T = TypeVar("T")
@@ -73,6 +81,19 @@ class PrometheusSource(Telemetry):
               match: Matchers | None = None) -> float | None:
         promql = ratio_query(numerator, denominator, window_s=self._window(window_s), match=match)
         return self.instant(promql, ()).get(())
+
+    def rates(self, metrics: Sequence[str], *, window_s: float | None = None,
+              by: tuple[str, ...] = ("replica",), match: Matchers | None = None) -> Rates:
+        if not metrics:
+            return {}
+        promql = rates_query(metrics, window_s=self._window(window_s), by=by, match=match)
+        result = self._call(promql, lambda: self._client.custom_query(promql))
+        out: dict[str, dict[Group, float]] = {m: {} for m in metrics}
+        for item in result:
+            value = float(item["value"][1])
+            if not math.isnan(value):
+                out[item["metric"][RATE_OF_LABEL]][_group(item["metric"], by)] = value
+        return out
 
     def range(self, kind: RangeKind, metric: str, *, start: float, end: float, step: float,
               q: float | None = None, window_s: float | None = None, by: tuple[str, ...] = ("replica",),

@@ -72,6 +72,19 @@ def rate_query(metric: str, *, window_s: float, by: Sequence[str], match: Matche
     return f"sum {_by(by)} (rate({selector(metric, match)}[{duration(window_s)}]))"
 
 
+# The label that tells apart the rates of one ``rates_query``; not a label any exporter here uses.
+RATE_OF_LABEL = "llmsre_rate_of"
+
+
+def rates_query(metrics: Sequence[str], *, window_s: float, by: Sequence[str],
+                match: Matchers | None) -> str:
+    """Several counters' rates in one query (so on the same samples), each result labelled with its
+    counter's name in :data:`RATE_OF_LABEL`."""
+    parts = [f'label_replace({rate_query(m, window_s=window_s, by=by, match=match)}, '
+             f'"{RATE_OF_LABEL}", "{m}", "", "")' for m in metrics]
+    return " or ".join(parts)
+
+
 def ratio_query(numerator: str, denominator: str, *, window_s: float, match: Matchers | None) -> str:
     """The two rates' sums divided in one query, so that both are read on the same samples; "> 0" leaves
     no answer where the denominator did not move (rather than NaN or +Inf)."""

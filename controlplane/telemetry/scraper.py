@@ -40,6 +40,7 @@ from controlplane.telemetry.base import (
     Group,
     Matchers,
     RangeKind,
+    Rates,
     Series,
     Telemetry,
     check_quantile,
@@ -394,6 +395,14 @@ class ScraperSource(Telemetry):
             at = self.clock()
         rates = (self._rate_at(snaps, at, window, ()).get(()) for snaps in (top, bottom))
         return quotient(*rates)
+
+    def rates(self, metrics: Sequence[str], *, window_s: float | None = None,
+              by: tuple[str, ...] = ("replica",), match: Matchers | None = None) -> Rates:
+        window = self._window(window_s)
+        with self._lock:  # every series as one scrape left them, read at one instant
+            snaps = {m: self._select_locked(m, match) for m in metrics}
+            at = self.clock()
+        return {m: self._rate_at(s, at, window, by) for m, s in snaps.items()}
 
     def range(self, kind: RangeKind, metric: str, *, start: float, end: float, step: float,
               q: float | None = None, window_s: float | None = None, by: tuple[str, ...] = ("replica",),

@@ -92,8 +92,8 @@ def drifting_telemetry(busy: dict[str, float]) -> FixedTelemetry:
     """``busy_telemetry`` plus engine counters: each replica ran 32 steps/s of 2^-5 s by ``PROFILE``
     (1 engine second per second predicted)."""
     telemetry = busy_telemetry()
-    telemetry.rates[ENGINE_BUSY] = {(r,): v for r, v in busy.items()}
-    telemetry.rates[STEP_WORK] = {(r, term): (32.0 if term == "steps" else 0.0)
+    telemetry.rate_values[ENGINE_BUSY] = {(r,): v for r, v in busy.items()}
+    telemetry.rate_values[STEP_WORK] = {(r, term): (32.0 if term == "steps" else 0.0)
                                   for r in ("r1", "r2") for term in work(0)}
     return telemetry
 
@@ -106,8 +106,8 @@ def test_the_observation_judges_only_replicas_busy_enough_and_notes_a_stale_prof
     assert o.drift.on_cpu is None  # replicas that do not count their steps' CPU time
 
     counted = drifting_telemetry({"r1": 1.4, "r2": 0.02})
-    counted.rates[ENGINE_TURN] = {("r1",): 0.4, ("r2",): 0.0}
-    counted.rates[ENGINE_STEP_CPU] = {("r1",): 0.7, ("r2",): 0.02}
+    counted.rate_values[ENGINE_TURN] = {("r1",): 0.4, ("r2",): 0.0}
+    counted.rate_values[ENGINE_STEP_CPU] = {("r1",): 0.7, ("r2",): 0.02}
     o = observe(counted, eps, 2)
     assert o.drift is not None and o.drift.on_cpu == pytest.approx(0.7)  # r1 alone: 0.7 of its 1.0 step s
     assert any("ran on a core 70% of their steps' time" in n for n in o.notes)

@@ -244,7 +244,7 @@ class FixedTelemetry(Telemetry):
                  rates: Mapping[str, dict[Group, float]] | None = None,
                  quantiles: Mapping[str, dict[Group, float]] | None = None, fail: bool = False,
                  panic_rates: Mapping[str, dict[Group, float]] | None = None) -> None:
-        self.gauges, self.rates, self.quantiles, self.fail = gauges or {}, rates or {}, quantiles or {}, fail
+        self.gauges, self.rate_values, self.quantiles, self.fail = gauges or {}, rates or {}, quantiles or {}, fail
         self.panic_rates = panic_rates or {}  # answers for the panic window (6 s), where given
 
     def gauge(self, metric: str, **_: Any) -> dict[Group, float]:  # type: ignore[override]
@@ -257,7 +257,7 @@ class FixedTelemetry(Telemetry):
         if window_s == 6.0 and metric in self.panic_rates:
             got = dict(self.panic_rates[metric])
         else:
-            got = dict(self.rates.get(metric, {}))
+            got = dict(self.rate_values.get(metric, {}))
         if by == () and got:  # per-replica answers summed, as "sum by ()" does
             return {(): sum(got.values())}
         return got
@@ -391,7 +391,7 @@ def test_requests_the_gateways_refuse_for_want_of_capacity_count_as_load_and_sca
     per replica) sizes no change, while the gateways refuse as many requests again. Counted as offered
     load, the same tick sizes four replicas, and the record says why."""
     telemetry = busy_telemetry()
-    telemetry.rates = {**telemetry.rates, HTTP_REQUESTS: {(): 3.0}}
+    telemetry.rate_values = {**telemetry.rate_values, HTTP_REQUESTS: {(): 3.0}}
     unaware = RecordingFleet(2, [endpoint("r1"), endpoint("r2")])
     record = asyncio.run(make(store, clock, unaware, telemetry).tick())
     assert record is not None and unaware.calls == [] and record["inputs"]["refused_rate"] is None

@@ -17,7 +17,14 @@ import pytest
 
 from controlplane.replicas import ReplicaEndpoint, ReplicaState
 from controlplane.telemetry.base import Group
-from controlplane.telemetry.promql import gauge_query, quantile_query, rate_query, ratio_query
+from controlplane.telemetry.promql import (
+    RATE_OF_LABEL,
+    gauge_query,
+    quantile_query,
+    rate_query,
+    rates_query,
+    ratio_query,
+)
 from controlplane.telemetry.scraper import ScraperSource
 
 STEP_S = 10
@@ -66,6 +73,11 @@ QUERIES: list[tuple[str, Answer]] = [  # (PromQL as PrometheusSource sends it, h
     (gauge_query("g", by=(), match=None, agg="avg"), lambda s: s.gauge("g", by=(), agg="avg")),
     (RATIO,
      lambda s: {(): value} if (value := s.ratio("tok_total", "done_total", window_s=WINDOW_S)) else {}),
+    # several counters in one read: each result labelled with its counter
+    (rates_query(("c_total", "tok_total"), window_s=WINDOW_S, by=("replica",), match=None),
+     lambda s: {(metric, *group): value
+                for metric, groups in s.rates(("c_total", "tok_total"), window_s=WINDOW_S).items()
+                for group, value in groups.items()}),
     *[(quantile_query("h", q, window_s=WINDOW_S, by=by, match=None),
        lambda s, q=q, by=by: s.quantile("h", q, window_s=WINDOW_S, by=by))
       for q in (0.5, 0.9, 0.99) for by in (("replica",), ())],
@@ -116,7 +128,8 @@ def promtool_case(promql: str, eval_time: int, answer: dict[Group, float],
 
 def by_of(promql: str) -> tuple[str, ...]:
     inner = promql.split("by (", 1)[1].split(")", 1)[0]
-    return tuple(name for name in (n.strip() for n in inner.split(",")) if name and name != "le")
+    names = tuple(name for name in (n.strip() for n in inner.split(",")) if name and name != "le")
+    return ((RATE_OF_LABEL,) if RATE_OF_LABEL in promql else ()) + names
 
 
 def input_series() -> list[dict[str, str]]:

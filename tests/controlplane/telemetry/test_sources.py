@@ -55,6 +55,18 @@ def test_per_replica_qps_matches_the_traffic_sent(source: Telemetry, observed: O
     assert roughly(fleet[()] * WINDOW_S, sum(observed.sent.values())), fleet
 
 
+def test_several_counters_read_at_once_tell_tokens_per_request(source: Telemetry, observed: Observed) -> None:
+    """``rates`` reads every counter on the same samples: every request generated ``MAX_TOKENS`` tokens, so
+    each replica's token rate over its success rate is that (rate()'s extrapolation cancels; a window
+    that starts while requests stream counts some of their tokens without their finish, hence the
+    tolerance). tests/controlplane/telemetry/test_promql_agreement.py checks the query itself exactly."""
+    settled_rates(source, observed)
+    rates = source.rates((REQUEST_SUCCESS, GENERATION_TOKENS))
+    assert set(rates[REQUEST_SUCCESS]) == set(rates[GENERATION_TOKENS]) == {(rid,) for rid in observed.sent}
+    for group, done in rates[REQUEST_SUCCESS].items():
+        assert rates[GENERATION_TOKENS][group] / done == pytest.approx(MAX_TOKENS, rel=0.15), group
+
+
 def test_ttft_quantiles_are_positive_and_ordered(source: Telemetry, observed: Observed) -> None:
     settled_rates(source, observed)
     p50 = source.quantile(TTFT, 0.5)
