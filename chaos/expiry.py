@@ -73,13 +73,17 @@ class ExpiryGuards:
         """Stop a guard whose fault was reverted already (idempotent; a guard of an earlier run too)."""
         if pid is None:
             return
+        child = self._children.pop(pid, None)
+        if child is not None:  # ours: signalled only while unreaped (a reaped guard's pid may run anything)
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(START_TIMEOUT_S)
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             if _is_guard(pid):
                 os.kill(pid, signal.SIGTERM)
-        child = self._children.pop(pid, None)
-        if child is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(START_TIMEOUT_S)
 
     def reap(self) -> None:
         """Forget guards that exited on their own (after reverting at expiry)."""

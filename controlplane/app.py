@@ -44,7 +44,7 @@ from controlplane.api.state_metrics import ActiveFaultCount
 from controlplane.auth import Auditor, Role, TokenAuthority
 from controlplane.autoscale.loop import Autoscaler
 from controlplane.autoscale.profile import resolve_profile_path
-from controlplane.config import Config, ConfigError
+from controlplane.config import STATE_DIR_ENV, Config, ConfigError
 from controlplane.console import ConsoleProcess, start_console, stop_console
 from controlplane.drills.port import FleetDrillPort, fleet_targets
 from controlplane.drills.service import DrillService
@@ -267,7 +267,10 @@ async def _start(cp: ControlPlane, running: _Running, api_socket: socket.socket)
     ledger = ActiveFaultCount(cp.store)  # the ledger, counted as it is written: /metrics/state reads no SQL
     chaos = running.chaos = FaultManager(
         default_catalogue(admin_tokens=cp.fleet.admin_token, link=cp.gateways.links, cluster=cluster),
-        ledger, guards=ExpiryGuards(environment=child_environment))
+        # the guards carry this state folder in their environment, as the replicas do: which control
+        # plane's guard a process is (a crash drill's orphan count) is read from there
+        ledger, guards=ExpiryGuards(environment=partial(child_environment,
+                                                        {STATE_DIR_ENV: str(cfg.state_path)})))
     leftovers = await chaos.revert_leftovers()  # a crash mid-drill leaves nothing paused or partitioned
     if leftovers:
         logger.warning("reverted %d faults left active by an earlier control plane", len(leftovers))

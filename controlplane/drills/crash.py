@@ -390,7 +390,8 @@ class CrashDrill:
             elif "controlplane.gateway" in cmd and any(a.startswith(f"{state}/gateways/") for a in cmd) and \
                     proc.pid not in owned_gateways:
                 found.append(f"gateway pid {proc.pid}")
-            elif "chaos.expiry" in cmd and proc.create_time() < self.report["t0"]:
+            elif "chaos.expiry" in cmd and proc.create_time() < self.report["t0"] and \
+                    _env_of(proc).get("LLMSRE_STATE_DIR") == state:
                 found.append(f"expiry guard pid {proc.pid} (started before t0, its fault long expired)")
             elif "dashboards" in cmd and "--api" in cmd and cmd[cmd.index("--api") + 1] == self.order.api:
                 consoles.append(proc.pid)

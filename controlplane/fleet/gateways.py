@@ -196,7 +196,7 @@ class GatewaySupervisor:
             raise OSError("no gateway process is running")
         victim = max(alive, key=lambda g: (sum((g.last_state.get("inflight") or {}).values()), g.name))
         logger.warning("[%s] killed on purpose (gateway-crash drill), pid %s", victim.name, victim.pid)
-        _signal(victim.pid, signal.SIGKILL)
+        _signal(victim, signal.SIGKILL, self.state_dir)
         return victim.name
 
     # ---- lifecycle ----
@@ -204,7 +204,7 @@ class GatewaySupervisor:
         """Adopt the gateways an earlier control plane left running; start the others; stop the ones a
         smaller ``gateway.processes`` no longer asks for (they drain)."""
         for g in self.gateways.values():
-            if g.pid is not None and _is_our_gateway(g.pid, g.name):
+            if g.pid is not None and _is_our_gateway(g.pid, g.name, self.state_dir):
                 g.state, g.started_at = "starting", self.clock()
                 logger.warning("[%s] adopted the running gateway (pid %d)", g.name, g.pid)
                 self.store.add_event("gateway.adopted", g.name, {"pid": g.pid})
@@ -212,11 +212,12 @@ class GatewaySupervisor:
                 continue
             self._spawn(g)
         for name, pid in self._retired.items():
-            if isinstance(pid, int) and _is_our_gateway(pid, name):
+            if isinstance(pid, int) and _is_our_gateway(pid, name, self.state_dir):
                 logger.warning("[%s] no longer asked for (gateway.processes = %d): draining pid %d", name,
                                self.config.processes, pid)
                 self.store.add_event("gateway.retired", name, {"pid": pid})
-                _signal(pid, signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
         self._save()
 
     def _check_config(self, g: ManagedGateway) -> None:
@@ -259,14 +260,14 @@ class GatewaySupervisor:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         for g in self.gateways.values():
-            _signal(g.pid, signal.SIGTERM)
+            _signal(g, signal.SIGTERM, self.state_dir)
         deadline = self.clock() + self.config.drain_timeout_s + STOP_GRACE_S
         while any(_alive(g) for g in self.gateways.values()) and self.clock() < deadline:
             await asyncio.sleep(0.1)
         for g in self.gateways.values():
             if _alive(g):
                 logger.error("[%s] did not stop after SIGTERM: killed", g.name)
-                _signal(g.pid, signal.SIGKILL)
+                _signal(g, signal.SIGKILL, self.state_dir)
             if g.process is not None:
                 await asyncio.to_thread(g.process.wait)
             g.state, g.pid, g.process = "stopped", None, None
@@ -447,15 +448,26 @@ def _alive(g: ManagedGateway) -> bool:
         return False
 
 
-def _is_our_gateway(pid: int, name: str) -> bool:
+def _is_our_gateway(pid: int, name: str, state_dir: Path) -> bool:
+    """``pid`` runs gateway ``name`` of this state folder (another control plane's gateway of the same name,
+    or whatever took the pid over since, is not ours)."""
     try:
         args = psutil.Process(pid).cmdline()
     except psutil.Error:
         return False
-    return "controlplane.gateway" in args and "--name" in args and args[args.index("--name") + 1] == name
+    home = (state_dir / "gateways" / name).resolve()
+    return ("controlplane.gateway" in args and "--name" in args and args[args.index("--name") + 1] == name
+            and "--state-dir" in args and Path(args[args.index("--state-dir") + 1]).resolve() == home)
 
 
-def _signal(pid: int | None, sig: signal.Signals) -> None:
-    if pid is not None:
+def _signal(g: ManagedGateway, sig: signal.Signals, state_dir: Path) -> None:
+    """Signal the gateway, never whatever runs under its pid now (pids are reused): our child only while it
+    is unreaped, an adopted one only while its pid still runs this gateway."""
+    if g.process is not None:
+        if g.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                g.process.send_signal(sig)
+        return
+    if g.pid is not None and _is_our_gateway(g.pid, g.name, state_dir):
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
+            os.kill(g.pid, sig)

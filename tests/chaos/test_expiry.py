@@ -98,3 +98,21 @@ def test_faults_that_end_by_themselves_get_no_guard() -> None:
     kill = RevertToken("kill", "r0", "none", {})
     assert needs_guard(kinds["pause"], pause)
     assert not needs_guard(kinds["kill"], kill)
+
+
+def test_a_guard_carries_the_environment_it_is_given_and_stops_once() -> None:
+    """The control plane gives its guards its state folder (a crash drill tells its own orphans from
+    another control plane's by it); stop() of a guard that already exited signals nothing."""
+    guards = ExpiryGuards(environment=lambda: {"LLMSRE_STATE_DIR": "/srv/llm-sre", "PATH": "/usr/bin:/bin"})
+    token = RevertToken("pause", "r0", "signal", {"pid": 1, "start_time": 0, "signal": "SIGCONT"})
+    pid = guards.start(7, token, expires_in_s=60)
+    assert pid is not None
+    try:
+        deadline = time.monotonic() + 10
+        while "chaos.expiry" not in psutil.Process(pid).cmdline() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert psutil.Process(pid).environ().get("LLMSRE_STATE_DIR") == "/srv/llm-sre"
+    finally:
+        guards.stop(pid)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    guards.stop(pid)  # again: nothing left to signal, nothing raised

@@ -84,7 +84,7 @@ class LocalProcessBackend:
     def adopt(self, spec: ReplicaSpec, pid: int | None) -> ReplicaHandle | None:
         if pid is None or not _pid_alive(pid):
             return None
-        if not _is_our_replica(pid, spec.replica_id):
+        if not _is_our_replica(pid, spec.replica_id, self.state_dir):
             logger.warning("[%s] pid %d runs something else; not adopting it", spec.replica_id, pid)
             return None
         return ReplicaHandle(spec.replica_id, pid, str(self.log_dir / f"{spec.replica_id}.log"))
@@ -96,10 +96,20 @@ class LocalProcessBackend:
         return ()
 
     def _signal(self, handle: ReplicaHandle, sig: signal.Signals) -> None:
+        """Signal the replica, never whatever runs under its pid now (pids are reused, and a busy host
+        reuses them within minutes): a child of ours only while it is unreaped, an adopted one only while
+        its pid still runs this replica of this state folder."""
         if handle.pid is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(handle.pid, sig)
+        child = self._children.get(handle.pid)
+        if child is not None:
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(sig)
+            return
+        if _is_our_replica(handle.pid, handle.replica_id, self.state_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(handle.pid, sig)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -112,10 +122,15 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def _is_our_replica(pid: int, replica_id: str) -> bool:
+def _is_our_replica(pid: int, replica_id: str, state_dir: Path) -> bool:
+    """``pid`` runs replica ``replica_id`` spawned for this state folder: another control plane's replica
+    of the same name (``az-a-1`` is everyone's first), or whatever took the pid over since, is not ours."""
     try:
-        args = psutil.Process(pid).cmdline()
+        process = psutil.Process(pid)
+        args = process.cmdline()
+        home = process.environ().get("LLMSRE_STATE_DIR")
     except psutil.Error:
         return False
     return "inference" in args and "serve" in args and "--replica-id" in args and \
-        args[args.index("--replica-id") + 1] == replica_id
+        args[args.index("--replica-id") + 1] == replica_id and home is not None and \
+        Path(home).resolve() == state_dir.resolve()
