@@ -244,7 +244,8 @@ class FixedTelemetry(Telemetry):
                  rates: Mapping[str, dict[Group, float]] | None = None,
                  quantiles: Mapping[str, dict[Group, float]] | None = None, fail: bool = False,
                  panic_rates: Mapping[str, dict[Group, float]] | None = None) -> None:
-        self.gauges, self.rate_values, self.quantiles, self.fail = gauges or {}, rates or {}, quantiles or {}, fail
+        self.gauges, self.quantiles, self.fail = gauges or {}, quantiles or {}, fail
+        self.rate_values = rates or {}  # not "rates": that is Telemetry.rates, which reads these
         self.panic_rates = panic_rates or {}  # answers for the panic window (6 s), where given
 
     def gauge(self, metric: str, **_: Any) -> dict[Group, float]:  # type: ignore[override]
