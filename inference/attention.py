@@ -55,6 +55,16 @@ def score_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
+def decode_group(start: int, block_tables: torch.Tensor, context_lens: torch.Tensor, *, block_size: int,
+                 dtype: torch.dtype) -> DecodeGroup:
+    """The group of rows ``start..`` over padded ``block_tables`` [n, width], its mask and score bias built
+    from ``context_lens`` (on the tables' device: the eager path's tensors, or a decode graph's buffers)."""
+    n, width = block_tables.shape
+    span = torch.arange(width * block_size, device=block_tables.device)
+    mask = (span.unsqueeze(0) < context_lens.unsqueeze(1)).view(n, 1, 1, -1)
+    return DecodeGroup(start, start + n, block_tables, context_lens, mask, score_bias(mask, dtype))
+
+
 @dataclass(slots=True)
 class AttentionContext:
     slot_mapping: torch.Tensor  # int64 [num_tokens]: where each token's K/V goes in the flat cache

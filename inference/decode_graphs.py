@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from inference import step_profile
-from inference.attention import Attention, AttentionContext, DecodeGroup, attention_context, score_bias
+from inference.attention import Attention, AttentionContext, attention_context, decode_group
 from inference.kv_quant import GatherWorkspace, KVCacheStore
 from inference.models.llama import CausalLM
 from inference.scheduler import ScheduledSeq
@@ -155,18 +155,14 @@ class DecodeGraphs:
     def _forward(self, packed: torch.Tensor, batch: int, width: int) -> Callable[[], torch.Tensor]:
         ids, positions, slots, lens = (packed[i * batch:(i + 1) * batch] for i in range(4))
         tables = packed[4 * batch:].view(batch, width)
-        span = torch.arange(width * self.block_size, device=self.device)
-        model, dtype = self.model, self.dtype
-
-        workspace = self._workspace
+        model, dtype, block_size, workspace = self.model, self.dtype, self.block_size, self._workspace
 
         def forward() -> torch.Tensor:
             eager = [store.workspace for store in self.stores]
             for store in self.stores:
                 store.workspace = workspace
             try:
-                mask = (span.unsqueeze(0) < lens.unsqueeze(1)).view(batch, 1, 1, -1)
-                group = DecodeGroup(0, batch, tables, lens, mask, score_bias(mask, dtype))
+                group = decode_group(0, tables, lens, block_size=block_size, dtype=dtype)
                 with attention_context(AttentionContext(slot_mapping=slots, prefills=[], decodes=[group])):
                     hidden = model(ids, positions)
                 return model.compute_logits(hidden).float()

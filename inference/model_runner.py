@@ -22,7 +22,7 @@ from inference.attention import (
     DecodeKernel,
     PrefillChunk,
     attention_context,
-    score_bias,
+    decode_group,
 )
 from inference.decode_graphs import DecodeGraphs, unsupported_reason
 from inference.kv_quant import (
@@ -248,10 +248,7 @@ class ModelRunner:
         lens = [s.num_computed_tokens + 1 for s in seqs]
         width = -(-max(lens) // bs)
         tables = self._tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs])
-        context_lens = self._tensor(lens)
-        span = torch.arange(width * bs, device=self.device)
-        mask = (span.unsqueeze(0) < context_lens.unsqueeze(1)).view(len(seqs), 1, 1, -1)
-        return DecodeGroup(start, start + len(seqs), tables, context_lens, mask, score_bias(mask, self.dtype))
+        return decode_group(start, tables, self._tensor(lens), block_size=bs, dtype=self.dtype)
 
     def _tensor(self, values: list[int] | list[list[int]]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

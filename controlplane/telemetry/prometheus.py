@@ -87,12 +87,9 @@ class PrometheusSource(Telemetry):
         if not metrics:
             return {}
         promql = rates_query(metrics, window_s=self._window(window_s), by=by, match=match)
-        result = self._call(promql, lambda: self._client.custom_query(promql))
-        out: dict[str, dict[Group, float]] = {m: {} for m in metrics}
-        for item in result:
-            value = float(item["value"][1])
-            if not math.isnan(value):
-                out[item["metric"][RATE_OF_LABEL]][_group(item["metric"], by)] = value
+        out: Rates = {m: {} for m in metrics}
+        for (metric, *group), value in self.instant(promql, (RATE_OF_LABEL, *by)).items():
+            out[metric][tuple(group)] = value
         return out
 
     def range(self, kind: RangeKind, metric: str, *, start: float, end: float, step: float,
