@@ -38,3 +38,15 @@ def test_sampler_keeps_errors_and_everything_until_it_knows_the_tail() -> None:
         sampler.keep(trace(1.0))
     assert not sampler.keep(trace(0.5))
     assert sampler.keep(trace(0.5, error="stream_cut"))
+
+
+def test_the_running_p95_is_that_of_the_last_window_of_requests() -> None:
+    sampler = TraceSampler(0.0, window=50)
+    rng = random.Random(2)
+    values = [rng.choice([rng.random(), 0.5, 0.5]) for _ in range(400)]  # ties included
+    for i, value in enumerate(values):
+        sampler.keep(trace(value))
+        last = sorted(values[max(0, i + 1 - 50):i + 1])
+        expected = None if len(last) < 20 else last[min(len(last) - 1, int(0.95 * len(last)))]
+        assert sampler.p95() == expected
+    assert len(sampler.recent) == 50
