@@ -71,15 +71,19 @@ class BuiltinQuery:
 
 
 _INFERENCE = {"path": Regex(INFERENCE_PATHS)}
-_ERRORS = {**_INFERENCE, "status_code": Regex(SERVER_ERROR_CODES)}
+_SERVER_ERROR = Regex(SERVER_ERROR_CODES)
+_ERRORS = {**_INFERENCE, "status_code": _SERVER_ERROR}
 _UP = {"job": REPLICAS_JOB}
 
 
 def _error_rate(t: Telemetry) -> dict[Group, float]:
-    total = t.rate(HTTP_REQUESTS, window_s=QUERY_WINDOW_S, by=(), match=_INFERENCE).get(())
+    # One read by status code: the errors and the total come from the same samples (read a scrape apart,
+    # a burst of 5xx could be put over the previous window's total and read over 100%).
+    by_code = t.rate(HTTP_REQUESTS, window_s=QUERY_WINDOW_S, by=("status_code",), match=_INFERENCE)
+    total = sum(by_code.values())
     if not total:
         return {}  # no inference request in the window: no share to compare
-    errors = t.rate(HTTP_REQUESTS, window_s=QUERY_WINDOW_S, by=(), match=_ERRORS).get((), 0.0)
+    errors = sum(rate for (code,), rate in by_code.items() if _SERVER_ERROR.matches(code))
     return {(): errors / total}
 
 

@@ -431,7 +431,8 @@ def test_builtin_queries_on_the_in_process_scraper(clock: FakeClock) -> None:
     engine = AlertEngine(list(rules.values()), AlertsConfig(), store=None,  # type: ignore[arg-type]
                          actions=None, telemetry=source)  # type: ignore[arg-type]
     values = {name: dict(obs.values) for name, obs in engine.observe().items()}
-    assert values["HighErrorRate"][()] == pytest.approx(8 / 200)  # 8 of 200 new requests failed
+    # 8 of 208 new requests answered 5xx; the 8 refused with 429 count in the total, not as errors
+    assert values["HighErrorRate"][()] == pytest.approx(8 / 208)
     assert values["KVCacheFull"] == {(): 0.99}
     assert values["LongQueue"] == {(): 700.0}
     assert values["ReplicaDown"] == {("az-a-1",): 1.0}
@@ -442,6 +443,7 @@ def _page(requests: int, errors: int, kv: float, waiting: int) -> str:
     ok = requests - errors
     return (f'llmsre_http_requests_total{{path="/v1/completions",status_code="200"}} {ok}\n'
             f'llmsre_http_requests_total{{path="/v1/completions",status_code="500"}} {errors}\n'
+            f'llmsre_http_requests_total{{path="/v1/completions",status_code="429"}} {errors}\n'
             f'llmsre_http_requests_total{{path="/metrics",status_code="200"}} {requests * 3}\n'
             f"vllm:kv_cache_usage_perc {kv}\nvllm:num_requests_waiting {waiting}\n")
 
