@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
-APT_PACKAGES := prometheus prometheus-alertmanager chromium chromium-driver stress-ng iproute2
+APT_PACKAGES := prometheus prometheus-alertmanager chromium chromium-driver stress-ng iproute2 g++ ninja-build
 
 .PHONY: up test test-serial fuzz lint typecheck apt ebpf bench bench-vllm clean
 

@@ -31,6 +31,9 @@ class EngineConfig:
     # CPU: linear weights reordered once for oneDNN at load (inference/packed_linear.py). Off by default: a
     # soak measured a replica's RSS growing 11.5% in 112 s with it (oneDNN keeps a primitive per batch shape)
     pack_linear_weights: bool = False
+    # CPU: pure-decode attention by a C++ kernel that reads keys and values in place from the paged cache
+    # (inference/cpu_attention.py), built on first use; unavailable (no compiler): the torch path, logged
+    cpu_decode_kernel: bool = False
     # Pure-decode steps replayed as CUDA graphs at bucketed batch sizes and context widths
     # (inference/decode_graphs.py). None: on where the device is CUDA. Asked for without CUDA, the same
     # padded buckets run eagerly (what tests check on a CPU).

@@ -21,6 +21,7 @@ import torch
 
 from inference import step_profile
 from inference.config import EngineConfig
+from inference.cpu_attention import KERNEL_DTYPES, load_cpu_decode_kernel
 from inference.device import select_device
 from inference.kv_blocks import BlockManager
 from inference.model_runner import GraphsConfig, ModelRunner, plan_cache
@@ -126,6 +127,9 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    config.enable_chunked_prefill), self.block_manager)
         kernel = make_npu_decode_kernel() if self.device.kind == "npu" else None
+        self.cpu_decode_kernel = self._cpu_decode_kernel(config)  # "on" or "unavailable: <why>"; None: off
+        if self.cpu_decode_kernel == "on":
+            kernel, _ = load_cpu_decode_kernel()
         use_graphs = self.device.kind == "cuda" if config.decode_graphs is None else config.decode_graphs
         captured_context = min(self.max_model_len, config.decode_graphs_max_context)
         graphs = (GraphsConfig(config.max_num_seqs, -(-captured_context // layout.block_size))
@@ -142,6 +146,24 @@ class LLMEngine:
         logger.info("engine ready: model=%s device=%s dtype=%s kv_blocks=%d block_size=%d max_model_len=%d",
                     self.model_path, self.device.torch_device, self.dtype, layout.num_blocks,
                     layout.block_size, self.max_model_len)
+
+    def _cpu_decode_kernel(self, config: EngineConfig) -> str | None:
+        """Whether the C++ paged decode kernel serves this engine: None when not asked for."""
+        if not config.cpu_decode_kernel:
+            return None
+        why: str | None
+        if self.device.kind != "cpu":
+            why = f"the device is {self.device.kind} (the kernel is for CPUs)"
+        elif config.kv_cache_dtype == "int8":
+            why = "the INT8 KV cache"
+        elif self.dtype not in KERNEL_DTYPES:
+            why = f"{self.dtype} (float32 and bfloat16 only)"
+        else:
+            _, why = load_cpu_decode_kernel()
+        if why is not None:
+            logger.warning("CPU decode kernel unavailable: %s; decode attention runs on torch", why)
+            return f"unavailable: {why}"
+        return "on"
 
     def _max_model_len(self, pool_tokens: int) -> int:
         limit = min(self.model_config.max_model_len, pool_tokens)

@@ -169,6 +169,7 @@ class ModelRunner:
                                             layout.head_dim, dtype=dtype, device=device)
                 kv.workspace = workspace
                 layer.decode_kernel = decode_kernel
+        self._fused_decode = decode_kernel is not None
         self.sampler = Sampler(device, seed)
         self.logits_hook: LogitsHook | None = None  # tests compare logits with a reference model
         self.graphs: DecodeGraphs | None = None
@@ -238,8 +239,10 @@ class ModelRunner:
                 sample_items.append(index)
         first_decode = len(ids) - len(decode_items)
         decodes = [scheduled[i].seq for i in decode_items]
-        groups = [self._decode_group(first_decode + lo, decodes[lo:hi])
-                  for lo, hi in decode_group_bounds([s.num_computed_tokens + 1 for s in decodes], bs)]
+        # A fused kernel reads each sequence's blocks in place: padding costs it nothing, so one group.
+        bounds = ([(0, len(decodes))] if decodes else []) if self._fused_decode else \
+            decode_group_bounds([s.num_computed_tokens + 1 for s in decodes], bs)
+        groups = [self._decode_group(first_decode + lo, decodes[lo:hi]) for lo, hi in bounds]
         context = AttentionContext(slot_mapping=self._tensor(slots), prefills=prefills, decodes=groups)
         return PreparedBatch(self._tensor(ids), self._tensor(positions), context, sample_rows, sample_items)
 

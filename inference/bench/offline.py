@@ -380,7 +380,8 @@ def run_offline(config: OfflineConfig) -> OfflineResult:
         max_num_seqs=config.engine.max_num_seqs, kv_cache_dtype=config.engine.kv_cache_dtype,
         num_preemptions=preemptions, paths=tuple(paths), roofline=roofline,
         kv_cache=kv_cache_footprint(engine), decode_profile=decode_profile, float32_agreement=agreement,
-        decode_graphs=graphs_summary(engine) if graphs_asked(engine, config) else None)
+        decode_graphs=graphs_summary(engine) if graphs_asked(engine, config) else None,
+        cpu_decode_kernel=engine.cpu_decode_kernel)
 
 
 def graphs_asked(engine: LLMEngine, config: OfflineConfig) -> bool:
@@ -413,6 +414,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--packed-weights", action="store_true",
                    help="the engine's linear weights packed once for oneDNN at load instead of torch's "
                         "linear (off by default: its memory is not bounded yet)")
+    p.add_argument("--cpu-decode-kernel", action="store_true",
+                   help="decode attention by the C++ paged kernel (inference/cpu_attention.py; built on "
+                        "first use, 20-40 s)")
     p.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="the engine replays pure-decode steps as CUDA graphs (inference/decode_graphs.py; "
                         "default: on with CUDA)")
@@ -436,7 +440,8 @@ def config_from_args(args: argparse.Namespace) -> OfflineConfig:
         workload=WorkloadSpec(num_requests=args.num_requests, seed=args.seed),
         engine=EngineConfig(max_num_seqs=args.max_num_seqs, kv_cache_dtype=args.kv_cache_dtype,
                             device=args.device, num_threads=args.num_threads, dtype=args.dtype,
-                            pack_linear_weights=args.packed_weights, decode_graphs=args.decode_graphs),
+                            pack_linear_weights=args.packed_weights, decode_graphs=args.decode_graphs,
+                            cpu_decode_kernel=args.cpu_decode_kernel),
         skip_hf=args.skip_hf, hf_one_at_a_time_requests=args.hf_one_at_a_time_requests,
         hf_batch_size=args.hf_batch_size, show_progress=not args.no_progress, repeats=args.repeats,
         vllm_python=args.vs_vllm)

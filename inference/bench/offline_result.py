@@ -156,6 +156,7 @@ class OfflineResult:
     decode_profile: Breakdown | None = None  # where a pure-decode step's time goes (a profiled run)
     float32_agreement: Agreement | None = None  # below float32 only
     decode_graphs: str | None = None  # when on or asked for: what was captured and replayed, or why not
+    cpu_decode_kernel: str | None = None  # when asked for: "on" or "unavailable: <why>"
 
     @property
     def num_requested_output_tokens(self) -> int:
@@ -238,6 +239,8 @@ def format_result(result: OfflineResult) -> str:
                       f"{a.num_identical} of {a.num_requests} outputs identical"]
     if result.decode_graphs is not None:
         lines += ["", f"Decode graphs: {result.decode_graphs}"]
+    if result.cpu_decode_kernel is not None:
+        lines += ["", f"CPU decode kernel: {result.cpu_decode_kernel}"]
     if result.kv_cache is not None:
         lines += ["", format_kv_cache(result.kv_cache)]
     if result.decode_profile is not None:

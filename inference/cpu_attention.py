@@ -1,0 +1,88 @@
+"""Paged decode attention on the CPU in C++, behind the engine's ``DecodeKernel`` hook (opt-in).
+
+Where it sits: with ``EngineConfig.cpu_decode_kernel`` on a CPU device, the engine calls
+:func:`load_cpu_decode_kernel` once and, when it returns a kernel, the model runner sets
+``Attention.decode_kernel`` on every layer. Prefill, the cache writes and everything else keep the
+plain-torch path in ``attention.py``.
+
+Why: the torch path gathers each sequence's paged keys and values into one padded tensor
+(``index_select``) and then runs two batched products over it, so every cached value crosses memory three
+times; at this model's size the products are also too small for the BLAS to run well. The kernel
+(``kernels/paged_decode.cpp``) reads keys and values in place from their blocks, once each, and keeps
+scores, softmax and sums in float32 (float32 and bfloat16 caches). It is built with the compiler torch was
+built for (``torch.utils.cpp_extension``, ``-O3 -march=native``) the first time it is asked for (about 20
+to 40 s, with a log line saying so), then loaded from torch's extension cache
+(``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``) in well under a second. Without a
+compiler, or when the build fails, the engine logs ``CPU decode kernel unavailable: <reason>`` and runs
+the torch path; nothing else changes.
+
+Not covered (the torch path runs): the INT8 cache and multi-head latent attention.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from importlib import resources
+from typing import Any
+
+import torch
+
+from inference.attention import DecodeKernel
+from inference.kv_quant import KVCacheStore
+
+logger = logging.getLogger(__name__)
+
+EXTENSION_NAME = "llmsre_paged_decode"
+SOURCE = "paged_decode.cpp"
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+_lock = threading.Lock()
+_loaded: tuple[Any, str | None] | None = None  # (module or None, why not) once tried in this process
+
+
+class CpuDecodeKernel:
+    """The ``DecodeKernel`` over the built extension: ``(q, cache, block_tables, context_lens, scale)``."""
+
+    __slots__ = ("_module",)
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __call__(self, query: torch.Tensor, cache: KVCacheStore, block_tables: torch.Tensor,
+                 context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+        out: torch.Tensor = self._module.paged_decode(query, cache.k, cache.v, block_tables, context_lens,
+                                                       scale)
+        return out
+
+
+def load_cpu_decode_kernel() -> tuple[DecodeKernel | None, str | None]:
+    """The kernel, built on first use in this environment, or (None, why not). Tried once per process."""
+    global _loaded
+    with _lock:
+        if _loaded is None:
+            _loaded = _build()
+        module, reason = _loaded
+    return (None, reason) if module is None else (CpuDecodeKernel(module), None)
+
+
+def _build() -> tuple[Any, str | None]:
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        return None, "no C++ compiler on PATH (Debian: apt-get install g++)"
+    if shutil.which("ninja") is None:
+        return None, "no ninja on PATH, which torch's extension builder needs (Debian: ninja-build)"
+    try:
+        from torch.utils import cpp_extension
+
+        with resources.as_file(resources.files("inference") / "kernels" / SOURCE) as source:
+            logger.info("CPU decode kernel: building or loading %s (the first build takes 20-40 s)", SOURCE)
+            module = cpp_extension.load(name=EXTENSION_NAME, sources=[str(source)],
+                                        extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                                        extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as exc:  # a compiler error, a missing header: say which, run the torch path
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return None, f"build failed: {first[:300]}"
+    logger.info("CPU decode kernel: loaded")
+    return module, None

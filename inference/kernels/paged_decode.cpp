@@ -1,0 +1,152 @@
+// Paged decode attention on the CPU: one query token per sequence against its keys and values, read in
+// place from the paged cache (no gathered copy), one pass over the keys and one over the values.
+//
+// q [B, H, D]; k_cache, v_cache [num_blocks, block_size, KV, D] (the KVCacheStore layout);
+// block_tables [B, max_blocks] and context_lens [B] int64 -> out [B, H, D], in q's dtype.
+// float32 or bfloat16; scores, softmax and sums in float32. Work is split over (sequence, KV head) pairs
+// on torch's intra-op threads.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kMaxHeadDim = 256;
+
+// exp(x) for x <= 0 (scores less their maximum), written so that the compiler vectorizes the loop that calls
+// it: exp(x) = 2^n exp(r), r = x - n ln2 in [-ln2/2, ln2/2], exp(r) by Cephes' expf polynomial (relative
+// error about 2e-7). Below -87.3 the result is the smallest normal float's order, as good as 0 in a softmax.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.3f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// A cached row as float32: itself when the cache is float32, else converted into ``buffer``.
+template <typename T>
+inline const float* as_float(const T* row, float* buffer, int64_t dim) {
+  if constexpr (std::is_same_v<T, float>) {
+    return row;
+  } else {
+    for (int64_t d = 0; d < dim; ++d) buffer[d] = static_cast<float>(row[d]);
+    return buffer;
+  }
+}
+
+template <typename T>
+void decode(const T* q, const T* k, const T* v, const int64_t* tables, const int64_t* lens, T* out,
+            int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size,
+            int64_t max_blocks, float scale) {
+  const int64_t group = heads / kv_heads;  // query heads per KV head
+  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, queries(group * dim), acc(group * dim);
+    float row[kMaxHeadDim];
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / kv_heads, h = item % kv_heads;
+      const int64_t length = lens[b];
+      const int64_t* table = tables + b * max_blocks;
+      scores.resize(group * length);
+      for (int64_t g = 0; g < group; ++g)
+        for (int64_t d = 0; d < dim; ++d)
+          queries[g * dim + d] = static_cast<float>(q[(b * heads + h * group + g) * dim + d]) * scale;
+      for (int64_t t = 0; t < length; ++t) {
+        const T* key = k + ((table[t / block_size] * block_size + t % block_size) * kv_heads + h) * dim;
+        const float* kf = as_float(key, row, dim);
+        for (int64_t g = 0; g < group; ++g) {
+          const float* qg = queries.data() + g * dim;
+          float s = 0.f;
+#pragma omp simd reduction(+ : s)
+          for (int64_t d = 0; d < dim; ++d) s += qg[d] * kf[d];
+          scores[g * length + t] = s;
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        float* sg = scores.data() + g * length;
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t t = 0; t < length; ++t) top = std::max(top, sg[t]);
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < length; ++t) {
+          sg[t] = exp_nonpositive(sg[t] - top);
+          sum += sg[t];
+        }
+        const float inv = 1.f / sum;
+        for (int64_t t = 0; t < length; ++t) sg[t] *= inv;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t t = 0; t < length; ++t) {
+        const T* value = v + ((table[t / block_size] * block_size + t % block_size) * kv_heads + h) * dim;
+        const float* vf = as_float(value, row, dim);
+        for (int64_t g = 0; g < group; ++g) {
+          const float p = scores[g * length + t];
+          float* ag = acc.data() + g * dim;
+#pragma omp simd
+          for (int64_t d = 0; d < dim; ++d) ag[d] += p * vf[d];
+        }
+      }
+      for (int64_t g = 0; g < group; ++g)
+        for (int64_t d = 0; d < dim; ++d)
+          out[(b * heads + h * group + g) * dim + d] = static_cast<T>(acc[g * dim + d]);
+    }
+  });
+}
+
+}  // namespace
+
+torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                           const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
+              "paged_decode: q must be [B, H, D] and the caches [blocks, block_size, KV, D]");
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu(), "paged_decode: CPU tensors only");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && k_cache.scalar_type() == v_cache.scalar_type(),
+              "paged_decode: q and the caches must have one dtype");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "paged_decode: caches must be contiguous");
+  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
+  const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == dim && dim <= kMaxHeadDim && heads % kv_heads == 0,
+              "paged_decode: head sizes do not match");
+  const auto tables = block_tables.to(torch::kLong).contiguous();
+  const auto lens = context_lens.to(torch::kLong).contiguous();
+  TORCH_CHECK(tables.dim() == 2 && tables.size(0) == batch && lens.numel() == batch,
+              "paged_decode: one block table row and one length per sequence");
+  const auto query = q.contiguous();
+  auto out = torch::empty_like(query);
+  const float s = static_cast<float>(scale);
+  if (q.scalar_type() == torch::kFloat) {
+    decode<float>(query.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
+                  tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), out.data_ptr<float>(), batch, heads,
+                  kv_heads, dim, block_size, tables.size(1), s);
+  } else if (q.scalar_type() == torch::kBFloat16) {
+    using bf16 = c10::BFloat16;
+    decode<bf16>(query.data_ptr<bf16>(), k_cache.data_ptr<bf16>(), v_cache.data_ptr<bf16>(),
+                 tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), out.data_ptr<bf16>(), batch, heads,
+                 kv_heads, dim, block_size, tables.size(1), s);
+  } else {
+    TORCH_CHECK(false, "paged_decode: float32 or bfloat16 only, got ", q.scalar_type());
+  }
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode, "paged decode attention over the KV cache in place (CPU)");
+}

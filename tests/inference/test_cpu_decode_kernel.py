@@ -1,0 +1,124 @@
+"""The C++ paged decode kernel (inference/cpu_attention.py) against attention written out per sequence.
+
+The kernel reads keys and values in place from scattered cache blocks; the reference gathers each
+sequence's tokens by hand and applies softmax attention in float64. Engine-level agreement with
+transformers (preemption, prefix hits) is in test_engine_equivalence.py. ``make test`` installs the
+compiler and ninja the build needs (Debian's g++ and ninja-build); without them the kernel reports why it
+is unavailable and these tests fail with that reason.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from inference.attention import DecodeKernel
+from inference.config import EngineConfig
+from inference.cpu_attention import load_cpu_decode_kernel
+from inference.engine import LLMEngine
+from inference.kv_quant import KVCacheStore
+from inference.sampling_params import SamplingParams
+
+BLOCK_SIZE = 16
+
+
+@pytest.fixture(scope="module")
+def kernel() -> DecodeKernel:
+    built, why = load_cpu_decode_kernel()
+    assert built is not None, f"CPU decode kernel unavailable: {why}"
+    return built
+
+
+def paged_case(*, heads: int, kv_heads: int, dim: int, lengths: list[int], dtype: torch.dtype,
+               seed: int) -> tuple[torch.Tensor, KVCacheStore, torch.Tensor, torch.Tensor]:
+    """A query per sequence and a cache whose blocks are handed out in random order (as after churn);
+    block tables padded with block 0, as the model runner pads them."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    needed = [-(-n // BLOCK_SIZE) for n in lengths]
+    blocks = list(range(1, sum(needed) + 8))
+    rng.shuffle(blocks)
+    cache = KVCacheStore(len(blocks) + 1, BLOCK_SIZE, kv_heads, dim, dtype=dtype, device=torch.device("cpu"))
+    cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
+    width = max(needed)
+    tables = []
+    for n in needed:
+        tables.append(blocks[:n] + [0] * (width - n))
+        blocks = blocks[n:]
+    query = torch.randn(len(lengths), heads, dim, generator=gen).to(dtype)
+    return query, cache, torch.tensor(tables, dtype=torch.long), torch.tensor(lengths, dtype=torch.long)
+
+
+def reference(query: torch.Tensor, cache: KVCacheStore, tables: torch.Tensor, lengths: torch.Tensor,
+              scale: float) -> torch.Tensor:
+    heads, kv_heads = query.shape[1], cache.k.shape[2]
+    out = torch.empty(query.shape, dtype=torch.float64)
+    for b, n in enumerate(lengths.tolist()):
+        slots = [(int(tables[b, t // BLOCK_SIZE]), t % BLOCK_SIZE) for t in range(n)]
+        keys = torch.stack([cache.k[blk, off] for blk, off in slots]).double()  # [n, KV, D]
+        values = torch.stack([cache.v[blk, off] for blk, off in slots]).double()
+        for h in range(heads):
+            kv = h // (heads // kv_heads)
+            weights = torch.softmax(keys[:, kv] @ query[b, h].double() * scale, dim=0)
+            out[b, h] = weights @ values[:, kv]
+    return out
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 1, 64), (8, 2, 32), (4, 4, 16)])
+def test_float32_matches_attention_written_out(kernel: DecodeKernel, heads: int, kv_heads: int,
+                                               dim: int) -> None:
+    # lengths across block boundaries, one token, and one much longer than the rest (padding for others)
+    lengths = [1, 15, 16, 17, 40, 333, 64]
+    query, cache, tables, lens = paged_case(heads=heads, kv_heads=kv_heads, dim=dim, lengths=lengths,
+                                            dtype=torch.float32, seed=heads + dim)
+    scale = 1 / math.sqrt(dim)
+    out = kernel(query, cache, tables, lens, scale)
+    assert out.shape == query.shape and out.dtype == torch.float32
+    expected = reference(query, cache, tables, lens, scale)
+    torch.testing.assert_close(out.double(), expected, atol=2e-6, rtol=1e-5)
+
+
+def test_bfloat16_matches_within_its_rounding(kernel: DecodeKernel) -> None:
+    query, cache, tables, lens = paged_case(heads=4, kv_heads=1, dim=64, lengths=[5, 100, 257],
+                                            dtype=torch.bfloat16, seed=7)
+    out = kernel(query, cache, tables, lens, 0.125)
+    assert out.dtype == torch.bfloat16
+    # bfloat16 keeps 8 significant bits: the output's own rounding is up to 2^-8 of its size
+    expected = reference(query, cache, tables, lens, 0.125)
+    torch.testing.assert_close(out.double(), expected, atol=1e-2, rtol=1e-2)
+
+
+def test_padding_blocks_are_never_read(kernel: DecodeKernel) -> None:
+    """Whatever block 0 (the runner's padding) holds, a sequence's output depends on its own tokens only."""
+    query, cache, tables, lens = paged_case(heads=4, kv_heads=1, dim=64, lengths=[3, 200],
+                                            dtype=torch.float32, seed=3)
+    before = kernel(query, cache, tables, lens, 0.125)
+    cache.k[0].fill_(1e4)
+    cache.v[0].fill_(float("nan"))
+    torch.testing.assert_close(kernel(query, cache, tables, lens, 0.125), before, atol=0, rtol=0)
+
+
+def test_bad_input_is_refused_with_a_message(kernel: DecodeKernel) -> None:
+    query, cache, tables, lens = paged_case(heads=4, kv_heads=1, dim=64, lengths=[3], dtype=torch.float32,
+                                            seed=0)
+    with pytest.raises(RuntimeError, match="one dtype"):
+        kernel(query.double(), cache, tables, lens, 0.125)
+    with pytest.raises(RuntimeError, match="one block table row and one length per sequence"):
+        kernel(query, cache, tables, torch.tensor([3, 4]), 0.125)
+
+
+def test_asked_for_where_it_cannot_serve_the_engine_says_why_and_runs_torch(tiny_llama_dir: Path) -> None:
+    config = EngineConfig(device="cpu", dtype="float32", cpu_decode_kernel=True, kv_cache_dtype="int8",
+                          num_kv_blocks=64)
+    engine = LLMEngine(str(tiny_llama_dir), config)
+    assert engine.cpu_decode_kernel == "unavailable: the INT8 KV cache"
+    engine.add_request("r", [5, 6, 7, 8], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    outputs = [out for _ in range(20) if engine.has_unfinished_requests() for out in engine.step()]
+    assert outputs[-1].finished and len(outputs[-1].output_token_ids) == 4
+    plain = LLMEngine(str(tiny_llama_dir), EngineConfig(device="cpu", num_kv_blocks=64))
+    assert plain.cpu_decode_kernel is None
