@@ -33,12 +33,16 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    default=_default(EngineConfig, "max_num_batched_tokens"))
     p.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="replay pure-decode steps as CUDA graphs, captured at start (default: on with CUDA)")
+    p.add_argument("--cpu-decode-kernel", action="store_true",
+                   help="on a CPU, decode attention by the C++ paged kernel, built on first use (20-40 s); "
+                        "where it cannot run, a logged reason and the torch path")
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                        num_threads=getattr(args, "num_threads", 0), decode_graphs=args.decode_graphs)
+                        num_threads=getattr(args, "num_threads", 0), decode_graphs=args.decode_graphs,
+                        cpu_decode_kernel=args.cpu_decode_kernel)
 
 
 def _generate(args: argparse.Namespace) -> int:

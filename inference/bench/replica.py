@@ -53,6 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="for the engine and the replica: auto, cpu, cuda[:N]")
     p.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="the engine and the replica replay decode steps as CUDA graphs (default: with CUDA)")
+    p.add_argument("--cpu-decode-kernel", action="store_true",
+                   help="the engine and the replica decode attention by the C++ paged kernel (CPU)")
     p.add_argument("--sustained", action="store_true",
                    help="then search the highest rate served within --ttft-slo-ms and --tpot-slo-ms at p99")
     p.add_argument("--ttft-slo-ms", type=float, default=1000.0)
@@ -83,7 +85,8 @@ class Probe:
 def offline_ttfts(dataset: DatasetConfig, args: argparse.Namespace) -> dict[int, float]:
     """Engine-only TTFT of each request, submitted alone (no HTTP, no serialization)."""
     engine = LLMEngine("default", EngineConfig(num_threads=args.threads, device=args.device,
-                                               decode_graphs=args.decode_graphs))
+                                               decode_graphs=args.decode_graphs,
+                                               cpu_decode_kernel=args.cpu_decode_kernel))
     result: dict[int, float] = {}
     for request in build_requests(dataset):
         prompt = render_prompt(request, "token_ids", seed=dataset.seed, vocab_size=dataset.vocab_size)
@@ -107,7 +110,8 @@ def run_rates(args: argparse.Namespace, datasets: list[DatasetConfig],
                                  extra_args=["--num-threads", str(args.threads), "--max-waiting-requests",
                                              "100000", "--max-waiting-tokens", "100000000",
                                              "--device", args.device,
-                                             *graphs_flag(args.decode_graphs)])
+                                             *graphs_flag(args.decode_graphs),
+                                             *(["--cpu-decode-kernel"] if args.cpu_decode_kernel else [])])
         with replica:
             replica.wait_ready()
             for rate, dataset in zip(rates, datasets):
