@@ -53,60 +53,89 @@ inline const float* as_float(const T* row, float* buffer, int64_t dim) {
   }
 }
 
+// One (sequence, KV head) pair: its ``group`` query heads against its ``length`` cached tokens. G and D are
+// template arguments where they are the common sizes (the loops then unroll and the accumulators stay in
+// registers); 0 means "given at run time".
+template <typename T, int64_t G, int64_t D>
+void attend(const T* q, const T* k, const T* v, const int64_t* table, int64_t length, T* out, int64_t group_rt,
+            int64_t dim_rt, int64_t kv_heads, int64_t h, int64_t block_size, float scale, std::vector<float>& scores,
+            float* queries, float* acc) {
+  const int64_t group = G ? G : group_rt;
+  const int64_t dim = D ? D : dim_rt;
+  float row[kMaxHeadDim];
+  scores.resize(group * length);
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t d = 0; d < dim; ++d) queries[g * dim + d] = static_cast<float>(q[g * dim + d]) * scale;
+  const int64_t stride = kv_heads * dim;  // between two tokens of a block
+  // scores: one pass over the keys, block by block
+  for (int64_t start = 0, b = 0; start < length; start += block_size, ++b) {
+    const T* key = k + (table[b] * block_size * kv_heads + h) * dim;
+    const int64_t n = std::min(block_size, length - start);
+    for (int64_t i = 0; i < n; ++i, key += stride) {
+      const float* kf = as_float(key, row, dim);
+      for (int64_t g = 0; g < group; ++g) {
+        const float* qg = queries + g * dim;
+        float s = 0.f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t d = 0; d < dim; ++d) s += qg[d] * kf[d];
+        scores[g * length + start + i] = s;
+      }
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float* sg = scores.data() + g * length;
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < length; ++t) top = std::max(top, sg[t]);
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = 0; t < length; ++t) {
+      sg[t] = exp_nonpositive(sg[t] - top);
+      sum += sg[t];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t t = 0; t < length; ++t) sg[t] *= inv;
+  }
+  // values: one pass, the weighted sums kept in ``acc``
+  for (int64_t i = 0; i < group * dim; ++i) acc[i] = 0.f;
+  for (int64_t start = 0, b = 0; start < length; start += block_size, ++b) {
+    const T* value = v + (table[b] * block_size * kv_heads + h) * dim;
+    const int64_t n = std::min(block_size, length - start);
+    for (int64_t i = 0; i < n; ++i, value += stride) {
+      const float* vf = as_float(value, row, dim);
+      for (int64_t g = 0; g < group; ++g) {
+        const float p = scores[g * length + start + i];
+        float* ag = acc + g * dim;
+#pragma omp simd
+        for (int64_t d = 0; d < dim; ++d) ag[d] += p * vf[d];
+      }
+    }
+  }
+  for (int64_t i = 0; i < group * dim; ++i) out[i] = static_cast<T>(acc[i]);
+}
+
 template <typename T>
 void decode(const T* q, const T* k, const T* v, const int64_t* tables, const int64_t* lens, T* out,
             int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size,
             int64_t max_blocks, float scale) {
   const int64_t group = heads / kv_heads;  // query heads per KV head
+  using Attend = void (*)(const T*, const T*, const T*, const int64_t*, int64_t, T*, int64_t, int64_t, int64_t,
+                          int64_t, int64_t, float, std::vector<float>&, float*, float*);
+  Attend attend_one = &attend<T, 0, 0>;
+  if (dim == 64 && group == 1) attend_one = &attend<T, 1, 64>;
+  if (dim == 64 && group == 2) attend_one = &attend<T, 2, 64>;
+  if (dim == 64 && group == 4) attend_one = &attend<T, 4, 64>;
+  if (dim == 64 && group == 8) attend_one = &attend<T, 8, 64>;
+  if (dim == 128 && group == 1) attend_one = &attend<T, 1, 128>;
+  if (dim == 128 && group == 2) attend_one = &attend<T, 2, 128>;
+  if (dim == 128 && group == 4) attend_one = &attend<T, 4, 128>;
+  if (dim == 128 && group == 8) attend_one = &attend<T, 8, 128>;
   at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, queries(group * dim), acc(group * dim);
-    float row[kMaxHeadDim];
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / kv_heads, h = item % kv_heads;
-      const int64_t length = lens[b];
-      const int64_t* table = tables + b * max_blocks;
-      scores.resize(group * length);
-      for (int64_t g = 0; g < group; ++g)
-        for (int64_t d = 0; d < dim; ++d)
-          queries[g * dim + d] = static_cast<float>(q[(b * heads + h * group + g) * dim + d]) * scale;
-      for (int64_t t = 0; t < length; ++t) {
-        const T* key = k + ((table[t / block_size] * block_size + t % block_size) * kv_heads + h) * dim;
-        const float* kf = as_float(key, row, dim);
-        for (int64_t g = 0; g < group; ++g) {
-          const float* qg = queries.data() + g * dim;
-          float s = 0.f;
-#pragma omp simd reduction(+ : s)
-          for (int64_t d = 0; d < dim; ++d) s += qg[d] * kf[d];
-          scores[g * length + t] = s;
-        }
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        float* sg = scores.data() + g * length;
-        float top = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < length; ++t) top = std::max(top, sg[t]);
-        float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < length; ++t) {
-          sg[t] = exp_nonpositive(sg[t] - top);
-          sum += sg[t];
-        }
-        const float inv = 1.f / sum;
-        for (int64_t t = 0; t < length; ++t) sg[t] *= inv;
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t = 0; t < length; ++t) {
-        const T* value = v + ((table[t / block_size] * block_size + t % block_size) * kv_heads + h) * dim;
-        const float* vf = as_float(value, row, dim);
-        for (int64_t g = 0; g < group; ++g) {
-          const float p = scores[g * length + t];
-          float* ag = acc.data() + g * dim;
-#pragma omp simd
-          for (int64_t d = 0; d < dim; ++d) ag[d] += p * vf[d];
-        }
-      }
-      for (int64_t g = 0; g < group; ++g)
-        for (int64_t d = 0; d < dim; ++d)
-          out[(b * heads + h * group + g) * dim + d] = static_cast<T>(acc[g * dim + d]);
+      const int64_t offset = (b * heads + h * group) * dim;
+      attend_one(q + offset, k, v, tables + b * max_blocks, lens[b], out + offset, group, dim, kv_heads, h,
+                 block_size, scale, scores, queries.data(), acc.data());
     }
   });
 }
