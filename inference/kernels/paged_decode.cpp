@@ -53,6 +53,18 @@ inline const float* as_float(const T* row, float* buffer, int64_t dim) {
   }
 }
 
+// Calls visit(t, row) for tokens 0..length-1 of one sequence, ``row`` pointing at its head's values in the
+// cache: block by block through ``table``, ``stride`` apart within a block.
+template <typename T, typename Visit>
+inline void each_token(const T* cache, const int64_t* table, int64_t length, int64_t block_size, int64_t stride,
+                       int64_t head_offset, Visit&& visit) {
+  for (int64_t start = 0, b = 0; start < length; start += block_size, ++b) {
+    const T* row = cache + table[b] * block_size * stride + head_offset;
+    const int64_t n = std::min(block_size, length - start);
+    for (int64_t i = 0; i < n; ++i, row += stride) visit(start + i, row);
+  }
+}
+
 // One (sequence, KV head) pair: its ``group`` query heads against its ``length`` cached tokens. G and D are
 // template arguments where they are the common sizes (the loops then unroll and the accumulators stay in
 // registers); 0 means "given at run time".
@@ -68,20 +80,16 @@ void attend(const T* q, const T* k, const T* v, const int64_t* table, int64_t le
     for (int64_t d = 0; d < dim; ++d) queries[g * dim + d] = static_cast<float>(q[g * dim + d]) * scale;
   const int64_t stride = kv_heads * dim;  // between two tokens of a block
   // scores: one pass over the keys, block by block
-  for (int64_t start = 0, b = 0; start < length; start += block_size, ++b) {
-    const T* key = k + (table[b] * block_size * kv_heads + h) * dim;
-    const int64_t n = std::min(block_size, length - start);
-    for (int64_t i = 0; i < n; ++i, key += stride) {
-      const float* kf = as_float(key, row, dim);
-      for (int64_t g = 0; g < group; ++g) {
-        const float* qg = queries + g * dim;
-        float s = 0.f;
+  each_token(k, table, length, block_size, stride, h * dim, [&](int64_t t, const T* key) {
+    const float* kf = as_float(key, row, dim);
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = queries + g * dim;
+      float s = 0.f;
 #pragma omp simd reduction(+ : s)
-        for (int64_t d = 0; d < dim; ++d) s += qg[d] * kf[d];
-        scores[g * length + start + i] = s;
-      }
+      for (int64_t d = 0; d < dim; ++d) s += qg[d] * kf[d];
+      scores[g * length + t] = s;
     }
-  }
+  });
   for (int64_t g = 0; g < group; ++g) {
     float* sg = scores.data() + g * length;
     float top = -std::numeric_limits<float>::infinity();
@@ -97,19 +105,15 @@ void attend(const T* q, const T* k, const T* v, const int64_t* table, int64_t le
   }
   // values: one pass, the weighted sums kept in ``acc``
   for (int64_t i = 0; i < group * dim; ++i) acc[i] = 0.f;
-  for (int64_t start = 0, b = 0; start < length; start += block_size, ++b) {
-    const T* value = v + (table[b] * block_size * kv_heads + h) * dim;
-    const int64_t n = std::min(block_size, length - start);
-    for (int64_t i = 0; i < n; ++i, value += stride) {
-      const float* vf = as_float(value, row, dim);
-      for (int64_t g = 0; g < group; ++g) {
-        const float p = scores[g * length + start + i];
-        float* ag = acc + g * dim;
+  each_token(v, table, length, block_size, stride, h * dim, [&](int64_t t, const T* value) {
+    const float* vf = as_float(value, row, dim);
+    for (int64_t g = 0; g < group; ++g) {
+      const float p = scores[g * length + t];
+      float* ag = acc + g * dim;
 #pragma omp simd
-        for (int64_t d = 0; d < dim; ++d) ag[d] += p * vf[d];
-      }
+      for (int64_t d = 0; d < dim; ++d) ag[d] += p * vf[d];
     }
-  }
+  });
   for (int64_t i = 0; i < group * dim; ++i) out[i] = static_cast<T>(acc[i]);
 }
 
