@@ -12,7 +12,8 @@ times; at this model's size the products are also too small for the BLAS to run 
 scores, softmax and sums in float32 (float32 and bfloat16 caches). It is built with the compiler torch was
 built for (``torch.utils.cpp_extension``, ``-O3 -march=native``) the first time it is asked for (about 20
 to 40 s, with a log line saying so), then loaded from torch's extension cache
-(``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``) in well under a second. Without a
+(``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``, under a name that carries a hash of
+the CPU's instruction sets) in well under a second. Without a
 compiler, or when the build fails, the engine logs ``CPU decode kernel unavailable: <reason>`` and runs
 the torch path; nothing else changes.
 
@@ -21,7 +22,10 @@ Not covered (the torch path runs): the INT8 cache and multi-head latent attentio
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
+import platform
 import shutil
 import threading
 from importlib import resources
@@ -67,6 +71,16 @@ def load_cpu_decode_kernel() -> tuple[DecodeKernel | None, str | None]:
     return (None, reason) if module is None else (CpuDecodeKernel(module), None)
 
 
+def cpu_signature() -> str:
+    """A short hash of this CPU's instruction sets: part of the extension's name, so that a build made
+    ``-march=native`` on one machine is never loaded on another whose CPU lacks its instructions (a home
+    folder, and so torch's extension cache, may be shared between machines)."""
+    flags = platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+        flags = next((line for line in f if line.startswith("flags")), flags)
+    return hashlib.sha256(flags.encode()).hexdigest()[:10]
+
+
 def _build() -> tuple[Any, str | None]:
     compiler = shutil.which("c++") or shutil.which("g++")
     if compiler is None:
@@ -78,7 +92,7 @@ def _build() -> tuple[Any, str | None]:
 
         with resources.as_file(resources.files("inference") / "kernels" / SOURCE) as source:
             logger.info("CPU decode kernel: building or loading %s (the first build takes 20-40 s)", SOURCE)
-            module = cpp_extension.load(name=EXTENSION_NAME, sources=[str(source)],
+            module = cpp_extension.load(name=f"{EXTENSION_NAME}_{cpu_signature()}", sources=[str(source)],
                                         extra_cflags=["-O3", "-march=native", "-fopenmp"],
                                         extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # a compiler error, a missing header: say which, run the torch path

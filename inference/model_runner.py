@@ -169,7 +169,9 @@ class ModelRunner:
                                             layout.head_dim, dtype=dtype, device=device)
                 kv.workspace = workspace
                 layer.decode_kernel = decode_kernel
-        self._fused_decode = decode_kernel is not None
+        # every layer decodes through the fused kernel (latent layers keep the torch path, which pads)
+        self._fused_decode = decode_kernel is not None and all(isinstance(layer, Attention)
+                                                               for layer in self.attention_layers)
         self.sampler = Sampler(device, seed)
         self.logits_hook: LogitsHook | None = None  # tests compare logits with a reference model
         self.graphs: DecodeGraphs | None = None

@@ -74,6 +74,10 @@ void attend(const T* q, const T* k, const T* v, const int64_t* table, int64_t le
             float* queries, float* acc) {
   const int64_t group = G ? G : group_rt;
   const int64_t dim = D ? D : dim_rt;
+  if (length <= 0) {  // no token to attend to (the runner never sends one): zeros, not 0/0
+    for (int64_t i = 0; i < group * dim; ++i) out[i] = static_cast<T>(0.f);
+    return;
+  }
   float row[kMaxHeadDim];
   scores.resize(group * length);
   for (int64_t g = 0; g < group; ++g)
