@@ -90,9 +90,10 @@ def run(model: str, engine_config: EngineConfig, server_config: ServerConfig,
     # out of the collector's reach, a full collection scans only what requests allocate, instead of
     # pausing the engine and the event loop for 100 ms or more every half minute under load.
     gc.freeze()
-    logger.warning("[%s] serving %s on http://%s:%d (zone %s, device %s)", server_config.replica_id,
+    kernel = replica.engine.engine.cpu_decode_kernel  # None unless asked for: "on" or "unavailable: ..."
+    logger.warning("[%s] serving %s on http://%s:%d (zone %s, device %s%s)", server_config.replica_id,
                    replica.model_name, server_config.host, server_config.port, server_config.zone,
-                   replica.device_kind)
+                   replica.device_kind, "" if kernel is None else f", CPU decode kernel {kernel}")
     try:
         server.run()
     finally:

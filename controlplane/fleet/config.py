@@ -17,6 +17,10 @@ class FleetConfig:
     base_port: int = 8101
     replica_threads: int = 1  # torch threads per replica (three replicas share two cores)
     max_num_seqs: int = 64
+    # Replicas decode attention with the C++ paged kernel (inference/cpu_attention.py; CPU replicas, float32
+    # or bfloat16 caches; built once per machine on first use). Off: the torch path the shipped replica
+    # profile was calibrated on (with it, replicas run faster than the autoscaler's profile says).
+    cpu_decode_kernel: bool = False
     ready_timeout_s: float = 120.0
     drain_timeout_s: float = 30.0
     restart_backoff_s: float = 0.5

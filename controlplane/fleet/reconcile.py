@@ -437,7 +437,7 @@ class Fleet:
         return ReplicaSpec(replica_id, zone, host, port or self._free_port(), model, generation,
                            self.admin_token(replica_id), self.config.replica_threads,
                            self.config.max_num_seqs, self.config.drain_timeout_s, self.tracing, version,
-                           served)
+                           served, cpu_decode_kernel=self.config.cpu_decode_kernel)
 
     def _free_port(self) -> int:
         used = {r.spec.port for r in self.replicas.values()} | self.reserved_ports

@@ -32,6 +32,11 @@ class ReplicaSpec:
     tracing: TracingConfig = field(default_factory=TracingConfig)
     version: str = ""  # a canary's version (the gateways' split label); "" for the stable fleet
     served_model_name: str = ""  # a canary answers to the stable fleet's model name, so clients see one
+    cpu_decode_kernel: bool = False  # [fleet] cpu_decode_kernel
+
+    def engine_args(self) -> list[str]:
+        """``inference serve``'s engine flags beyond threads and batch size (none by default)."""
+        return ["--cpu-decode-kernel"] if self.cpu_decode_kernel else []
 
     def tracing_args(self) -> list[str]:
         """``inference serve``'s trace export and model-name flags (none when not needed)."""

@@ -37,7 +37,7 @@ class LocalProcessBackend:
         return [sys.executable, "-m", "inference", "serve", "--model", spec.model, "--host", spec.host,
                 "--port", str(spec.port), "--replica-id", spec.replica_id, "--zone", spec.zone,
                 "--num-threads", str(spec.threads), "--max-num-seqs", str(spec.max_num_seqs),
-                "--drain-timeout", str(spec.drain_timeout_s), *spec.tracing_args()]
+                "--drain-timeout", str(spec.drain_timeout_s), *spec.engine_args(), *spec.tracing_args()]
 
     def spawn(self, spec: ReplicaSpec) -> ReplicaHandle:
         log_path = self.log_dir / f"{spec.replica_id}.log"

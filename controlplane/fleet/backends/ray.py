@@ -214,4 +214,4 @@ def _serve_args(spec: ReplicaSpec) -> list[str]:
     """``inference serve``'s arguments after host and port (the actor picks those on its node)."""
     return ["--model", spec.model, "--replica-id", spec.replica_id, "--zone", spec.zone,
             "--num-threads", str(spec.threads), "--max-num-seqs", str(spec.max_num_seqs),
-            "--drain-timeout", str(spec.drain_timeout_s), *spec.tracing_args()]
+            "--drain-timeout", str(spec.drain_timeout_s), *spec.engine_args(), *spec.tracing_args()]

@@ -1,5 +1,6 @@
 """The replicas the control plane starts export their spans where the gateway does: ``[gateway]
-otlp_traces_endpoint`` and ``otlp_sample_ratio`` become ``inference serve`` flags, on either backend."""
+otlp_traces_endpoint`` and ``otlp_sample_ratio`` become ``inference serve`` flags, on either backend; and
+``[fleet] cpu_decode_kernel`` becomes the engine's flag the same way."""
 
 from __future__ import annotations
 
@@ -46,3 +47,17 @@ def test_with_tracing_off_replicas_get_no_trace_flags(tmp_path: Path) -> None:
     local = LocalProcessBackend(log_dir=tmp_path / "logs", state_dir=tmp_path)
     for args in (local.command(spec(TracingConfig())), _serve_args(spec(TracingConfig()))):
         assert not [a for a in args if a.startswith("--otlp")]
+
+
+def test_fleet_cpu_decode_kernel_reaches_every_replica_command_on_either_backend(tmp_path: Path) -> None:
+    local = LocalProcessBackend(log_dir=tmp_path / "logs", state_dir=tmp_path)
+    for on in (True, False):
+        backend = SimBackend()
+        with Store(tmp_path / f"cp-{on}.db") as store:
+            fleet = Fleet(FleetConfig(replicas=2, base_port=18311, cpu_decode_kernel=on), backend,  # type: ignore[arg-type]
+                          store, secret=b"s" * 32, ready_probe=lambda _: asyncio.sleep(0, True))
+            asyncio.run(fleet.reconcile())
+        assert len(backend.spawned) == 2
+        for spawned in backend.spawned:
+            for args in (local.command(spawned), _serve_args(spawned)):
+                assert ("--cpu-decode-kernel" in args) == on, args
