@@ -49,6 +49,7 @@ class CalibrationPlan:
     decode_tokens: int = 16  # steady steps timed per stream, once the whole batch decodes
     repeats: int = 3  # rounds over every point; each keeps its median round (decode: of its median steps)
     num_threads: int = 1  # as the control plane starts replicas on a shared 2-core machine
+    cpu_decode_kernel: bool = False  # the replica decodes with the C++ kernel ([fleet] cpu_decode_kernel)
 
     def __post_init__(self) -> None:
         if len(self.prefill_lens) + len(self.decodes) < 5:
@@ -79,8 +80,7 @@ def calibrate(plan: CalibrationPlan = CalibrationPlan(), *,
 
     say = progress or (lambda *_: None)
     ensure_default_model()  # built once per state folder; not part of a replica's start time
-    replica = ReplicaProcess(free_port(), replica_id="calibrate-0",
-                             extra_args=["--num-threads", str(plan.num_threads)])
+    replica = ReplicaProcess(free_port(), replica_id="calibrate-0", extra_args=replica_args(plan))
     started = time.monotonic()
     with replica:
         replica.wait_ready(timeout=180)
@@ -89,8 +89,14 @@ def calibrate(plan: CalibrationPlan = CalibrationPlan(), *,
         points, held_out, limits = asyncio.run(_measure(replica.base_url, plan, say))
     source = (f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.node()} "
               f"({platform.processor() or platform.machine()}), default model, {plan.num_threads} torch "
-              f"thread(s)")
+              f"thread(s){', CPU decode kernel' if plan.cpu_decode_kernel else ''}")
     return fit(points, held_out, start_s=round(start_s, 3), source=source, **limits)
+
+
+def replica_args(plan: CalibrationPlan) -> list[str]:
+    """The calibrated replica's flags: the fleet's thread count and engine switches."""
+    kernel = ["--cpu-decode-kernel"] if plan.cpu_decode_kernel else []
+    return ["--num-threads", str(plan.num_threads), *kernel]
 
 
 def calibrate_with_bar(plan: CalibrationPlan = CalibrationPlan()) -> ReplicaProfile:

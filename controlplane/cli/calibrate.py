@@ -2,6 +2,7 @@
 
 controlplane calibrate                      # about two minutes; writes <state_dir>/replica_profile.json
 controlplane calibrate --quick --out p.json
+controlplane calibrate --config c.toml      # the replica as that file's [fleet] runs it (C++ decode kernel)
 
 It starts one replica of the default model (as ``controlplane up`` does: its own process, one torch thread
 by default), times its start, prefills and decode steps (:mod:`controlplane.autoscale.calibrate`), fits the
@@ -32,6 +33,9 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
                                                  f"{CALIBRATED_PROFILE})")
     cmd.add_argument("--threads", type=int, default=1, help="torch threads of the replica, as the fleet "
                                                             "runs it (default %(default)s)")
+    cmd.add_argument("--cpu-decode-kernel", action="store_true",
+                     help="the replica decodes with the C++ kernel (default: as the --config file's [fleet] "
+                          "cpu_decode_kernel says)")
     cmd.add_argument("--quick", action="store_true", help="fewer points, two rounds (about 30 s)")
     cmd.add_argument("--force", action="store_true", help=f"install the profile even if its held-out "
                                                           f"error is over {HELD_OUT_BOUND:.0%}%")
@@ -46,13 +50,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads < 1:
         raise UsageError("calibrate: --threads must be >= 1")
+    config = load_config(args.config)
     if args.out:
         out = Path(args.out)
     else:  # the state folder, made as `controlplane up` makes it when this runs first on a fresh host
-        out = private_dir(load_config(args.config).state_path) / CALIBRATED_PROFILE
+        out = private_dir(config.state_path) / CALIBRATED_PROFILE
     if not out.parent.is_dir():
         raise UsageError(f"calibrate: {out.parent} is not a folder")
-    plan = replace(QUICK_PLAN if args.quick else CalibrationPlan(), num_threads=args.threads)
+    plan = replace(QUICK_PLAN if args.quick else CalibrationPlan(), num_threads=args.threads,
+                   cpu_decode_kernel=args.cpu_decode_kernel or config.fleet.cpu_decode_kernel)
     started = time.monotonic()
     profile = calibrate_with_bar(plan)
     print(report(profile))

@@ -101,3 +101,30 @@ def test_the_control_plane_runs_on_the_configured_then_the_calibrated_then_the_s
     assert resolve_profile_path("", tmp_path) == str(calibrated)
     assert resolve_profile_path("/etc/elsewhere.json", tmp_path) == "/etc/elsewhere.json"
     assert load_profile(resolve_profile_path("", tmp_path)).per_prefill_pair_s == TRUE.per_prefill_pair_s
+
+
+def test_calibrate_measures_the_replica_the_config_runs(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``controlplane calibrate --config FILE`` starts its replica as that file's fleet would: with
+    ``[fleet] cpu_decode_kernel = true``, the C++ decode kernel (or with ``--cpu-decode-kernel``)."""
+    from controlplane.autoscale import calibrate as calibration
+    from controlplane.cli.main import main
+
+    plans: list[calibration.CalibrationPlan] = []
+
+    def stop_at_the_plan(plan: calibration.CalibrationPlan) -> None:
+        plans.append(plan)
+        raise SystemExit(9)
+
+    monkeypatch.setattr(calibration, "calibrate_with_bar", stop_at_the_plan)
+    config = tmp_path / "c.toml"
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\n[fleet]\ncpu_decode_kernel = true\n')
+    plain = tmp_path / "plain.toml"
+    plain.write_text(f'state_dir = "{tmp_path / "state"}"\n')
+    for args in (["--config", str(config)], ["--config", str(plain), "--cpu-decode-kernel"],
+                 ["--config", str(plain)]):
+        with pytest.raises(SystemExit):
+            main(["calibrate", "--quick", *args])
+    assert [p.cpu_decode_kernel for p in plans] == [True, True, False]
+    with_kernel = ["--num-threads", "1", "--cpu-decode-kernel"]
+    assert [calibration.replica_args(p) for p in plans] == [with_kernel, with_kernel, ["--num-threads", "1"]]
