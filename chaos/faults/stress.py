@@ -265,7 +265,11 @@ class StressFault(Fault):
         environment with their title) members of its process group started no earlier than its leader."""
         found = set(tagged_pids(str(token.data["tag"])))
         pgid, started = token.data.get("pid"), token.data.get("start_time")
-        if isinstance(pgid, int) and isinstance(started, int):
+        # The kernel gives out no pid that a live process group still has as its id: when the leader's
+        # pid runs another process now, the stressor's group is gone and that group is someone else's
+        # (a replica or a guard started in its own session, with a name that passes the filter below).
+        leader = process_start_time(pgid) if isinstance(pgid, int) else None
+        if isinstance(pgid, int) and isinstance(started, int) and leader in (None, started):
             prefix = "stress-ng" if token.data.get("backend") == "stress-ng" else "python"
             found |= set(group_pids(pgid, since=started, comm_prefix=prefix))
         return sorted(found)

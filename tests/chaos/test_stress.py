@@ -12,6 +12,7 @@ import asyncio
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -194,14 +195,20 @@ def test_new_manager_kills_a_stressor_left_by_a_crashed_one(target: Proc) -> Non
     assert ledger.state(1) == "reverted"
 
 
-def test_revert_never_signals_a_recycled_pid(target: Proc) -> None:
+@pytest.mark.parametrize(("command", "backend"), [
+    (["sleep", "60"], "stress-ng"),
+    # a Python process leading its own session, as a replica or an expiry guard does: its name passes the
+    # python burner's group filter, so only the leader's start time tells it from the stressor's group
+    ([sys.executable, "-c", "import time; time.sleep(60)"], "python"),
+])
+def test_revert_never_signals_a_recycled_pid(target: Proc, command: list[str], backend: str) -> None:
     """A token whose pid now belongs to another process (other start time, no tag) leaves it alone."""
-    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    other = subprocess.Popen(command, start_new_session=True)
     try:
         started = process_start_time(other.pid)
         assert started is not None
         token = RevertToken("stress", "r1", "kill_stressor", {
-            "tag": "not-a-live-tag", "backend": "stress-ng", "pid": other.pid, "start_time": started - 1})
+            "tag": "not-a-live-tag", "backend": backend, "pid": other.pid, "start_time": started - 1})
         asyncio.run(StressFault().revert(token))
         assert other.poll() is None and _state(other.pid) in ("S", "R")
     finally:
