@@ -32,11 +32,13 @@ import psutil
 from chaos.catalogue import default_catalogue
 from chaos.faults.base import Fault, RevertToken
 from inference.environment import child_environment
+from inference.models.bundled import STATE_DIR_ENV
 
 logger = logging.getLogger(__name__)
 
 GRACE_S = 0.0  # the guard reverts at expiry; the manager's own timer normally gets there first
 START_TIMEOUT_S = 5.0
+FAULT_ENV = "LLMSRE_EXPIRY_FAULT"  # in a guard's environment: the ledger id of the fault it guards
 
 
 def needs_guard(fault: Fault, token: RevertToken) -> bool:
@@ -59,7 +61,8 @@ class ExpiryGuards:
         try:
             child = subprocess.Popen([self.python, "-m", "chaos.expiry"], stdin=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     env=dict(self.environment()), start_new_session=True)
+                                     env={**self.environment(), FAULT_ENV: str(fault_id)},
+                                     start_new_session=True)
             assert child.stdin is not None
             child.stdin.write(json.dumps(order).encode())
             child.stdin.close()
@@ -69,8 +72,11 @@ class ExpiryGuards:
         self._children[child.pid] = child
         return child.pid
 
-    def stop(self, pid: int | None) -> None:
-        """Stop a guard whose fault was reverted already (idempotent; a guard of an earlier run too)."""
+    def stop(self, pid: int | None, fault_id: int | None = None) -> None:
+        """Stop the guard of fault ``fault_id``, reverted already (idempotent; a guard of an earlier run
+        too: signalled only while ``pid`` still runs a guard of that fault for this environment's state
+        folder, since a pid from the ledger may have been reused by anything since, another control
+        plane's guard included)."""
         if pid is None:
             return
         child = self._children.pop(pid, None)
@@ -82,7 +88,7 @@ class ExpiryGuards:
                 child.wait(START_TIMEOUT_S)
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            if _is_guard(pid):
+            if fault_id is not None and _is_guard(pid, fault_id, self.environment().get(STATE_DIR_ENV)):
                 os.kill(pid, signal.SIGTERM)
 
     def reap(self) -> None:
@@ -92,11 +98,15 @@ class ExpiryGuards:
                 del self._children[pid]
 
 
-def _is_guard(pid: int) -> bool:
+def _is_guard(pid: int, fault_id: int, state_dir: str | None) -> bool:
+    """``pid`` runs the guard of ``fault_id`` started with ``state_dir`` in its environment (or none)."""
     try:
-        return "chaos.expiry" in psutil.Process(pid).cmdline()
-    except psutil.Error:
+        process = psutil.Process(pid)
+        args, env = process.cmdline(), process.environ()
+    except psutil.Error:  # gone, or another user's: not ours to signal
         return False
+    return "chaos.expiry" in args and env.get(FAULT_ENV) == str(fault_id) and \
+        env.get(STATE_DIR_ENV) == state_dir
 
 
 # ---- the guard process ----------------------------------------------------------------------------------

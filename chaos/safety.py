@@ -377,7 +377,7 @@ class FaultManager:
             return RevertResult(fault_id, False, detail, retryable)
         self._running.pop(fault_id, None)
         if self._guards is not None:
-            self._guards.stop(guard_pid)  # its work is done; a guard that already reverted has exited
+            self._guards.stop(guard_pid, fault_id)  # its work is done; one that reverted has exited
         self._mark(fault_id, "reverted", why)
         logger.info("%s: fault %d (%s) reverted (%s)", token.target, fault_id, token.kind, why)
         return RevertResult(fault_id, True, why)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
@@ -116,3 +116,33 @@ def test_a_guard_carries_the_environment_it_is_given_and_stops_once() -> None:
         guards.stop(pid)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     guards.stop(pid)  # again: nothing left to signal, nothing raised
+
+
+def test_a_guard_of_an_earlier_run_is_stopped_only_by_its_fault_and_its_state_folder() -> None:
+    """A guard pid read from the ledger after a restart is signalled only while that pid still runs the
+    guard of that fault for this state folder: not another fault's guard, nor another control plane's."""
+    def env(home: str) -> Callable[[], dict[str, str]]:
+        return lambda: {"LLMSRE_STATE_DIR": home, "PATH": "/usr/bin:/bin"}
+
+    first = ExpiryGuards(environment=env("/srv/a"))
+    token = RevertToken("pause", "r0", "signal", {"pid": 1, "start_time": 0, "signal": "SIGCONT"})
+    pid = first.start(7, token, expires_in_s=60)
+    assert pid is not None
+    try:
+        deadline = time.monotonic() + 10
+        while "chaos.expiry" not in psutil.Process(pid).cmdline() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        restarted, other = ExpiryGuards(environment=env("/srv/a")), ExpiryGuards(environment=env("/srv/b"))
+        restarted.stop(pid, 8)  # the ledger's fault 8 had a guard at this pid once: not this one
+        other.stop(pid, 7)  # another control plane's fault 7
+        restarted.stop(pid)  # no fault named: nothing to match
+        time.sleep(0.5)
+        assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        restarted.stop(pid, 7)
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        first.stop(pid)
