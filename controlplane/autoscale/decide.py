@@ -69,6 +69,9 @@ class Observation:
     work: WorkNeeds | None = None  # replicas the offered work needs (controlplane.autoscale.work)
     refused_rate: float | None = None  # of request_rate, refused at the gateways for want of capacity
     drift: ProfileDrift | None = None  # the replicas' engine time against the profile's (autoscale.drift)
+    # of the prompt tokens the replicas admitted in the metrics window, the share their prefix caches held
+    # (vllm:prefix_cache_hits over vllm:prefix_cache_queries); None: unknown or none admitted
+    prefix_hit_share: float | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -115,30 +118,34 @@ def ours_policy(cfg: AutoscalerConfig) -> PolicyConfig:
 
 
 def offered_engine_load(profile: ReplicaProfile, *, request_rate: float | None,
-                        mean_prompt_tokens: float | None, mean_output_tokens: float | None) -> float | None:
-    """Engine seconds per second that arriving requests need: request rate x mean tokens per request,
-    converted with the replica profile. Linear in the load and, unlike served token rates, it keeps growing
-    past saturation; unlike the queue it counts no backlog. None when unknown (no rate, or requests arrive
-    but none finished in the window to tell their size); 0 when nothing arrives."""
+                        mean_prompt_tokens: float | None, mean_output_tokens: float | None,
+                        prefix_hit_share: float | None = None) -> float | None:
+    """Engine seconds per second that arriving requests need: request rate x mean tokens per request (the
+    prompt's less the share prefix caches hold), converted with the replica profile. Linear in the load
+    and, unlike served token rates, it keeps growing past saturation; unlike the queue it counts no
+    backlog. None when unknown (no rate, or requests arrive but none finished in the window to tell their
+    size); 0 when nothing arrives."""
     if request_rate is None:
         return None
     if request_rate <= 0:
         return 0.0
     if mean_prompt_tokens is None or mean_output_tokens is None:
         return None
-    return profile.engine_load(prompt_tokens_per_s=request_rate * mean_prompt_tokens,
+    computed = mean_prompt_tokens * (1.0 - min(max(prefix_hit_share or 0.0, 0.0), 1.0))
+    return profile.engine_load(prompt_tokens_per_s=request_rate * computed,
                                generated_tokens_per_s=request_rate * mean_output_tokens,
-                               mean_prompt_tokens=mean_prompt_tokens)
+                               mean_prompt_tokens=max(computed, 1.0))
 
 
 def offered_work(profile: ReplicaProfile, cfg: AutoscalerConfig, *, request_rate: float | None,
-                 mean_prompt_tokens: float | None, mean_output_tokens: float | None) -> WorkNeeds | None:
+                 mean_prompt_tokens: float | None, mean_output_tokens: float | None,
+                 prefix_hit_share: float | None = None) -> WorkNeeds | None:
     """Replicas the offered work needs (:func:`controlplane.autoscale.work.work_needs`) at the SLOs, and
     (``with_margin``) at the rate plus the tolerance, which bounds a scale-down."""
     def needs(rate: float | None) -> WorkNeeds | None:
         return work_needs(profile, rate=rate, mean_prompt=mean_prompt_tokens, mean_output=mean_output_tokens,
                           ttft_slo_s=cfg.ttft_slo_s, tpot_slo_s=cfg.tpot_slo_s, quantile=cfg.slo_quantile,
-                          kv_headroom=cfg.target_kv_cache_usage)
+                          kv_headroom=cfg.target_kv_cache_usage, prefix_hit_share=prefix_hit_share)
 
     now = needs(request_rate)
     margin = needs(None if request_rate is None else request_rate * (1 + cfg.tolerance))
@@ -247,7 +254,8 @@ def record_body(obs: Observation, plan: Plan, *, tick: int, mode: str, applied: 
                    "request_rate": _round(obs.request_rate), "refused_rate": _round(obs.refused_rate),
                    "panic_request_rate": _round(obs.panic_request_rate),
                    "mean_prompt_tokens": _round(obs.mean_prompt_tokens),
-                   "mean_output_tokens": _round(obs.mean_output_tokens), "notes": list(obs.notes),
+                   "mean_output_tokens": _round(obs.mean_output_tokens),
+                   "prefix_hit_share": _round(obs.prefix_hit_share), "notes": list(obs.notes),
                    "work": None if obs.work is None else {"prefill": obs.work.prefill,
                                                           "decode": obs.work.decode, "kv": obs.work.kv},
                    "profile_drift": None if obs.drift is None else obs.drift.as_dict()},

@@ -179,7 +179,8 @@ class Autoscaler:
                                       refused=self.refused)
         obs = dataclasses.replace(obs, work=offered_work(self.profile, cfg, request_rate=obs.request_rate,
                                              mean_prompt_tokens=obs.mean_prompt_tokens,
-                                             mean_output_tokens=obs.mean_output_tokens))
+                                             mean_output_tokens=obs.mean_output_tokens,
+                                             prefix_hit_share=obs.prefix_hit_share))
         plan, self.state = await asyncio.to_thread(decide, obs, self.state, cfg, windows)
         body = self._apply(obs, plan, cfg)
         if body["applied"]:  # only a scale that happened starts a scale-down period

@@ -3,8 +3,10 @@
 tokens/s and offered engine load per ready replica; the request rate, over the metrics and panic windows).
 The offered engine load uses the requests that finished in the window (``vllm:prompt_tokens_total`` and
 ``vllm:generation_tokens_total`` over ``vllm:request_success_total``, each pair read on the same samples:
-:meth:`~controlplane.telemetry.base.Telemetry.ratio`). The replicas' engine time against
-the profile's prediction (:mod:`controlplane.autoscale.drift`) goes into the record, not into the sizing.
+:meth:`~controlplane.telemetry.base.Telemetry.ratio`), less the share of prompt tokens the replicas'
+prefix caches held (``vllm:prefix_cache_hits_total`` over ``vllm:prefix_cache_queries_total``).
+The replicas' engine time against the profile's prediction (:mod:`controlplane.autoscale.drift`) goes
+into the record, not into the sizing.
 
 The request rate is what reached the replicas plus what the gateways refused for want of capacity
 (``refused``: :class:`~controlplane.fleet.refusals.RefusalCounts`): a fleet whose gateways shed would
@@ -34,6 +36,8 @@ from controlplane.telemetry.base import (
 )
 
 PROMPT_TOKENS = "vllm:prompt_tokens_total"  # incremented when a request finishes, as generation tokens are
+PREFIX_HITS = "vllm:prefix_cache_hits_total"  # prompt tokens found in a replica's prefix cache
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"  # prompt tokens looked up, on admission
 
 
 def observe_telemetry(telemetry: Telemetry, endpoints: list[ReplicaEndpoint], *, now: float, wall: float,
@@ -56,6 +60,7 @@ def observe_telemetry(telemetry: Telemetry, endpoints: list[ReplicaEndpoint], *,
         short = telemetry.rate(HTTP_REQUESTS, window_s=panic_window_s, by=(), match=inference).get(())
         mean_prompt = telemetry.ratio(PROMPT_TOKENS, REQUEST_SUCCESS, window_s=window_s)
         mean_output = telemetry.ratio(GENERATION_TOKENS, REQUEST_SUCCESS, window_s=window_s)
+        prefix_hits = telemetry.ratio(PREFIX_HITS, PREFIX_QUERIES, window_s=window_s)
         drift = observe_drift(telemetry, profile, window_s=window_s)
     except TelemetryError as exc:
         notes.append(f"telemetry unavailable: {exc}")
@@ -80,16 +85,17 @@ def observe_telemetry(telemetry: Telemetry, endpoints: list[ReplicaEndpoint], *,
         if shed_short:
             short = (short or 0.0) + shed_short
     load = offered_engine_load(profile, request_rate=rate, mean_prompt_tokens=mean_prompt,
-                               mean_output_tokens=mean_output)
+                               mean_output_tokens=mean_output, prefix_hit_share=prefix_hits)
     if load is None and rate:
         notes.append("engine_load_per_replica: no request finished in the window to size the load")
     metrics = {"waiting_per_replica": _mean(waiting, ready), "kv_cache_usage": _mean(kv, ready),
                "ttft_p95_s": ttft, "tokens_per_s_per_replica": _mean(tokens, ready),
                "engine_load_per_replica": per_replica(load, len(ready))}
     demand = offered_engine_load(profile, request_rate=short, mean_prompt_tokens=mean_prompt,
-                                 mean_output_tokens=mean_output)
+                                 mean_output_tokens=mean_output, prefix_hit_share=prefix_hits)
     return Observation(now, wall, current, len(ready), starting, metrics, demand, rate, tuple(notes),
-                       short, mean_prompt, mean_output, refused_rate=shed, drift=drift)
+                       short, mean_prompt, mean_output, refused_rate=shed, drift=drift,
+                       prefix_hit_share=prefix_hits)
 
 
 def _mean(values: Mapping[tuple[str, ...], float], replicas: list[str]) -> float | None:

@@ -7,7 +7,9 @@ requests that finished in the window into three replica counts, each from the re
 (:mod:`controlplane.autoscale.profile`) and the SLO, with no tuned constant:
 
 - **prefill** (TTFT): a replica prefills one prompt at a time, ``S`` seconds for the mean prompt (the
-  profile's step times over its chunks, each step also carrying the replica's decode batch); the gateway
+  profile's step times over its chunks, each step also carrying the replica's decode batch; the share of
+  prompt tokens the replicas' prefix caches served in the window is not prefilled, though its tokens
+  still count as context for the rest); the gateway
   routes to the least loaded replica, so the fleet is an M/M/c queue of prefills. The count is the
   smallest ``c`` whose Erlang-C waiting time meets the TTFT SLO at the SLO quantile,
   ``P(wait > T - S) <= 1 - q``, with ``P(wait > t) = C(c, a) exp(-(c - a) t / S)`` and ``a = rate x S``
@@ -58,8 +60,9 @@ class WorkNeeds:
 
 def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: float | None,
                mean_output: float | None, ttft_slo_s: float, tpot_slo_s: float, quantile: float = 0.95,
-               kv_headroom: float = 0.8) -> WorkNeeds | None:
-    """Replicas the offered work needs per term; None when the rate or the request sizes are unknown."""
+               kv_headroom: float = 0.8, prefix_hit_share: float | None = None) -> WorkNeeds | None:
+    """Replicas the offered work needs per term; None when the rate or the request sizes are unknown.
+    ``prefix_hit_share``: of the prompt tokens, the share the replicas' prefix caches hold (None: none)."""
     if rate is None or mean_prompt is None or mean_output is None:
         return None
     if rate <= 0:
@@ -71,7 +74,9 @@ def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: floa
     decode = math.ceil(in_decode / batch)
     # the decode batch a replica carries while it prefills: the decoding sequences over the decode count
     carried = math.ceil(in_decode / max(decode, 1))
-    service = prefill_seconds(profile, prompt, decoding=carried, context=context)
+    hit = min(max(prefix_hit_share or 0.0, 0.0), 1.0)
+    cached = min(round(prompt * hit), round(prompt) - 1)
+    service = prefill_seconds(profile, prompt, decoding=carried, context=context, cached=max(cached, 0))
     # A prefill longer than the TTFT SLO misses it on any fleet: more replicas cannot help that request,
     # so the queue is then held to a wait no longer than the prefill itself.
     budget = ttft_slo_s - service if service < ttft_slo_s else service
@@ -79,8 +84,10 @@ def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: floa
     kv = math.ceil(in_decode * context / (kv_headroom * profile.kv_capacity_tokens))
     within = (f"{ttft_slo_s:g}s TTFT" if service < ttft_slo_s else
               f"the prefill's own {service:.2f}s (it alone is over the {ttft_slo_s:g}s TTFT SLO)")
-    prefill_note = (f"{prefill} (Erlang C: {rate:.3g} req/s x {service * 1e3:.0f} ms prefill of "
-                    f"{prompt:.0f} tokens, P{quantile * 100:g} wait within {within})")
+    tokens = f"{prompt:.0f} tokens" + (f", {cached} of them cached ({hit:.0%} prefix hits)" if cached > 0
+                                       else "")
+    prefill_note = (f"{prefill} (Erlang C: {rate:.3g} req/s x {service * 1e3:.0f} ms prefill of {tokens}, "
+                    f"P{quantile * 100:g} wait within {within})")
     reason = (f"prefill {prefill_note}; decode {decode} ({in_decode:.1f} sequences of {output:.0f} tokens "
               f"at batch {batch}, {step * 1e3:.0f} ms steps within {tpot_slo_s:g}s TPOT / 2); KV {kv} "
               f"({in_decode * context:,.0f} tokens held, {kv_headroom:.0%} of {profile.kv_capacity_tokens:,} "
@@ -102,10 +109,12 @@ def _decode_step(profile: ReplicaProfile, batch: int, context: float) -> float:
     return profile.step_time(num_decode=batch, num_prefill_tokens=0, context_tokens=round(batch * context))
 
 
-def prefill_seconds(profile: ReplicaProfile, prompt: float, *, decoding: int, context: float) -> float:
-    """Seconds a replica takes to prefill a prompt of ``prompt`` tokens in chunks of its step budget, each
-    step also decoding ``decoding`` sequences of ``context`` tokens (chunked prefill shares the step)."""
-    left, done, seconds = round(prompt), 0, 0.0
+def prefill_seconds(profile: ReplicaProfile, prompt: float, *, decoding: int, context: float,
+                    cached: int = 0) -> float:
+    """Seconds a replica takes to prefill a prompt of ``prompt`` tokens, the first ``cached`` of them from
+    its prefix cache, in chunks of its step budget, each step also decoding ``decoding`` sequences of
+    ``context`` tokens (chunked prefill shares the step)."""
+    left, done, seconds = round(prompt) - cached, cached, 0.0
     budget = max(profile.max_num_batched_tokens - decoding, 1)
     while left > 0:
         chunk = min(left, budget)

@@ -38,7 +38,7 @@ def _evalset(*, write: bool) -> int:
     stale = []
     for name in evalset.NAMES:
         rows = evalset.evalset_rows(name)
-        kept = [(r.arrival, r.prompt_len, r.output_len) for r in evalset.load_evalset(name)]
+        kept = evalset.kept_rows(name)
         stale += [] if kept == rows else [name]
         print(evalset.summary(name, rows) + ("" if kept == rows else "  (kept file differs from its recipe)"))
     if stale:

@@ -19,7 +19,8 @@ The traces, by name (each recipe's function says how and why):
 - ``bursty`` (:func:`bursty`): the synthetic Markov-modulated trace of ``controlplane.sim.trace``, seed 0;
 - ``diurnal`` (:func:`diurnal`): a day compressed into the hour, trough 20% of peak;
 - ``flash-crowd`` (:func:`flash_crowd`): a steady low rate with one 2-5 minute step to 8x;
-- ``shared-prefix`` (:func:`shared_prefix`): a few long system prompts plus a short unique suffix.
+- ``shared-prefix`` (:func:`shared_prefix`): a few long system prompts plus a short unique suffix, the
+  only trace whose rows name a shared prefix (two more columns, ``prefix_id`` and ``prefix_tokens``).
 """
 
 from __future__ import annotations
@@ -35,15 +36,16 @@ from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 
-from controlplane.sim.trace import BurstyConfig, SimRequest, TraceShape, shaped, synthetic_bursty
+from controlplane.sim.trace import BurstyConfig, RawRow, SimRequest, TraceShape, shaped, synthetic_bursty
 
-Row = tuple[float, int, int]  # arrival seconds, prompt tokens, output tokens, at trace scale
+Row = RawRow  # arrival seconds, prompt tokens, output tokens[, prefix id, prefix tokens], at trace scale
 Rate = Callable[[float], float]  # requests/s at a second of the trace
 
 HOUR_S = 3600.0
 DATA_PACKAGE = "controlplane.data"
 DATA_FOLDER = "evalset"
 HEADER = ("arrival_s", "prompt_tokens", "output_tokens")
+PREFIX_HEADER = (*HEADER, "prefix_id", "prefix_tokens")  # a trace whose prompts share prefixes
 UNSHAPED = TraceShape()
 CONVERSATION = BurstyConfig()  # the Azure conversation trace's length medians and spreads
 
@@ -148,23 +150,26 @@ def flash_crowd() -> list[Row]:
 def shared_prefix() -> list[Row]:
     """Chat or agent traffic behind a few long system prompts: prompts share long common prefixes.
 
-    Arrivals: Poisson, rate ``6 * (1 + 0.25 sin(2 pi t / 1 h))`` requests/s (about the Azure trace's 5.5
-    requests/s, with a gentle swing). Prompts: one of four system prompts of 1,100, 1,700, 2,300 and 2,900
-    tokens (used by 40%, 30%, 20% and 10% of requests: a few products or agents), plus a unique user
-    suffix, log-normal median 120 tokens, sigma 0.8, clipped to 8-480. The suffix stays shorter than the
-    gaps between system prompts, so a prompt's length tells which prefix it carries. Outputs: conversation.
+    Arrivals: Poisson, rate ``48 * (0.6 - 0.4 cos(2 pi t / 1 h))`` requests/s, a day in the hour as in
+    ``diurnal`` (9.6 requests/s at minutes 0 and 60, 48 at minute 30). Prompts: one of four system prompts
+    of 1,100, 1,700, 2,300 and 2,900 tokens (used by 40%, 30%, 20% and 10% of requests: a few products or
+    agents), plus a unique user suffix, log-normal median 120 tokens, sigma 0.8, clipped to 8-480.
+    Outputs: conversation. Each row names its system prompt (``prefix_id`` 1-4) and its length
+    (``prefix_tokens``), so the simulator's replicas can cache it as the engine's prefix cache does.
 
-    The simulator has no prefix cache, and a request here is only its lengths: the shared prefix is counted
-    as prefill on every request, as a server without prefix caching would. A server that caches prefixes
-    prefills only the suffix, so this trace's TTFT and replica-seconds are conservative (upper bounds).
+    Why this rate: a replica that has a system prompt cached prefills only the suffix, so a request costs
+    a fraction of its prompt's length. At this rate a fleet sized on whole prompts would run about four
+    replicas at the peak where one that counts its cache hits needs two: the trace shows whether a policy
+    prices prefill by what the replicas compute. (Until 2026-12-04 this recipe ran at 6 requests/s and the
+    simulator had no prefix cache; every policy sat at one replica all hour.)
     """
     rng = _rng("shared-prefix")
-    rate = lambda t: 6.0 * (1.0 + 0.25 * math.sin(2 * math.pi * t / HOUR_S))  # noqa: E731
-    rows = []
-    for t in _poisson(rng, rate, peak=7.5):
+    rate = lambda t: 48.0 * (0.6 - 0.4 * math.cos(2 * math.pi * t / HOUR_S))  # noqa: E731
+    rows: list[Row] = []
+    for t in _poisson(rng, rate, peak=48.0):
         prefix = rng.choices(SYSTEM_PROMPTS, weights=SYSTEM_PROMPT_WEIGHTS)[0]
         suffix = _lognormal(rng, 120, 0.8, *SUFFIX_RANGE)
-        rows.append((t, prefix + suffix, _conversation_output(rng)))
+        rows.append((t, prefix + suffix, _conversation_output(rng), SYSTEM_PROMPTS.index(prefix) + 1, prefix))
     return rows
 
 
@@ -183,7 +188,7 @@ NAMES: tuple[str, ...] = tuple(RECIPES)
 # ---- traces: regenerated or kept -------------------------------------------------------------
 def evalset_rows(name: str) -> list[Row]:
     """The rows of recipe ``name`` as kept in its file: arrivals rounded to milliseconds."""
-    return [(round(t, 3), p, o) for t, p, o in _recipe(name)()]
+    return [_rounded(row) for row in _recipe(name)()]
 
 
 def evalset_trace(name: str, shape: TraceShape = UNSHAPED) -> list[SimRequest]:
@@ -193,27 +198,38 @@ def evalset_trace(name: str, shape: TraceShape = UNSHAPED) -> list[SimRequest]:
 
 def load_evalset(name: str, shape: TraceShape = UNSHAPED) -> list[SimRequest]:
     """The kept file of trace ``name`` (shipped in ``controlplane.data``), fitted by ``shape``."""
+    return shaped(kept_rows(name), shape)
+
+
+def kept_rows(name: str) -> list[Row]:
+    """The rows of the kept file of trace ``name``, at trace scale."""
     _recipe(name)
-    data = resources.files(DATA_PACKAGE).joinpath(DATA_FOLDER, f"{name}.csv.gz").read_bytes()
-    return shaped(decode_rows(data), shape)
+    return decode_rows(resources.files(DATA_PACKAGE).joinpath(DATA_FOLDER, f"{name}.csv.gz").read_bytes())
 
 
 def encode_rows(rows: list[Row]) -> bytes:
-    """CSV (header ``arrival_s,prompt_tokens,output_tokens``, arrivals to the millisecond), gzipped with no
-    timestamp so that the same rows always give the same bytes."""
+    """CSV (header ``arrival_s,prompt_tokens,output_tokens``, then ``prefix_id,prefix_tokens`` when the
+    rows carry shared prefixes; arrivals to the millisecond), gzipped with no timestamp so that the same
+    rows always give the same bytes."""
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(HEADER)
-    writer.writerows((f"{t:.3f}", p, o) for t, p, o in rows)
+    shared = any(len(row) > len(HEADER) for row in rows)
+    writer.writerow(PREFIX_HEADER if shared else HEADER)
+    for row in rows:
+        extra = (row[len(HEADER):] or (0, 0)) if shared else ()
+        writer.writerow((f"{row[0]:.3f}", *row[1:len(HEADER)], *extra))
     return gzip.compress(text.getvalue().encode(), compresslevel=9, mtime=0)
 
 
 def decode_rows(data: bytes) -> list[Row]:
     reader = csv.reader(io.StringIO(gzip.decompress(data).decode()))
-    header = next(reader, None)
-    if tuple(header or ()) != HEADER:
-        raise ValueError(f"evalset file: expected header {','.join(HEADER)}, got {header}")
-    return [(float(t), int(p), int(o)) for t, p, o in reader]
+    header = tuple(next(reader, []))
+    if header == HEADER:
+        return [(float(t), int(p), int(o)) for t, p, o in reader]
+    if header == PREFIX_HEADER:
+        return [(float(t), int(p), int(o), int(i), int(n)) for t, p, o, i, n in reader]
+    raise ValueError(f"evalset file: expected header {','.join(HEADER)} (then optionally "
+                     f"{','.join(PREFIX_HEADER[len(HEADER):])}), got {','.join(header)}")
 
 
 def data_folder() -> Path:
@@ -246,12 +262,18 @@ def summary(name: str, rows: list[Row]) -> str:
 def minute_counts(rows: list[Row], window_s: float = 60.0) -> list[int]:
     """Requests per window over the hour (every window, empty ones included)."""
     counts = [0] * math.ceil(HOUR_S / window_s)
-    for t, _, _ in rows:
+    for t, *_ in rows:
         counts[min(int(t // window_s), len(counts) - 1)] += 1
     return counts
 
 
 # ---- building blocks ----------------------------------------------------------------------------
+def _rounded(row: Row) -> Row:
+    if len(row) == 5:  # with a shared prefix
+        return (round(row[0], 3), row[1], row[2], row[3], row[4])
+    return (round(row[0], 3), row[1], row[2])
+
+
 def _recipe(name: str) -> Callable[[], list[Row]]:
     if name not in RECIPES:
         raise ValueError(f"evalset: unknown trace {name!r}; expected one of {', '.join(NAMES)}")

@@ -8,10 +8,12 @@ Each replica (its bookkeeping in :mod:`controlplane.sim.replica`) follows vLLM v
 waiting requests, at most ``max_num_seqs`` running, a token budget of ``max_num_batched_tokens`` per step
 spent on one token per decoding sequence first and on prefill chunks with what is left; a request's first
 token comes at the end of the step that finishes its prefill. A step lasts ``profile.step_time(...)``. KV
-space is reserved for prompt + output on admission (no preemption). A replica is not ready (gets no
-requests) until ``start_s`` after it was started; a replica being removed drains (finishes what it runs,
-hands its waiting requests back to the router); a crashed replica hands every request back and the fleet
-starts a replacement.
+space is reserved for prompt + output on admission (no preemption). A request whose prompt opens with a
+shared prefix the replica has cached skips its whole blocks, as with the engine's prefix cache (see
+:mod:`controlplane.sim.replica`); the observation carries the share of prompt tokens so served. A replica
+is not ready (gets no requests) until ``start_s`` after it was started; a replica being removed drains
+(finishes what it runs, hands its waiting requests back to the router); a crashed replica hands every
+request back and the fleet starts a replacement.
 
 Speed: between two events a replica that only decodes runs ``k`` identical steps as one segment (until
 its next sequence finishes, or until an arrival it could admit), so the cost is per request, not per
@@ -61,6 +63,9 @@ class Observation:
     prompt_tokens_per_s: float  # prefilled tokens/s, fleet-wide, over the last ``metric_window_s``
     arrivals_per_s: float  # over the last ``metric_window_s``
     arrivals_per_s_short: float = 0.0  # over the last ``short_window_s`` (panic mode's window)
+    # share of the prompt tokens admitted in the last ``metric_window_s`` that replicas' prefix caches held
+    # (vllm:prefix_cache_hits over vllm:prefix_cache_queries); None: nothing admitted
+    prefix_hit_share: float | None = None
     # tokens per request, means over the requests finished in the last ``metric_window_s`` (what the
     # vllm:request_prompt_tokens and vllm:request_generation_tokens histograms give); None: none finished
     mean_prompt_tokens: float | None = None
@@ -148,6 +153,7 @@ class FleetSim:
         self._prompt_tokens: deque[tuple[float, int]] = deque()  # (time, tokens prefilled)
         self._arrivals: deque[float] = deque()
         self._finished: deque[tuple[float, int, int]] = deque()  # (time, prompt, output tokens)
+        self._prefix: deque[tuple[float, int, int]] = deque()  # (time, prompt tokens admitted, cache hits)
         self._busy: deque[tuple[float, float]] = deque()  # (time, engine seconds), fleet-wide
         self._unfinished = 0
         self.progress = progress
@@ -211,7 +217,8 @@ class FleetSim:
         self.outcomes.append(outcome)
         self._unfinished += 1
         self._arrivals.append(self.now)
-        self._route(SimSequence(outcome, prompt, output))
+        self._route(SimSequence(outcome, prompt, output, prefix_id=request.prefix_id,
+                                prefix_len=min(request.prefix_len, prompt)))
 
     def _route(self, seq: SimSequence) -> None:
         """Least outstanding requests among ready replicas (the gateway's least-request pick)."""
@@ -248,7 +255,10 @@ class FleetSim:
         while replica.waiting and replica.can_admit(replica.waiting[0]):
             seq = replica.waiting.popleft()
             replica.kv_reserved += seq.kv_tokens
+            seq.prefilled = replica.take_cached_prefix(seq)
+            self._prefix.append((self.now, seq.prompt_len, seq.prefilled))
             replica.prefilling.append(seq)
+        replica.evict_prefixes()
         n = len(replica.decoders)
         budget = replica.profile.max_num_batched_tokens - n
         chunks: list[tuple[SimSequence, int]] = []
@@ -305,6 +315,7 @@ class FleetSim:
             seq.prefilled += take
             if seq.prefilled >= seq.prompt_len:
                 replica.prefilling.remove(seq)
+                replica.cache_prefix(seq)
                 self._first_token(replica, seq)
         replica.seg_prefill = []
         self._start_segment(replica)
@@ -395,13 +406,15 @@ class FleetSim:
                     seq.outcome,
                     min(seq.prompt_len + streamed, self.profile.max_model_len - 1),
                     max(seq.output_left - done, 1),
+                    prefix_id=seq.prefix_id,
+                    prefix_len=seq.prefix_len,
                 )
             )
 
     # ---- policy and observation ----------------------------------------------------------------
     def observe(self) -> Observation:
         cutoff = self.now - self.metric_window_s
-        for q in (self._first_tokens, self._tokens, self._busy, self._prompt_tokens):
+        for q in (self._first_tokens, self._tokens, self._busy, self._prompt_tokens, self._prefix):
             while q and q[0][0] < cutoff:
                 q.popleft()
         while self._arrivals and self._arrivals[0] < cutoff:
@@ -430,6 +443,7 @@ class FleetSim:
             arrivals_per_s_short=num_short / short,
             mean_prompt_tokens=_mean(p for _, p, _ in self._finished),
             mean_output_tokens=_mean(o for _, _, o in self._finished),
+            prefix_hit_share=_share(self._prefix),
         )
 
     def _tick(self) -> None:
@@ -462,3 +476,10 @@ def _mean(values: Iterable[float]) -> float | None:
     for v in values:
         total, count = total + v, count + 1
     return total / count if count else None
+
+
+def _share(admitted: Iterable[tuple[float, int, int]]) -> float | None:
+    queried = hits = 0
+    for _, q, h in admitted:
+        queried, hits = queried + q, hits + h
+    return hits / queried if queried else None

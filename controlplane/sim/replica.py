@@ -5,15 +5,25 @@ and steps them on its event clock. A :class:`Replica` follows vLLM v1's schedule
 sequences, prefilling ones, decoding ones in a heap by the step they finish at, KV space reserved for prompt
 + output on admission); a :class:`SimSequence` is one request on one replica; a :class:`RequestOutcome` is
 what the request's client saw, across retries. No clock and no events here: the fleet passes the time in.
+
+Prefix cache: as the engine does, a replica keeps the blocks a prefill computed after its sequence leaves,
+and a later prompt that opens with the same whole blocks skips them (at least one token is always
+computed). The simulator knows a prompt only by its lengths, so what it can share is the request's
+declared shared prefix (:attr:`controlplane.sim.trace.SimRequest.prefix_id`): a replica caches each prefix
+it prefilled, whole blocks of it, and evicts the least recently used when running sequences need the space.
+Running sequences still reserve their whole prompt (the engine shares a cached prefix's blocks between
+them), so KV pressure on such traffic is overstated, not understated.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from enum import Enum
 
 from controlplane.autoscale.profile import ReplicaProfile
+
+BLOCK_TOKENS = 16  # the engine's KV block (EngineConfig.block_size): a cache hit counts in whole blocks
 
 
 class ReplicaPhase(Enum):
@@ -53,6 +63,8 @@ class SimSequence:
     prompt_len: int  # to prefill on this replica (prompt + tokens already streamed, after a resume)
     output_left: int  # tokens still to generate
     prefilled: int = 0
+    prefix_id: int = 0  # the shared prefix the prompt opens with (0: none) and its tokens
+    prefix_len: int = 0
     start_step: int = 0  # replica step counter when it joined the decoders
     finish_step: int = 0
 
@@ -82,6 +94,8 @@ class Replica:
         self.seg_prefill: list[tuple[SimSequence, int]] = []
         self.version = 0
         self.busy = False
+        self.prefix_cache: OrderedDict[int, int] = OrderedDict()  # prefix id -> cached tokens, LRU first
+        self.prefix_cached_tokens = 0
 
     @property
     def num_running(self) -> int:
@@ -108,3 +122,29 @@ class Replica:
             self.num_running < self.profile.max_num_seqs
             and self.kv_reserved + seq.kv_tokens <= self.profile.kv_capacity_tokens
         )
+
+    def take_cached_prefix(self, seq: SimSequence) -> int:
+        """Tokens of ``seq``'s prompt its cached prefix spares it (whole blocks, one token left to compute),
+        marking the prefix used; 0 without one."""
+        cached = self.prefix_cache.get(seq.prefix_id, 0) if seq.prefix_id else 0
+        if not cached:
+            return 0
+        self.prefix_cache.move_to_end(seq.prefix_id)
+        return min(cached, (seq.prompt_len - 1) // BLOCK_TOKENS * BLOCK_TOKENS)
+
+    def cache_prefix(self, seq: SimSequence) -> None:
+        """``seq`` finished its prefill: its shared prefix's whole blocks stay cached."""
+        tokens = seq.prefix_len // BLOCK_TOKENS * BLOCK_TOKENS
+        if not seq.prefix_id or not tokens:
+            return
+        self.prefix_cached_tokens += tokens - self.prefix_cache.get(seq.prefix_id, 0)
+        self.prefix_cache[seq.prefix_id] = tokens
+        self.prefix_cache.move_to_end(seq.prefix_id)
+        self.evict_prefixes()
+
+    def evict_prefixes(self) -> None:
+        """Least recently used prefixes out until they fit beside the running sequences' reservations."""
+        capacity = self.profile.kv_capacity_tokens
+        while self.prefix_cache and self.kv_reserved + self.prefix_cached_tokens > capacity:
+            _, tokens = self.prefix_cache.popitem(last=False)
+            self.prefix_cached_tokens -= tokens

@@ -190,6 +190,7 @@ def offered_load(obs: Observation, profile: ReplicaProfile, *, short: bool = Fal
         request_rate=obs.arrivals_per_s_short if short else obs.arrivals_per_s,
         mean_prompt_tokens=obs.mean_prompt_tokens,
         mean_output_tokens=obs.mean_output_tokens,
+        prefix_hit_share=obs.prefix_hit_share,
     )
 
 
@@ -224,7 +225,9 @@ class LivePolicy:
             mean_output_tokens=obs.mean_output_tokens,
             work=offered_work(self.profile, self.config, request_rate=obs.arrivals_per_s,
                               mean_prompt_tokens=obs.mean_prompt_tokens,
-                              mean_output_tokens=obs.mean_output_tokens),
+                              mean_output_tokens=obs.mean_output_tokens,
+                              prefix_hit_share=obs.prefix_hit_share),
+            prefix_hit_share=obs.prefix_hit_share,
         )
         plan, state = live_decide(live, self.state, self.config, [])
         self.state = applied(state, live, plan)

@@ -1,6 +1,7 @@
 """Request traces for the fleet simulator: Azure LLM trace replay and a seeded synthetic bursty trace.
 
-A trace is a list of :class:`SimRequest` (arrival offset in seconds, prompt and output lengths). Replay of
+A trace is a list of :class:`SimRequest` (arrival offset in seconds, prompt and output lengths, and for a
+prompt that opens with a prefix other requests share, which one and its length). Replay of
 the Azure CSV format reuses the load client's reader (``inference.bench.datasets``) so the simulator and a
 live replay see the same requests; ``compress`` divides arrival offsets (4: four times the request rate) and
 ``token_scale`` multiplies lengths, to fit a trace recorded on large GPUs onto a small fleet.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,10 +28,18 @@ class SimRequest:
     arrival: float  # seconds from the start of the trace
     prompt_len: int
     output_len: int
+    # the prompt's first ``prefix_len`` tokens are the same in every request of the same ``prefix_id`` (a
+    # system prompt, a shared document); 0: none shared. A replica whose prefix cache holds them skips them.
+    prefix_id: int = 0
+    prefix_len: int = 0
 
     def __post_init__(self) -> None:
         if self.arrival < 0 or self.prompt_len < 1 or self.output_len < 1:
             raise ValueError(f"request {self.index}: need arrival >= 0 and lengths >= 1")
+        if self.prefix_id < 0 or not 0 <= self.prefix_len <= self.prompt_len or (
+                self.prefix_id == 0 and self.prefix_len):
+            raise ValueError(f"request {self.index}: a shared prefix needs an id >= 1 and 0..prompt_len "
+                             "tokens (id 0: none, 0 tokens)")
 
 
 @dataclass(slots=True, frozen=True)
@@ -127,19 +137,25 @@ def _lognormal(rng: random.Random, median: float, sigma: float, cap: int) -> int
     return max(1, min(cap, round(median * math.exp(rng.gauss(0.0, sigma)))))
 
 
-def shaped(raw: list[tuple[float, int, int]], shape: TraceShape) -> list[SimRequest]:
-    """(arrival, prompt, output) rows at trace scale, cut to the window, compressed and token-scaled."""
+# (arrival, prompt, output) at trace scale, or with (prefix id, prefix tokens) after them
+RawRow = tuple[float, int, int] | tuple[float, int, int, int, int]
+
+
+def shaped(raw: Sequence[RawRow], shape: TraceShape) -> list[SimRequest]:
+    """Rows at trace scale, cut to the window, compressed and token-scaled (a shared prefix scaled as its
+    prompt is, and never longer than the prompt once capped)."""
     end = math.inf if shape.duration_s is None else shape.start_s + shape.duration_s
-    kept = [r for r in raw if shape.start_s <= r[0] < end]
-    return [
-        SimRequest(
-            i,
-            (t - shape.start_s) / shape.compress,
-            _scale(p, shape.token_scale, shape.max_prompt_len),
-            _scale(o, shape.token_scale, shape.max_output_len),
-        )
-        for i, (t, p, o) in enumerate(kept)
-    ]
+    out: list[SimRequest] = []
+    for row in raw:
+        t, p, o, *shared = row
+        if not shape.start_s <= t < end:
+            continue
+        prompt = _scale(p, shape.token_scale, shape.max_prompt_len)
+        prefix_id, prefix = shared if shared else (0, 0)
+        prefix = min(round(prefix * shape.token_scale), prompt) if prefix_id else 0
+        out.append(SimRequest(len(out), (t - shape.start_s) / shape.compress, prompt,
+                              _scale(o, shape.token_scale, shape.max_output_len), prefix_id, prefix))
+    return out
 
 
 def _scale(count: int, scale: float, cap: int | None) -> int:

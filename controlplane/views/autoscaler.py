@@ -35,6 +35,7 @@ class DecisionInputs:
     mean_output_tokens: float | None = None
     notes: tuple[str, ...] = ()
     refused_rate: float | None = None  # refused at the gateways for want of capacity, per second
+    prefix_hit_share: float | None = None  # of the prompt tokens admitted, the share prefix caches held
     # the replicas' engine time against their profile's: ratio, busy_s_per_s, predicted_s_per_s, replicas
     profile_drift: Mapping[str, Any] | None = None
 

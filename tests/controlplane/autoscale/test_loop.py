@@ -21,7 +21,7 @@ from controlplane.auth import Auditor, Role, TokenAuthority
 from controlplane.autoscale.config import AutoscalerConfig, ScheduleWindowConfig
 from controlplane.autoscale.decide import Observation, Plan, applied, decide, new_state, ours_policy
 from controlplane.autoscale.loop import COLLECTION, Autoscaler
-from controlplane.autoscale.observe import PROMPT_TOKENS, observe_telemetry
+from controlplane.autoscale.observe import PREFIX_HITS, PREFIX_QUERIES, PROMPT_TOKENS, observe_telemetry
 from controlplane.autoscale.policies import MetricTarget
 from controlplane.autoscale.profile import ReplicaProfile
 from controlplane.autoscale.windows import parse_window
@@ -299,6 +299,17 @@ def test_observation_averages_over_ready_replicas_and_sizes_the_offered_engine_l
                          "ttft_p95_s": 0.7, "tokens_per_s_per_replica": 32.0, "engine_load_per_replica": 1.25}
     assert (o.mean_prompt_tokens, o.mean_output_tokens) == (128.0, 256.0)
     assert o.request_rate == 4.0 and o.demand == 2.5 and o.notes == ()
+
+
+def test_prompt_tokens_the_prefix_caches_held_are_not_counted_as_prefill_work() -> None:
+    telemetry = busy_telemetry()
+    # of the prompt tokens the replicas looked up, 75% were in their prefix caches
+    telemetry.rate_values = {**telemetry.rate_values, PREFIX_HITS: {(): 24.0}, PREFIX_QUERIES: {(): 32.0}}
+    o = observe(telemetry, [endpoint("r1"), endpoint("r2")], 2)
+    assert o.prefix_hit_share == 0.75
+    # 4 x (128 x 25% x 2^-10 + 256 x 2^-9) = 2.125 engine seconds per second, against 2.5 uncached
+    assert o.demand == pytest.approx(2.125) and o.metrics["engine_load_per_replica"] == pytest.approx(1.0625)
+    assert observe(busy_telemetry(), [endpoint("r1")], 1).prefix_hit_share is None  # no counter: unknown
 
 
 def test_panic_demand_is_the_engine_load_of_the_panic_windows_request_rate() -> None:

@@ -54,6 +54,22 @@ def test_long_prompts_scale_up_where_short_ones_at_the_same_rate_do_not() -> Non
     assert reason.startswith(f"prefill {long} (Erlang C: 4 req/s x ") and "1500 tokens" in reason
 
 
+def test_prompt_tokens_a_prefix_cache_holds_cost_no_prefill_but_still_count_as_context() -> None:
+    uncached = work_needs(PROFILE, rate=6.0, mean_prompt=1500, mean_output=50, ttft_slo_s=1.0, tpot_slo_s=0.1)
+    cached = work_needs(PROFILE, rate=6.0, mean_prompt=1500, mean_output=50, ttft_slo_s=1.0, tpot_slo_s=0.1,
+                        prefix_hit_share=0.9)
+    assert uncached is not None and cached is not None
+    assert cached.prefill < uncached.prefill
+    assert "1500 tokens, 1350 of them cached (90% prefix hits)" in cached.reason
+    # the 150 computed tokens attend to the 1,350 cached ones: dearer than a 150-token prompt alone
+    assert prefill_seconds(PROFILE, 1500, decoding=0, context=0, cached=1350) > prefill_seconds(
+        PROFILE, 150, decoding=0, context=0)
+    assert cached.kv == uncached.kv  # the cached tokens still sit in the KV cache
+    every = work_needs(PROFILE, rate=6.0, mean_prompt=1500, mean_output=50, ttft_slo_s=1.0, tpot_slo_s=0.1,
+                       prefix_hit_share=1.0)
+    assert every is not None and "1499 of them cached" in every.reason  # one token is always computed
+
+
 def test_long_outputs_scale_up_by_the_decode_slots_they_hold() -> None:
     short, _ = plan_for(3.0, prompt=200, output=20)
     long, reason = plan_for(3.0, prompt=200, output=2000)

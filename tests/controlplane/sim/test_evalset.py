@@ -56,10 +56,10 @@ def test_each_kept_file_equals_its_regenerated_recipe(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_each_trace_spans_the_hour_in_arrival_order_at_trace_scale(name: str) -> None:
-    arrivals = [t for t, _, _ in rows(name)]
+    arrivals = [row[0] for row in rows(name)]
     assert arrivals == sorted(arrivals)
     assert 0 <= arrivals[0] < 60 and 3540 < arrivals[-1] < 3600
-    assert all(p >= 1 and o >= 1 for _, p, o in rows(name))
+    assert all(row[1] >= 1 and row[2] >= 1 for row in rows(name))
 
 
 def test_the_loader_shapes_the_kept_file_as_the_recipe_is_shaped() -> None:
@@ -80,10 +80,14 @@ def test_the_same_rows_always_encode_to_the_same_bytes() -> None:
     header = gzip.decompress(encode_rows(sample)).decode().splitlines()[0]
     assert header == "arrival_s,prompt_tokens,output_tokens"
     assert decode_rows(encode_rows(sample)) == sample
+    with_prefixes = rows("shared-prefix")[:100]
+    header = gzip.decompress(encode_rows(with_prefixes)).decode().splitlines()[0]
+    assert header == "arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens"
+    assert decode_rows(encode_rows(with_prefixes)) == with_prefixes
 
 
 def test_the_kept_set_stays_small() -> None:
-    assert sum(len(kept_file(name)) for name in NAMES) < 1_500_000
+    assert sum(len(kept_file(name)) for name in NAMES) < 2_000_000  # shared-prefix, 104k rows: 0.76 MB
 
 
 # ---- each shape as its recipe promises -------------------------------------------------------------
@@ -127,13 +131,38 @@ def test_flash_crowd_has_a_minute_at_five_times_the_median_rate_for_a_few_minute
 
 def test_shared_prefix_prompts_are_one_of_a_few_system_prompts_plus_a_short_suffix() -> None:
     prefixes = []
-    for _, prompt, _ in rows("shared-prefix"):
-        prefix = max(p for p in SYSTEM_PROMPTS if p < prompt)
+    for row in rows("shared-prefix"):
+        assert len(row) == 5  # each row names its system prompt
+        _, prompt, _, prefix_id, prefix = row
+        assert prefix == SYSTEM_PROMPTS[prefix_id - 1]
         assert SUFFIX_RANGE[0] <= prompt - prefix <= SUFFIX_RANGE[1]
         prefixes.append(prefix)
     assert all(prefixes.count(p) >= 0.05 * len(prefixes) for p in SYSTEM_PROMPTS)
-    total = sum(p for _, p, _ in rows("shared-prefix"))
+    total = sum(row[1] for row in rows("shared-prefix"))
     assert sum(prefixes) >= 0.8 * total  # most prompt tokens are a shared prefix
+    assert all(len(row) == 3 for name in NAMES if name != "shared-prefix" for row in rows(name))
+
+
+def test_counting_prefix_cache_hits_keeps_the_shared_prefix_fleet_to_what_it_computes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ten minutes around the peak (48 requests/s): ours, fed the simulated replicas' prefix hit share,
+    against ours priced on whole prompts, as it was before the share was read."""
+    from controlplane.autoscale.profile import load_profile
+    from controlplane.sim import simulator
+    from controlplane.sim.bench import shape_for
+    from controlplane.sim.simulator import OURS, PolicySpec, simulate
+
+    profile = load_profile()
+    shape = replace(shape_for(1.0, 0.25, profile.max_model_len), start_s=1500.0, duration_s=600.0)
+    requests = load_evalset("shared-prefix", shape)
+    counted = simulate(requests, PolicySpec(OURS), profile=profile, settings=SimSettings())
+    offered_work = simulator.offered_work
+    monkeypatch.setattr(simulator, "offered_work",
+                        lambda *a, **k: offered_work(*a, **{**k, "prefix_hit_share": None}))
+    whole = simulate(requests, PolicySpec(OURS), profile=profile, settings=SimSettings())
+    assert counted.slo_attainment >= 0.99 and whole.slo_attainment >= 0.99
+    assert counted.replica_seconds < 0.6 * whole.replica_seconds
 
 
 # ---- the benchmark over the set ---------------------------------------------------------------

@@ -40,7 +40,14 @@ from controlplane.sim.simulator import (
     format_table,
     simulate,
 )
-from controlplane.sim.trace import BurstyConfig, SimRequest, TraceShape, azure_trace, synthetic_bursty
+from controlplane.sim.trace import (
+    BurstyConfig,
+    SimRequest,
+    TraceShape,
+    azure_trace,
+    shaped,
+    synthetic_bursty,
+)
 from controlplane.store.database import Store
 from inference.bench.datasets import read_trace, shipped_trace
 from tests.controlplane.conftest import FakeClock
@@ -127,6 +134,41 @@ def test_static_n_replicas_cost_n_times_the_duration() -> None:
     report = simulate(requests, PolicySpec.parse("static:3"), profile=fixed())
     assert report.replica_seconds == pytest.approx(3 * 98.0)
     assert report.scale_events == 0 and report.slo_attainment == 1.0
+
+
+def shared(i: int, arrival: float, prefix_id: int, prompt: int = 1200, output: int = 2) -> SimRequest:
+    return SimRequest(i, arrival, prompt, output, prefix_id=prefix_id, prefix_len=1100)
+
+
+def test_a_replica_skips_the_whole_blocks_of_a_shared_prefix_it_has_prefilled() -> None:
+    requests = [shared(0, 0.0, 1), shared(1, 1.0, 1, prompt=1250), shared(2, 2.0, 2)]
+    sim = run(fixed(max_num_batched_tokens=512), requests)
+    first, again, other = sim.outcomes
+    assert first.ttft == pytest.approx(3 * STEP)  # 512 + 512 + 176 tokens
+    assert again.ttft == pytest.approx(STEP)  # 1,088 cached (68 whole blocks of 1,100): 162 left, one step
+    assert other.ttft == pytest.approx(3 * STEP)  # another prefix: nothing cached
+    assert sim.observe().prefix_hit_share == pytest.approx(1088 / (1200 + 1250 + 1200))
+
+
+def test_a_cached_prefix_is_evicted_when_running_sequences_need_its_space() -> None:
+    # prefix 1 cached (1,088 tokens), then a request of prefix 2 reserves 1,200 + 1,000 of 3,000 tokens
+    requests = [shared(0, 0.0, 1), shared(1, 1.0, 2, output=1000), shared(2, 30.0, 1)]
+    sim = run(fixed(max_num_batched_tokens=512, kv_capacity_tokens=3000), requests)
+    assert sim.outcomes[2].ttft == pytest.approx(3 * STEP)  # evicted: prefilled in full again
+    assert list(sim.replicas[0].prefix_cache) == [1]  # and prefix 2, least recently used, made room for it
+    roomy = run(fixed(max_num_batched_tokens=512), requests)
+    assert roomy.outcomes[2].ttft == pytest.approx(STEP)
+
+
+def test_a_shared_prefix_is_scaled_with_its_prompt_and_checked() -> None:
+    shape = TraceShape(token_scale=0.25, max_prompt_len=200)
+    a, b = shaped([(0.0, 1200, 40, 3, 1100), (1.0, 400, 40)], shape)
+    assert (a.prompt_len, a.prefix_id, a.prefix_len) == (200, 3, 200)  # capped with the prompt
+    assert (b.prefix_id, b.prefix_len) == (0, 0)
+    with pytest.raises(ValueError, match="shared prefix"):
+        SimRequest(0, 0.0, 100, 5, prefix_id=1, prefix_len=101)
+    with pytest.raises(ValueError, match="shared prefix"):
+        SimRequest(0, 0.0, 100, 5, prefix_id=0, prefix_len=10)
 
 
 # ---- policies ---------------------------------------------------------------------------------
