@@ -100,17 +100,29 @@ def test_faults_that_end_by_themselves_get_no_guard() -> None:
     assert not needs_guard(kinds["kill"], kill)
 
 
+def home(state_dir: str) -> Callable[[], dict[str, str]]:
+    """A guard environment naming ``state_dir`` as its control plane's state folder."""
+    return lambda: {"LLMSRE_STATE_DIR": state_dir, "PATH": "/usr/bin:/bin"}
+
+
+def started_guard(guards: ExpiryGuards, fault_id: int) -> int:
+    """A guard for a pause of pid 1 (whose start time never matches: its revert is a no-op), once its
+    command line shows it; its pid."""
+    token = RevertToken("pause", "r0", "signal", {"pid": 1, "start_time": 0, "signal": "SIGCONT"})
+    pid = guards.start(fault_id, token, expires_in_s=60)
+    assert pid is not None
+    deadline = time.monotonic() + 10
+    while "chaos.expiry" not in psutil.Process(pid).cmdline() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pid
+
+
 def test_a_guard_carries_the_environment_it_is_given_and_stops_once() -> None:
     """The control plane gives its guards its state folder (a crash drill tells its own orphans from
     another control plane's by it); stop() of a guard that already exited signals nothing."""
-    guards = ExpiryGuards(environment=lambda: {"LLMSRE_STATE_DIR": "/srv/llm-sre", "PATH": "/usr/bin:/bin"})
-    token = RevertToken("pause", "r0", "signal", {"pid": 1, "start_time": 0, "signal": "SIGCONT"})
-    pid = guards.start(7, token, expires_in_s=60)
-    assert pid is not None
+    guards = ExpiryGuards(environment=home("/srv/llm-sre"))
+    pid = started_guard(guards, 7)
     try:
-        deadline = time.monotonic() + 10
-        while "chaos.expiry" not in psutil.Process(pid).cmdline() and time.monotonic() < deadline:
-            time.sleep(0.05)
         assert psutil.Process(pid).environ().get("LLMSRE_STATE_DIR") == "/srv/llm-sre"
     finally:
         guards.stop(pid)
@@ -121,18 +133,10 @@ def test_a_guard_carries_the_environment_it_is_given_and_stops_once() -> None:
 def test_a_guard_of_an_earlier_run_is_stopped_only_by_its_fault_and_its_state_folder() -> None:
     """A guard pid read from the ledger after a restart is signalled only while that pid still runs the
     guard of that fault for this state folder: not another fault's guard, nor another control plane's."""
-    def env(home: str) -> Callable[[], dict[str, str]]:
-        return lambda: {"LLMSRE_STATE_DIR": home, "PATH": "/usr/bin:/bin"}
-
-    first = ExpiryGuards(environment=env("/srv/a"))
-    token = RevertToken("pause", "r0", "signal", {"pid": 1, "start_time": 0, "signal": "SIGCONT"})
-    pid = first.start(7, token, expires_in_s=60)
-    assert pid is not None
+    first = ExpiryGuards(environment=home("/srv/a"))
+    pid = started_guard(first, 7)
     try:
-        deadline = time.monotonic() + 10
-        while "chaos.expiry" not in psutil.Process(pid).cmdline() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        restarted, other = ExpiryGuards(environment=env("/srv/a")), ExpiryGuards(environment=env("/srv/b"))
+        restarted, other = ExpiryGuards(environment=home("/srv/a")), ExpiryGuards(environment=home("/srv/b"))
         restarted.stop(pid, 8)  # the ledger's fault 8 had a guard at this pid once: not this one
         other.stop(pid, 7)  # another control plane's fault 7
         restarted.stop(pid)  # no fault named: nothing to match
