@@ -53,15 +53,32 @@ inline const float* as_float(const T* row, float* buffer, int64_t dim) {
   }
 }
 
-// Calls visit(t, row) for tokens 0..length-1 of one sequence, ``row`` pointing at its head's values in the
-// cache: block by block through ``table``, ``stride`` apart within a block.
+// Asks for one cached row (``dim`` values) to be brought into the caches ahead of its use.
+template <typename T>
+inline void prefetch_row(const T* row, int64_t dim) {
+  constexpr int64_t kLine = 64;  // bytes per cache line
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t at = 0; at < dim * static_cast<int64_t>(sizeof(T)); at += kLine) __builtin_prefetch(bytes + at, 0, 3);
+}
+
+// Calls visit(t, row) for tokens 0..length-1 of one sequence (length >= 1), ``row`` pointing at its head's
+// values in the cache: block by block through ``table``, ``stride`` apart within a block. While it visits
+// row i of a block it prefetches row i of the next block (and the first block's rows before it starts):
+// blocks lie anywhere in the pool, so the hardware prefetcher, which follows a stream within a page,
+// would start over at every block. Called between linear layers, as in a decode step, one layer's
+// attention over 31 sequences of 250-460 tokens went from 583 to 408 us (float32, two threads).
 template <typename T, typename Visit>
 inline void each_token(const T* cache, const int64_t* table, int64_t length, int64_t block_size, int64_t stride,
-                       int64_t head_offset, Visit&& visit) {
+                       int64_t head_offset, int64_t dim, Visit&& visit) {
+  auto block_row = [&](int64_t b, int64_t i) { return cache + (table[b] * block_size + i) * stride + head_offset; };
+  for (int64_t i = 0; i < std::min(block_size, length); ++i) prefetch_row(block_row(0, i), dim);
   for (int64_t start = 0, b = 0; start < length; start += block_size, ++b) {
-    const T* row = cache + table[b] * block_size * stride + head_offset;
     const int64_t n = std::min(block_size, length - start);
-    for (int64_t i = 0; i < n; ++i, row += stride) visit(start + i, row);
+    const int64_t ahead = std::clamp<int64_t>(length - start - block_size, 0, block_size);  // next block's rows
+    for (int64_t i = 0; i < n; ++i) {
+      if (i < ahead) prefetch_row(block_row(b + 1, i), dim);
+      visit(start + i, block_row(b, i));
+    }
   }
 }
 
@@ -84,7 +101,7 @@ void attend(const T* q, const T* k, const T* v, const int64_t* table, int64_t le
     for (int64_t d = 0; d < dim; ++d) queries[g * dim + d] = static_cast<float>(q[g * dim + d]) * scale;
   const int64_t stride = kv_heads * dim;  // between two tokens of a block
   // scores: one pass over the keys, block by block
-  each_token(k, table, length, block_size, stride, h * dim, [&](int64_t t, const T* key) {
+  each_token(k, table, length, block_size, stride, h * dim, dim, [&](int64_t t, const T* key) {
     const float* kf = as_float(key, row, dim);
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = queries + g * dim;
@@ -109,7 +126,7 @@ void attend(const T* q, const T* k, const T* v, const int64_t* table, int64_t le
   }
   // values: one pass, the weighted sums kept in ``acc``
   for (int64_t i = 0; i < group * dim; ++i) acc[i] = 0.f;
-  each_token(v, table, length, block_size, stride, h * dim, [&](int64_t t, const T* value) {
+  each_token(v, table, length, block_size, stride, h * dim, dim, [&](int64_t t, const T* value) {
     const float* vf = as_float(value, row, dim);
     for (int64_t g = 0; g < group; ++g) {
       const float p = scores[g * length + t];
