@@ -3,13 +3,14 @@
 //
 // q [B, H, D]; k_cache, v_cache [num_blocks, block_size, KV, D] (the KVCacheStore layout);
 // block_tables [B, max_blocks] and context_lens [B] int64 -> out [B, H, D], in q's dtype.
-// float32 or bfloat16; scores, softmax and sums in float32. Work is split over (sequence, KV head) pairs
-// on torch's intra-op threads.
+// float32 or bfloat16; scores, softmax and sums in float32. (Sequence, KV head) pairs are shared out
+// among torch's intra-op threads as each becomes free.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -154,9 +155,20 @@ void decode(const T* q, const T* k, const T* v, const int64_t* tables, const int
   if (dim == 128 && group == 2) attend_one = &attend<T, 2, 128>;
   if (dim == 128 && group == 4) attend_one = &attend<T, 4, 128>;
   if (dim == 128 && group == 8) attend_one = &attend<T, 8, 128>;
-  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  // (sequence, KV head) pairs longest first, taken one at a time by whichever thread is free. With a fixed
+  // half each, the call waited for a thread woken from sleep to finish its half: in a decode step, where
+  // the other threads sleep between parallel regions, a call took 510 us against 420 repeated at once;
+  // taking pairs as they come it took 370-390 (float32, 31 sequences, two threads).
+  const int64_t items = batch * kv_heads;
+  std::vector<int64_t> order(items);
+  for (int64_t i = 0; i < items; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t c) { return lens[a / kv_heads] > lens[c / kv_heads]; });
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     std::vector<float> scores, queries(group * dim), acc(group * dim);
-    for (int64_t item = begin; item < end; ++item) {
+    for (int64_t i = next.fetch_add(1); i < items; i = next.fetch_add(1)) {
+      const int64_t item = order[i];
       const int64_t b = item / kv_heads, h = item % kv_heads;
       const int64_t offset = (b * heads + h * group) * dim;
       attend_one(q + offset, k, v, tables + b * max_blocks, lens[b], out + offset, group, dim, kv_heads, h,
