@@ -28,6 +28,7 @@ import logging
 import platform
 import shutil
 import threading
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -59,6 +60,13 @@ class CpuDecodeKernel:
         out: torch.Tensor = self._module.paged_decode(query, cache.k, cache.v, block_tables, context_lens,
                                                        scale)
         return out
+
+    @property
+    def decode_layer(self) -> Callable[..., torch.Tensor]:
+        """The same extension's ``llama_decode_layer``: a Llama decoder layer of a pure decode step in one
+        call (see ``inference.models.llama.CausalLM.fuse_decode_layers``)."""
+        fn: Callable[..., torch.Tensor] = self._module.llama_decode_layer
+        return fn
 
 
 def load_cpu_decode_kernel() -> tuple[DecodeKernel | None, str | None]:

@@ -23,10 +23,12 @@ CACHE_WRITE = "attention: cache write"
 GATHER = "attention: gather K/V"
 ATTEND = "attention: compute"
 MODEL_REST = "model: rest"
+DECODE_LAYERS = "decoder layers in C++ (attention included)"
 LOGITS = "logits"
 SAMPLING = "sampling"
 POSTPROCESS = "postprocess + detokenize"
-PHASES = (SCHEDULE, PREPARE, CACHE_WRITE, GATHER, ATTEND, MODEL_REST, LOGITS, SAMPLING, POSTPROCESS)
+PHASES = (SCHEDULE, PREPARE, CACHE_WRITE, GATHER, ATTEND, DECODE_LAYERS, MODEL_REST, LOGITS, SAMPLING,
+          POSTPROCESS)
 
 
 @dataclass(slots=True)

@@ -213,6 +213,54 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
   return out;
 }
 
+namespace {
+
+// RMSNorm as the model writes it (inference/models/llama.py): in float32, then cast back and scaled.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  const auto x32 = x.to(torch::kFloat);
+  return weight * (x32 * at::rsqrt(x32.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
+}
+
+// Rotary on half-width tables (inference/models/rope.py, apply_rotary): x [T, heads, D], cos/sin [T, 1, D/2].
+torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const auto halves = x.chunk(2, -1);
+  const auto& x1 = halves[0];
+  const auto& x2 = halves[1];
+  return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
+}
+
+}  // namespace
+
+// One Llama decoder layer for a step of decoding sequences only (one query token each): the same ATen
+// operations, in the same order, as LlamaDecoderLayer.forward in Python with the kernel above for its
+// attention, so the outputs are the same; what goes is the interpreter's work between them (about fifty
+// operator calls a layer, each a few microseconds of Python at a decode batch). x [T, hidden]; the
+// caches and tables as for paged_decode; slots [T] where each token's key and value go.
+torch::Tensor llama_decode_layer(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                 const torch::Tensor& input_norm, double input_eps, const torch::Tensor& qkv_weight,
+                                 const c10::optional<torch::Tensor>& qkv_bias, const torch::Tensor& o_weight,
+                                 const c10::optional<torch::Tensor>& o_bias, const torch::Tensor& post_norm,
+                                 double post_eps, const torch::Tensor& gate_up_weight,
+                                 const torch::Tensor& down_weight, const torch::Tensor& k_cache,
+                                 const torch::Tensor& v_cache, const torch::Tensor& slots,
+                                 const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale,
+                                 int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
+  const int64_t tokens = x.size(0), q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+  TORCH_CHECK(qkv_weight.size(0) == q_size + 2 * kv_size, "llama_decode_layer: qkv_proj does not match the heads");
+  const auto qkv = at::linear(rms_norm(x, input_norm, input_eps), qkv_weight, qkv_bias);
+  const auto parts = qkv.split_with_sizes({q_size + kv_size, kv_size}, -1);
+  const auto qk = rotary(parts[0].view({tokens, num_heads + num_kv_heads, head_dim}), cos, sin);
+  const auto heads = qk.split_with_sizes({num_heads, num_kv_heads}, 1);
+  const auto v = parts[1].view({tokens, num_kv_heads, head_dim});
+  k_cache.view({-1, num_kv_heads, head_dim}).index_copy_(0, slots, heads[1].to(k_cache.scalar_type()));
+  v_cache.view({-1, num_kv_heads, head_dim}).index_copy_(0, slots, v.to(v_cache.scalar_type()));
+  const auto attended = paged_decode(heads[0], k_cache, v_cache, block_tables, context_lens, scale);
+  const auto h = x + at::linear(attended.reshape({tokens, q_size}), o_weight, o_bias);
+  const auto gate_up = at::linear(rms_norm(h, post_norm, post_eps), gate_up_weight).chunk(2, -1);
+  return h + at::linear(at::silu(gate_up[0]) * gate_up[1], down_weight);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention over the KV cache in place (CPU)");
+  m.def("llama_decode_layer", &llama_decode_layer, "a Llama decoder layer for a pure decode step (CPU)");
 }

@@ -7,18 +7,28 @@ then ``compute_logits`` on the rows it samples from. Attention goes through
 context; without one, each layer attends causally over the whole input as one sequence.
 
 The numerics follow Hugging Face transformers (RMSNorm in float32, ``rotate_half`` RoPE computed in
-float32), but q/k/v and gate/up are fused into one matrix each for fewer, larger matmuls on CPU.
+float32), but q/k/v and gate/up are fused into one matrix each for fewer, larger matmuls on CPU. With the
+CPU decode kernel (``inference.cpu_attention``), a step that only decodes runs each decoder layer as one
+C++ call of the same operations (:meth:`CausalLM.fuse_decode_layers`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.attention import Attention
+from inference import step_profile
+from inference.attention import Attention, AttentionContext, get_context
+from inference.kv_quant import KVCacheStore
 from inference.models.config import ModelConfig
 from inference.models.rope import RotaryEmbedding, apply_rotary
+
+# A decoder layer's decode step in one call (the CPU decode kernel's ``llama_decode_layer``): the layer's
+# input, cos, sin, then its weights and the attention's cache and tables, as LlamaDecoderLayer passes them.
+DecodeLayerFn = Callable[..., torch.Tensor]
 
 
 class RMSNorm(nn.Module):
@@ -78,11 +88,41 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
+        self.fused_decode: DecodeLayerFn | None = None  # set by fuse_decode_layers
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.fused_decode is not None and (ctx := get_context()) is not None and _decode_only(ctx, x):
+            return self._fused(self.fused_decode, ctx, x, cos, sin)
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
         out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
         return out
+
+    def fusable(self) -> bool:
+        """Whether :meth:`_fused` can run this layer: plain linear layers (not packed) and a float cache
+        (not INT8) that the kernel reads."""
+        attn = self.self_attn.attn
+        linears = (self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
+        return all(type(m) is nn.Linear for m in linears) and type(attn.cache) is KVCacheStore and \
+            self.mlp.gate_up_proj.bias is None and self.mlp.down_proj.bias is None
+
+    def _fused(self, fn: DecodeLayerFn, ctx: AttentionContext, x: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor) -> torch.Tensor:
+        a, attn, group = self.self_attn, self.self_attn.attn, ctx.decodes[0]
+        assert attn.cache is not None
+        step_profile.lap(step_profile.MODEL_REST)
+        out = fn(x, cos, sin, self.input_layernorm.weight, self.input_layernorm.eps, a.qkv_proj.weight,
+                 a.qkv_proj.bias, a.o_proj.weight, a.o_proj.bias, self.post_attention_layernorm.weight,
+                 self.post_attention_layernorm.eps, self.mlp.gate_up_proj.weight, self.mlp.down_proj.weight,
+                 attn.cache.k, attn.cache.v, ctx.slot_mapping, group.block_tables, group.context_lens,
+                 attn.scale, attn.num_heads, attn.num_kv_heads, attn.head_dim)
+        step_profile.lap(step_profile.DECODE_LAYERS)
+        return out
+
+
+def _decode_only(ctx: AttentionContext, x: torch.Tensor) -> bool:
+    """The step only decodes, all its tokens in one decode group (the runner's layout with the kernel)."""
+    return not ctx.prefills and len(ctx.decodes) == 1 and ctx.decodes[0].start == 0 and \
+        ctx.decodes[0].end == x.shape[0]
 
 
 class CausalLM(nn.Module):
@@ -115,6 +155,14 @@ class CausalLM(nn.Module):
         """hidden [N, hidden_size] -> float32 logits [N, vocab_size]."""
         logits = F.linear(hidden, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(hidden)
         return logits.float()
+
+    def fuse_decode_layers(self, fn: DecodeLayerFn) -> int:
+        """Run the decoder layers that allow it (:meth:`LlamaDecoderLayer.fusable`) through ``fn`` on steps
+        that only decode; how many do. None in a family without Llama layers."""
+        layers = [m for m in self.layers if isinstance(m, LlamaDecoderLayer) and m.fusable()]
+        for layer in layers:
+            layer.fused_decode = fn
+        return len(layers)
 
     def expert_tokens(self) -> list[list[int]]:
         """Tokens routed to each expert so far, per mixture-of-experts layer ([] for a dense model)."""

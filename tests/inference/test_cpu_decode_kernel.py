@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference.attention import DecodeKernel
+from inference.attention import AttentionContext, DecodeKernel, attention_context, decode_group
 from inference.config import EngineConfig
 from inference.cpu_attention import load_cpu_decode_kernel
 from inference.engine import LLMEngine
 from inference.kv_quant import KVCacheStore
+from inference.models.llama import LlamaDecoderLayer
 from inference.sampling_params import SamplingParams
 
 BLOCK_SIZE = 16
@@ -123,3 +124,51 @@ def test_asked_for_where_it_cannot_serve_the_engine_says_why_and_runs_torch(tiny
     assert outputs[-1].finished and len(outputs[-1].output_token_ids) == 4
     plain = LLMEngine(str(tiny_llama_dir), EngineConfig(device="cpu", num_kv_blocks=64))
     assert plain.cpu_decode_kernel is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_decoder_layer_in_one_call_equals_the_layer_in_python(tiny_llama_dir: Path, dtype: str) -> None:
+    """A pure decode step through ``llama_decode_layer`` (the same operations in C++) gives the Python
+    layer's output and cache bit for bit."""
+    engine = LLMEngine(str(tiny_llama_dir), EngineConfig(device="cpu", dtype=dtype, cpu_decode_kernel=True,
+                                                         num_kv_blocks=64))
+    assert engine.runner.fused_layers == len(engine.model.layers) > 0
+    layer = engine.model.layers[0]
+    attn = layer.self_attn.attn
+    cache = attn.cache
+    assert isinstance(layer, LlamaDecoderLayer) and cache is not None and layer.fused_decode is not None
+    gen = torch.Generator().manual_seed(3)
+    cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
+    lengths = [1, 17, 40, 33, 5]
+    order = random.Random(3).sample(range(1, 64), sum(-(-n // BLOCK_SIZE) for n in lengths))
+    width = max(-(-n // BLOCK_SIZE) for n in lengths)
+    tables, slots = [], []
+    for n in lengths:
+        own, order = order[:-(-n // BLOCK_SIZE)], order[-(-n // BLOCK_SIZE):]
+        tables.append(own + [0] * (width - len(own)))
+        slots.append(own[(n - 1) // BLOCK_SIZE] * BLOCK_SIZE + (n - 1) % BLOCK_SIZE)
+    group = decode_group(0, torch.tensor(tables), torch.tensor(lengths), block_size=BLOCK_SIZE,
+                         dtype=engine.dtype)
+    ctx = AttentionContext(slot_mapping=torch.tensor(slots), prefills=[], decodes=[group])
+    hidden = torch.randn(len(lengths), engine.model.config.hidden_size, generator=gen).to(engine.dtype)
+    cos, sin = engine.model.rotary(torch.tensor(lengths) - 1, engine.dtype)
+    before = cache.k.clone(), cache.v.clone()
+    with torch.inference_mode(), attention_context(ctx):
+        fused = layer(hidden, cos, sin)
+        fused_cache = cache.k.clone(), cache.v.clone()
+        cache.k.copy_(before[0])
+        cache.v.copy_(before[1])
+        layer.fused_decode = None
+        python = layer(hidden, cos, sin)
+    assert torch.equal(fused, python)
+    assert torch.equal(fused_cache[0], cache.k) and torch.equal(fused_cache[1], cache.v)
+    assert not torch.equal(fused_cache[0], before[0])  # the step's keys were written
+
+
+def test_layers_the_call_cannot_run_stay_in_python(tiny_llama_dir: Path) -> None:
+    config = EngineConfig(device="cpu", cpu_decode_kernel=True, num_kv_blocks=64, pack_linear_weights=True)
+    packed = LLMEngine(str(tiny_llama_dir), config)
+    assert packed.cpu_decode_kernel == "on" and packed.runner.fused_layers == 0
+    plain = LLMEngine(str(tiny_llama_dir), EngineConfig(device="cpu", num_kv_blocks=64))
+    assert plain.runner.fused_layers == 0
