@@ -215,26 +215,85 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
 
 namespace {
 
-// RMSNorm as the model writes it (inference/models/llama.py): in float32, then cast back and scaled.
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  const auto x32 = x.to(torch::kFloat);
-  return weight * (x32 * at::rsqrt(x32.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
+// RMSNorm of each row as the model writes it (inference/models/llama.py): mean of squares and scaling in
+// float32, the result rounded to T and then multiplied by the weight.
+template <typename T>
+void rms_norm_rows(const T* x, const T* weight, T* out, int64_t rows, int64_t n, float eps) {
+  for (int64_t r = 0; r < rows; ++r, x += n, out += n) {
+    float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t i = 0; i < n; ++i) squares += static_cast<float>(x[i]) * static_cast<float>(x[i]);
+    const float inv = 1.f / std::sqrt(squares / static_cast<float>(n) + eps);
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = static_cast<T>(static_cast<float>(weight[i]) * static_cast<float>(static_cast<T>(static_cast<float>(x[i]) * inv)));
+  }
 }
 
-// Rotary on half-width tables (inference/models/rope.py, apply_rotary): x [T, heads, D], cos/sin [T, 1, D/2].
-torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  const auto halves = x.chunk(2, -1);
-  const auto& x1 = halves[0];
-  const auto& x2 = halves[1];
-  return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
+// The rows of a step's fused q/k/v projection [T, (H + 2 KV) D]: queries and keys rotated on half-width
+// tables (inference/models/rope.py, apply_rotary; cos/sin [T, D/2]), the queries into ``q`` [T, H, D],
+// each token's key and value straight into its cache slot.
+template <typename T>
+void rotate_and_store(const T* qkv, const T* cos, const T* sin, T* q, T* k_cache, T* v_cache, const int64_t* slots,
+                      int64_t tokens, int64_t heads, int64_t kv_heads, int64_t dim) {
+  const int64_t half = dim / 2, width = (heads + 2 * kv_heads) * dim;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T* row = qkv + t * width;
+    const T* c = cos + t * half;
+    const T* s = sin + t * half;
+    for (int64_t h = 0; h < heads + kv_heads; ++h) {
+      const T* x = row + h * dim;
+      T* y = h < heads ? q + (t * heads + h) * dim : k_cache + (slots[t] * kv_heads + (h - heads)) * dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = static_cast<float>(x[i]), x2 = static_cast<float>(x[i + half]);
+        const float ci = static_cast<float>(c[i]), si = static_cast<float>(s[i]);
+        y[i] = static_cast<T>(x1 * ci - x2 * si);
+        y[i + half] = static_cast<T>(x2 * ci + x1 * si);
+      }
+    }
+    std::memcpy(v_cache + slots[t] * kv_heads * dim, row + (heads + kv_heads) * dim, kv_heads * dim * sizeof(T));
+  }
+}
+
+template <typename T>
+torch::Tensor decode_layer(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                           const torch::Tensor& input_norm, double input_eps, const torch::Tensor& qkv_weight,
+                           const c10::optional<torch::Tensor>& qkv_bias, const torch::Tensor& o_weight,
+                           const c10::optional<torch::Tensor>& o_bias, const torch::Tensor& post_norm,
+                           double post_eps, const torch::Tensor& gate_up_weight, const torch::Tensor& down_weight,
+                           const torch::Tensor& k_cache, const torch::Tensor& v_cache, const torch::Tensor& slots,
+                           const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale,
+                           int64_t heads, int64_t kv_heads, int64_t dim) {
+  const int64_t tokens = x.size(0), hidden = x.size(1), inter = down_weight.size(1);
+  const auto in_norm = input_norm.contiguous(), out_norm = post_norm.contiguous();
+  const auto cos_t = cos.contiguous(), sin_t = sin.contiguous(), slot_ids = slots.to(torch::kLong).contiguous();
+  auto normed = torch::empty_like(x);
+  rms_norm_rows(x.data_ptr<T>(), in_norm.data_ptr<T>(), normed.data_ptr<T>(), tokens, hidden,
+                static_cast<float>(input_eps));
+  const auto qkv = at::linear(normed, qkv_weight, qkv_bias).contiguous();
+  auto q = torch::empty({tokens, heads, dim}, x.options());
+  rotate_and_store(qkv.data_ptr<T>(), cos_t.data_ptr<T>(), sin_t.data_ptr<T>(), q.data_ptr<T>(), k_cache.data_ptr<T>(),
+                   v_cache.data_ptr<T>(), slot_ids.data_ptr<int64_t>(), tokens, heads, kv_heads, dim);
+  const auto attended = paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale);
+  auto h = at::linear(attended.view({tokens, heads * dim}), o_weight, o_bias);
+  h.add_(x);
+  rms_norm_rows(h.data_ptr<T>(), out_norm.data_ptr<T>(), normed.data_ptr<T>(), tokens, hidden,
+                static_cast<float>(post_eps));
+  const auto gate_up = at::linear(normed, gate_up_weight).contiguous();
+  // ATen's SiLU is vectorized: with a loop calling expf the layer took about 45 us longer
+  auto act = at::silu(gate_up.narrow(1, 0, inter));
+  act.mul_(gate_up.narrow(1, inter, inter));
+  auto out = at::linear(act, down_weight);
+  out.add_(h);
+  return out;
 }
 
 }  // namespace
 
-// One Llama decoder layer for a step of decoding sequences only (one query token each): the same ATen
-// operations, in the same order, as LlamaDecoderLayer.forward in Python with the kernel above for its
-// attention, so the outputs are the same; what goes is the interpreter's work between them (about fifty
-// operator calls a layer, each a few microseconds of Python at a decode batch). x [T, hidden]; the
+// One Llama decoder layer for a step of decoding sequences only (one query token each), as
+// LlamaDecoderLayer.forward computes it in Python with the kernel above for its attention: the linear
+// layers and SiLU through ATen, the norms, rotary and the cache writes as loops of their own, each token's
+// key and value written straight into its slot. What goes is about fifty operator calls a layer (each a
+// few microseconds at a decode batch) and their temporaries. x [T, hidden]; cos, sin [T, 1, D/2]; the
 // caches and tables as for paged_decode; slots [T] where each token's key and value go.
 torch::Tensor llama_decode_layer(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                                  const torch::Tensor& input_norm, double input_eps, const torch::Tensor& qkv_weight,
@@ -245,19 +304,23 @@ torch::Tensor llama_decode_layer(const torch::Tensor& x, const torch::Tensor& co
                                  const torch::Tensor& v_cache, const torch::Tensor& slots,
                                  const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale,
                                  int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
-  const int64_t tokens = x.size(0), q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
-  TORCH_CHECK(qkv_weight.size(0) == q_size + 2 * kv_size, "llama_decode_layer: qkv_proj does not match the heads");
-  const auto qkv = at::linear(rms_norm(x, input_norm, input_eps), qkv_weight, qkv_bias);
-  const auto parts = qkv.split_with_sizes({q_size + kv_size, kv_size}, -1);
-  const auto qk = rotary(parts[0].view({tokens, num_heads + num_kv_heads, head_dim}), cos, sin);
-  const auto heads = qk.split_with_sizes({num_heads, num_kv_heads}, 1);
-  const auto v = parts[1].view({tokens, num_kv_heads, head_dim});
-  k_cache.view({-1, num_kv_heads, head_dim}).index_copy_(0, slots, heads[1].to(k_cache.scalar_type()));
-  v_cache.view({-1, num_kv_heads, head_dim}).index_copy_(0, slots, v.to(v_cache.scalar_type()));
-  const auto attended = paged_decode(heads[0], k_cache, v_cache, block_tables, context_lens, scale);
-  const auto h = x + at::linear(attended.reshape({tokens, q_size}), o_weight, o_bias);
-  const auto gate_up = at::linear(rms_norm(h, post_norm, post_eps), gate_up_weight).chunk(2, -1);
-  return h + at::linear(at::silu(gate_up[0]) * gate_up[1], down_weight);
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == k_cache.scalar_type() &&
+                  input_norm.scalar_type() == x.scalar_type() && post_norm.scalar_type() == x.scalar_type() &&
+                  cos.scalar_type() == x.scalar_type() && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "llama_decode_layer: x [T, hidden] contiguous, and x, the norms, cos/sin and the caches of one dtype");
+  TORCH_CHECK(qkv_weight.size(0) == (num_heads + 2 * num_kv_heads) * head_dim && head_dim % 2 == 0 &&
+                  k_cache.size(2) == num_kv_heads && k_cache.size(3) == head_dim,
+              "llama_decode_layer: the projection, the heads and the cache do not match");
+  TORCH_CHECK(cos.numel() == x.size(0) * head_dim / 2 && sin.numel() == cos.numel() && slots.numel() == x.size(0),
+              "llama_decode_layer: one rotary row and one slot per token");
+  if (x.scalar_type() == torch::kFloat)
+    return decode_layer<float>(x, cos, sin, input_norm, input_eps, qkv_weight, qkv_bias, o_weight, o_bias,
+                               post_norm, post_eps, gate_up_weight, down_weight, k_cache, v_cache, slots,
+                               block_tables, context_lens, scale, num_heads, num_kv_heads, head_dim);
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "llama_decode_layer: float32 or bfloat16 only");
+  return decode_layer<c10::BFloat16>(x, cos, sin, input_norm, input_eps, qkv_weight, qkv_bias, o_weight, o_bias,
+                                     post_norm, post_eps, gate_up_weight, down_weight, k_cache, v_cache, slots,
+                                     block_tables, context_lens, scale, num_heads, num_kv_heads, head_dim);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -127,9 +127,9 @@ def test_asked_for_where_it_cannot_serve_the_engine_says_why_and_runs_torch(tiny
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_decoder_layer_in_one_call_equals_the_layer_in_python(tiny_llama_dir: Path, dtype: str) -> None:
-    """A pure decode step through ``llama_decode_layer`` (the same operations in C++) gives the Python
-    layer's output and cache bit for bit."""
+def test_a_decoder_layer_in_one_call_matches_the_layer_in_python(tiny_llama_dir: Path, dtype: str) -> None:
+    """A pure decode step through ``llama_decode_layer`` gives the Python layer's output and writes its
+    cache, within the dtype's rounding."""
     engine = LLMEngine(str(tiny_llama_dir), EngineConfig(device="cpu", dtype=dtype, cpu_decode_kernel=True,
                                                          num_kv_blocks=64))
     assert engine.runner.fused_layers == len(engine.model.layers) > 0
@@ -161,8 +161,12 @@ def test_a_decoder_layer_in_one_call_equals_the_layer_in_python(tiny_llama_dir: 
         cache.v.copy_(before[1])
         layer.fused_decode = None
         python = layer(hidden, cos, sin)
-    assert torch.equal(fused, python)
-    assert torch.equal(fused_cache[0], cache.k) and torch.equal(fused_cache[1], cache.v)
+    # float32: rounding (the norms' sums in another order); bfloat16: a rounding or two of its 8 bits, at
+    # the scale of the tensor (the residual stream's values reach 15, where one rounding is 0.0625)
+    tolerance = 1e-5 if dtype == "float32" else 1.6e-2
+    for ours, theirs in ((fused, python), (fused_cache[0], cache.k), (fused_cache[1], cache.v)):
+        scale = theirs.float().abs().max().item()
+        torch.testing.assert_close(ours, theirs, rtol=tolerance, atol=tolerance * scale)
     assert not torch.equal(fused_cache[0], before[0])  # the step's keys were written
 
 
