@@ -9,7 +9,7 @@ context; without one, each layer attends causally over the whole input as one se
 The numerics follow Hugging Face transformers (RMSNorm in float32, ``rotate_half`` RoPE computed in
 float32), but q/k/v and gate/up are fused into one matrix each for fewer, larger matmuls on CPU. With the
 CPU decode kernel (``inference.cpu_attention``), a step that only decodes runs each decoder layer as one
-C++ call of the same operations (:meth:`CausalLM.fuse_decode_layers`).
+C++ call computing the same layer (:meth:`CausalLM.fuse_decode_layers`; within the dtype's rounding).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ class CausalLM(nn.Module):
 
     def fuse_decode_layers(self, fn: DecodeLayerFn) -> int:
         """Run the decoder layers that allow it (:meth:`LlamaDecoderLayer.fusable`) through ``fn`` on steps
-        that only decode; how many do. None in a family without Llama layers."""
+        that only decode; how many do (0 in a family without Llama layers)."""
         layers = [m for m in self.layers if isinstance(m, LlamaDecoderLayer) and m.fusable()]
         for layer in layers:
             layer.fused_decode = fn
