@@ -19,6 +19,7 @@ reads at each scrape. Its state folder holds::
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -339,7 +340,8 @@ class PrometheusServer:
         """A control plane killed without cleanup may have left its Prometheus running: stop that one."""
         try:
             pid = int(self.pid_path.read_text().strip())
-            cmdline = psutil.Process(pid).cmdline()
+            leftover = psutil.Process(pid)
+            cmdline = leftover.cmdline()
         except (OSError, ValueError, psutil.Error):
             self.pid_path.unlink(missing_ok=True)
             return
@@ -352,7 +354,10 @@ class PrometheusServer:
         while _pid_exists(pid) and time.monotonic() < deadline:
             time.sleep(POLL_S)
         if _pid_exists(pid):
-            os.kill(pid, signal.SIGKILL)
+            # psutil signals only while the pid is still that process (its start time): once the leftover
+            # exits, this machine may give its pid to anything (pid_max is 32,768 here)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                leftover.kill()
         self.pid_path.unlink(missing_ok=True)
 
     def log_tail(self) -> str:
