@@ -98,12 +98,16 @@ class LlamaDecoderLayer(nn.Module):
         return out
 
     def fusable(self) -> bool:
-        """Whether :meth:`_fused` can run this layer: plain linear layers (not packed) and a float cache
-        (not INT8) that the kernel reads."""
+        """Whether :meth:`_fused` can run this layer: plain linear layers (not packed), a float cache (not
+        INT8) that the kernel reads, and one dtype for the norms, the projections and the cache."""
         attn = self.self_attn.attn
         linears = (self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
-        return all(type(m) is nn.Linear for m in linears) and type(attn.cache) is KVCacheStore and \
-            self.mlp.gate_up_proj.bias is None and self.mlp.down_proj.bias is None
+        if not (all(type(m) is nn.Linear for m in linears) and type(attn.cache) is KVCacheStore
+                and self.mlp.gate_up_proj.bias is None and self.mlp.down_proj.bias is None):
+            return False
+        dtypes = {self.input_layernorm.weight.dtype, self.post_attention_layernorm.weight.dtype,
+                  attn.cache.k.dtype, *(m.weight.dtype for m in linears)}
+        return len(dtypes) == 1
 
     def _fused(self, fn: DecodeLayerFn, ctx: AttentionContext, x: torch.Tensor, cos: torch.Tensor,
                sin: torch.Tensor) -> torch.Tensor:
