@@ -44,7 +44,7 @@ from controlplane.autoscale.policies import applied as applied_policy
 from controlplane.autoscale.policies import decide as decide_policy
 from controlplane.autoscale.profile import ReplicaProfile
 from controlplane.autoscale.windows import Window, active_window
-from controlplane.autoscale.work import WorkNeeds, work_needs
+from controlplane.autoscale.work import WorkNeeds, cached_share, work_needs
 
 METRICS = AUTOSCALER_METRICS
 WORK_SUPERSEDES = ("engine_load_per_replica", "tokens_per_s_per_replica")  # guards when sizing by work
@@ -131,7 +131,7 @@ def offered_engine_load(profile: ReplicaProfile, *, request_rate: float | None,
         return 0.0
     if mean_prompt_tokens is None or mean_output_tokens is None:
         return None
-    computed = mean_prompt_tokens * (1.0 - min(max(prefix_hit_share or 0.0, 0.0), 1.0))
+    computed = mean_prompt_tokens * (1.0 - cached_share(prefix_hit_share))
     return profile.engine_load(prompt_tokens_per_s=request_rate * computed,
                                generated_tokens_per_s=request_rate * mean_output_tokens,
                                mean_prompt_tokens=max(computed, 1.0))

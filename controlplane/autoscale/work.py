@@ -74,7 +74,7 @@ def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: floa
     decode = math.ceil(in_decode / batch)
     # the decode batch a replica carries while it prefills: the decoding sequences over the decode count
     carried = math.ceil(in_decode / max(decode, 1))
-    hit = min(max(prefix_hit_share or 0.0, 0.0), 1.0)
+    hit = cached_share(prefix_hit_share)
     cached = min(round(prompt * hit), round(prompt) - 1)
     service = prefill_seconds(profile, prompt, decoding=carried, context=context, cached=max(cached, 0))
     # A prefill longer than the TTFT SLO misses it on any fleet: more replicas cannot help that request,
@@ -93,6 +93,11 @@ def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: floa
               f"({in_decode * context:,.0f} tokens held, {kv_headroom:.0%} of {profile.kv_capacity_tokens:,} "
               f"each)")
     return WorkNeeds(min(prefill, MAX_REPLICAS_CONSIDERED), decode, kv, reason)
+
+
+def cached_share(prefix_hit_share: float | None) -> float:
+    """The share of prompt tokens the prefix caches held, within 0..1 (unknown: none)."""
+    return min(max(prefix_hit_share or 0.0, 0.0), 1.0)
 
 
 def decode_batch(profile: ReplicaProfile, context: float, tpot_slo_s: float) -> tuple[int, float]:
