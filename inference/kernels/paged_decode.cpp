@@ -18,6 +18,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
@@ -139,6 +143,111 @@ void attend(const T* q, const T* k, const T* v, const int64_t* table, int64_t le
   for (int64_t i = 0; i < group * dim; ++i) out[i] = static_cast<T>(acc[i]);
 }
 
+#if defined(__AVX512F__)
+// The same pair with AVX-512 written out, for the compiled sizes (D a multiple of 16). What the compiler made
+// of the loops above ran at a sixth of the machine's rate: the exponentials one at a time (the softmax was
+// about half the call), 256-bit vectors, the value sums kept in memory. Here the queries and the value sums
+// stay in registers, each score is one horizontal add, and the softmax runs 16 scores at a time. One
+// layer's call between linear layers (31 sequences of 250-460 tokens, two threads): bfloat16 369 -> 171 us,
+// float32 361 -> 199 us. Other sizes, and CPUs without AVX-512, run ``attend``.
+template <typename T>
+inline __m512 load16(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm512_loadu_ps(p);
+  } else {  // bfloat16: the upper half of a float32
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+  }
+}
+
+// exp_nonpositive, 16 lanes at a time (the same reduction and polynomial).
+inline __m512 exp_nonpositive16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+// Softmax in place over ``n`` scores.
+inline void softmax16(float* s, int64_t n) {
+  __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t t = 0;
+  for (; t + 16 <= n; t += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(s + t));
+  const __mmask16 tail = static_cast<__mmask16>((1u << (n - t)) - 1u);
+  top = _mm512_mask_max_ps(top, tail, top, _mm512_maskz_loadu_ps(tail, s + t));
+  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+  __m512 sum = _mm512_setzero_ps();
+  for (t = 0; t + 16 <= n; t += 16) {
+    const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(s + t), m));
+    _mm512_storeu_ps(s + t, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  if (tail) {
+    const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + t), m));
+    _mm512_mask_storeu_ps(s + t, tail, e);
+    sum = _mm512_mask_add_ps(sum, tail, sum, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
+  for (t = 0; t + 16 <= n; t += 16) _mm512_storeu_ps(s + t, _mm512_mul_ps(_mm512_loadu_ps(s + t), inv));
+  if (tail) _mm512_mask_storeu_ps(s + t, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, s + t), inv));
+}
+
+template <typename T, int64_t G, int64_t D>
+void attend_avx512(const T* q, const T* k, const T* v, const int64_t* table, int64_t length, T* out, int64_t,
+                   int64_t, int64_t kv_heads, int64_t h, int64_t block_size, float scale, std::vector<float>& scores,
+                   float* queries, float* acc) {
+  static_assert(D % 16 == 0, "head size a multiple of 16");
+  constexpr int64_t C = D / 16;  // vectors per row
+  if (length <= 0) {
+    for (int64_t i = 0; i < G * D; ++i) out[i] = static_cast<T>(0.f);
+    return;
+  }
+  scores.resize(G * length);
+  float* sc = scores.data();
+  __m512 qv[G][C];
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t c = 0; c < C; ++c) qv[g][c] = _mm512_mul_ps(load16(q + g * D + 16 * c), _mm512_set1_ps(scale));
+  const int64_t stride = kv_heads * D;
+  each_token(k, table, length, block_size, stride, h * D, D, [&](int64_t t, const T* key) {
+    __m512 kv[C];
+    for (int64_t c = 0; c < C; ++c) kv[c] = load16(key + 16 * c);
+    for (int64_t g = 0; g < G; ++g) {
+      __m512 s = _mm512_mul_ps(qv[g][0], kv[0]);
+      for (int64_t c = 1; c < C; ++c) s = _mm512_fmadd_ps(qv[g][c], kv[c], s);
+      sc[g * length + t] = _mm512_reduce_add_ps(s);
+    }
+  });
+  for (int64_t g = 0; g < G; ++g) softmax16(sc + g * length, length);
+  __m512 av[G][C];
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t c = 0; c < C; ++c) av[g][c] = _mm512_setzero_ps();
+  each_token(v, table, length, block_size, stride, h * D, D, [&](int64_t t, const T* value) {
+    __m512 vv[C];
+    for (int64_t c = 0; c < C; ++c) vv[c] = load16(value + 16 * c);
+    for (int64_t g = 0; g < G; ++g) {
+      const __m512 p = _mm512_set1_ps(sc[g * length + t]);
+      for (int64_t c = 0; c < C; ++c) av[g][c] = _mm512_fmadd_ps(p, vv[c], av[g][c]);
+    }
+  });
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t c = 0; c < C; ++c) _mm512_storeu_ps(acc + g * D + 16 * c, av[g][c]);
+  for (int64_t i = 0; i < G * D; ++i) out[i] = static_cast<T>(acc[i]);
+}
+#define LLMSRE_ATTEND attend_avx512
+#else
+#define LLMSRE_ATTEND attend
+#endif
+
 template <typename T>
 void decode(const T* q, const T* k, const T* v, const int64_t* tables, const int64_t* lens, T* out,
             int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size,
@@ -147,14 +256,14 @@ void decode(const T* q, const T* k, const T* v, const int64_t* tables, const int
   using Attend = void (*)(const T*, const T*, const T*, const int64_t*, int64_t, T*, int64_t, int64_t, int64_t,
                           int64_t, int64_t, float, std::vector<float>&, float*, float*);
   Attend attend_one = &attend<T, 0, 0>;
-  if (dim == 64 && group == 1) attend_one = &attend<T, 1, 64>;
-  if (dim == 64 && group == 2) attend_one = &attend<T, 2, 64>;
-  if (dim == 64 && group == 4) attend_one = &attend<T, 4, 64>;
-  if (dim == 64 && group == 8) attend_one = &attend<T, 8, 64>;
-  if (dim == 128 && group == 1) attend_one = &attend<T, 1, 128>;
-  if (dim == 128 && group == 2) attend_one = &attend<T, 2, 128>;
-  if (dim == 128 && group == 4) attend_one = &attend<T, 4, 128>;
-  if (dim == 128 && group == 8) attend_one = &attend<T, 8, 128>;
+  if (dim == 64 && group == 1) attend_one = &LLMSRE_ATTEND<T, 1, 64>;
+  if (dim == 64 && group == 2) attend_one = &LLMSRE_ATTEND<T, 2, 64>;
+  if (dim == 64 && group == 4) attend_one = &LLMSRE_ATTEND<T, 4, 64>;
+  if (dim == 64 && group == 8) attend_one = &LLMSRE_ATTEND<T, 8, 64>;
+  if (dim == 128 && group == 1) attend_one = &LLMSRE_ATTEND<T, 1, 128>;
+  if (dim == 128 && group == 2) attend_one = &LLMSRE_ATTEND<T, 2, 128>;
+  if (dim == 128 && group == 4) attend_one = &LLMSRE_ATTEND<T, 4, 128>;
+  if (dim == 128 && group == 8) attend_one = &LLMSRE_ATTEND<T, 8, 128>;
   // (sequence, KV head) pairs longest first, taken one at a time by whichever thread is free. With a fixed
   // half each, the call waited for a thread woken from sleep to finish its half: in a decode step, where
   // the other threads sleep between parallel regions, a call took 510 us against 420 repeated at once;

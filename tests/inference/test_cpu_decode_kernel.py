@@ -73,8 +73,9 @@ def reference(query: torch.Tensor, cache: KVCacheStore, tables: torch.Tensor, le
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 1, 64), (16, 2, 128), (8, 2, 32), (4, 4, 16)])
 def test_float32_matches_attention_written_out(kernel: DecodeKernel, heads: int, kv_heads: int,
                                                dim: int) -> None:
-    # compiled sizes (G = 4 and 8 with D = 64 and 128) and run-time ones; lengths across block boundaries,
-    # one token, and one much longer than the rest (padding for the others)
+    # compiled sizes (G = 4 and 8 with D = 64 and 128: the AVX-512 loops where the CPU has them) and
+    # run-time ones (the portable loops); lengths across block boundaries and the softmax's 16-score
+    # vectors, one token, and one much longer than the rest (padding for the others)
     lengths = [1, 15, 16, 17, 40, 333, 64]
     query, cache, tables, lens = paged_case(heads=heads, kv_heads=kv_heads, dim=dim, lengths=lengths,
                                             dtype=torch.float32, seed=heads + dim)
