@@ -28,7 +28,6 @@ import logging
 import platform
 import shutil
 import threading
-from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -36,6 +35,7 @@ import torch
 
 from inference.attention import DecodeKernel
 from inference.kv_quant import KVCacheStore
+from inference.models.llama import FusedOps
 
 logger = logging.getLogger(__name__)
 
@@ -62,11 +62,12 @@ class CpuDecodeKernel:
         return out
 
     @property
-    def decode_layer(self) -> Callable[..., torch.Tensor]:
-        """The same extension's ``llama_decode_layer``: a Llama decoder layer of a pure decode step in one
-        call (see ``inference.models.llama.CausalLM.fuse_decode_layers``)."""
-        fn: Callable[..., torch.Tensor] = self._module.llama_decode_layer
-        return fn
+    def layer_ops(self) -> FusedOps:
+        """The same extension's calls for Llama layers: ``llama_decode_layer`` (a decoder layer of a pure
+        decode step in one call), ``rms_norm`` and ``silu_mul`` (see
+        ``inference.models.llama.CausalLM.fuse_decode_layers``)."""
+        m = self._module
+        return FusedOps(decode_layer=m.llama_decode_layer, rms_norm=m.rms_norm, silu_mul=m.silu_mul)
 
 
 def load_cpu_decode_kernel() -> tuple[DecodeKernel | None, str | None]:

@@ -128,17 +128,17 @@ class LLMEngine:
                                                    config.enable_chunked_prefill), self.block_manager)
         kernel = make_npu_decode_kernel() if self.device.kind == "npu" else None
         self.cpu_decode_kernel = self._cpu_decode_kernel(config)  # "on" or "unavailable: <why>"; None: off
-        decode_layer = None
+        layer_ops = None
         if self.cpu_decode_kernel == "on":
             kernel, _ = load_cpu_decode_kernel()
-            decode_layer = kernel.decode_layer if isinstance(kernel, CpuDecodeKernel) else None
+            layer_ops = kernel.layer_ops if isinstance(kernel, CpuDecodeKernel) else None
         use_graphs = self.device.kind == "cuda" if config.decode_graphs is None else config.decode_graphs
         captured_context = min(self.max_model_len, config.decode_graphs_max_context)
         graphs = (GraphsConfig(config.max_num_seqs, -(-captured_context // layout.block_size))
                   if use_graphs else None)
         self.runner = ModelRunner(self.model, layout, device=self.device.torch_device, dtype=self.dtype,
                                   int8_kv=config.kv_cache_dtype == "int8", decode_kernel=kernel,
-                                  graphs=graphs, decode_layer=decode_layer)
+                                  graphs=graphs, layer_ops=layer_ops)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.requests: dict[str, _Request] = {}
         self._by_seq: dict[int, _Request] = {}  # the same requests, by sequence id

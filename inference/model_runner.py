@@ -34,7 +34,7 @@ from inference.kv_quant import (
 )
 from inference.mla import LatentAttention
 from inference.models.config import ModelConfig
-from inference.models.llama import CausalLM, DecodeLayerFn
+from inference.models.llama import CausalLM, FusedOps
 from inference.output import TokenLogprob
 from inference.sampler import Sampler, SamplingRow
 from inference.scheduler import ScheduledSeq, SchedulerOutput
@@ -141,7 +141,7 @@ class ModelRunner:
     def __init__(self, model: CausalLM, layout: CacheLayout, *, device: torch.device,
                  dtype: torch.dtype, int8_kv: bool = False, seed: int = 0,
                  decode_kernel: DecodeKernel | None = None, graphs: GraphsConfig | None = None,
-                 decode_layer: DecodeLayerFn | None = None) -> None:
+                 layer_ops: FusedOps | None = None) -> None:
         self.model = model
         self.layout = layout
         self.device = device
@@ -173,9 +173,10 @@ class ModelRunner:
         # every layer decodes through the fused kernel (latent layers keep the torch path, which pads)
         self._fused_decode = decode_kernel is not None and all(isinstance(layer, Attention)
                                                                for layer in self.attention_layers)
-        # with the CPU kernel, a pure decode step runs each Llama decoder layer as one C++ call
-        self.fused_layers = model.fuse_decode_layers(decode_layer) if (
-            decode_layer is not None and self._fused_decode and not use_graphs) else 0
+        # with the CPU kernel, a pure decode step runs each Llama decoder layer as one C++ call (and other
+        # steps its norms and MLP activation)
+        self.fused_layers = model.fuse_decode_layers(layer_ops) if (
+            layer_ops is not None and self._fused_decode and not use_graphs) else 0
         self.sampler = Sampler(device, seed)
         self.logits_hook: LogitsHook | None = None  # tests compare logits with a reference model
         self.graphs: DecodeGraphs | None = None

@@ -324,11 +324,55 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
 
 namespace {
 
+#if defined(__AVX512F__)
+// float32 -> bfloat16 as c10::BFloat16 rounds (to nearest, ties to even; a NaN stays a quiet NaN), 16 at a time.
+inline __m256i bf16_bits16(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+  rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc00000));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+// x rounded to T and back: what a value is once an operator has written it in T.
+template <typename T>
+inline __m512 round16(__m512 x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16_bits16(x)), 16));
+  }
+}
+
+template <typename T>
+inline void store16(T* p, __m512 x) {
+  if constexpr (std::is_same_v<T, float>) {
+    _mm512_storeu_ps(p, x);
+  } else {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_bits16(x));
+  }
+}
+#endif
+
 // RMSNorm of each row as the model writes it (inference/models/llama.py): mean of squares and scaling in
 // float32, the result rounded to T and then multiplied by the weight.
 template <typename T>
 void rms_norm_rows(const T* x, const T* weight, T* out, int64_t rows, int64_t n, float eps) {
   for (int64_t r = 0; r < rows; ++r, x += n, out += n) {
+#if defined(__AVX512F__)
+    if (n % 16 == 0) {
+      __m512 squares = _mm512_setzero_ps();
+      for (int64_t i = 0; i < n; i += 16) {
+        const __m512 v = load16(x + i);
+        squares = _mm512_fmadd_ps(v, v, squares);
+      }
+      const __m512 inv =
+          _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(squares) / static_cast<float>(n) + eps));
+      for (int64_t i = 0; i < n; i += 16)
+        store16(out + i, _mm512_mul_ps(load16(weight + i), round16<T>(_mm512_mul_ps(load16(x + i), inv))));
+      continue;
+    }
+#endif
     float squares = 0.f;
 #pragma omp simd reduction(+ : squares)
     for (int64_t i = 0; i < n; ++i) squares += static_cast<float>(x[i]) * static_cast<float>(x[i]);
@@ -336,6 +380,54 @@ void rms_norm_rows(const T* x, const T* weight, T* out, int64_t rows, int64_t n,
     for (int64_t i = 0; i < n; ++i)
       out[i] = static_cast<T>(static_cast<float>(weight[i]) * static_cast<float>(static_cast<T>(static_cast<float>(x[i]) * inv)));
   }
+}
+
+// silu(gate) * up for each row of a fused gate/up projection [rows, 2 n] -> [rows, n], as F.silu(gate) * up
+// computes it (silu in float32 rounded to T, then the product rounded to T).
+template <typename T>
+void silu_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r, gate_up += 2 * n, out += n) {
+    const T* gate = gate_up;
+    const T* up = gate_up + n;
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    // silu(g) = g / (1 + exp(-g)), written with e = exp(-|g|) <= 1 so that the exponential never overflows
+    for (; i + 16 <= n; i += 16) {
+      const __m512 g = load16(gate + i);
+      const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+      const __m512 numerator = _mm512_mask_mul_ps(g, _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ), g, e);
+      const __m512 silu = round16<T>(_mm512_div_ps(numerator, _mm512_add_ps(_mm512_set1_ps(1.f), e)));
+      store16(out + i, _mm512_mul_ps(silu, load16(up + i)));
+    }
+#endif
+    for (; i < n; ++i) {
+      const float g = static_cast<float>(gate[i]);
+      const float silu = static_cast<float>(static_cast<T>(g / (1.f + std::exp(-g))));
+      out[i] = static_cast<T>(silu * static_cast<float>(up[i]));
+    }
+  }
+}
+
+// Rows of a [rows, n] problem shared among torch's threads, in pieces of at least ~16k values (a decode
+// step's few rows stay on the calling thread: waking another costs more than their work).
+template <typename Fn>
+void over_rows(int64_t rows, int64_t n, Fn&& fn) {
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) { fn(begin, end); });
+}
+
+template <typename T>
+void rms_norm_parallel(const T* x, const T* weight, T* out, int64_t rows, int64_t n, float eps) {
+  over_rows(rows, n, [&](int64_t begin, int64_t end) {
+    rms_norm_rows(x + begin * n, weight, out + begin * n, end - begin, n, eps);
+  });
+}
+
+template <typename T>
+void silu_mul_parallel(const T* gate_up, T* out, int64_t rows, int64_t n) {
+  over_rows(rows, n, [&](int64_t begin, int64_t end) {
+    silu_mul_rows(gate_up + begin * 2 * n, out + begin * n, end - begin, n);
+  });
 }
 
 // The rows of a step's fused q/k/v projection [T, (H + 2 KV) D]: queries and keys rotated on half-width
@@ -376,8 +468,8 @@ torch::Tensor decode_layer(const torch::Tensor& x, const torch::Tensor& cos, con
   const auto in_norm = input_norm.contiguous(), out_norm = post_norm.contiguous();
   const auto cos_t = cos.contiguous(), sin_t = sin.contiguous(), slot_ids = slots.to(torch::kLong).contiguous();
   auto normed = torch::empty_like(x);
-  rms_norm_rows(x.data_ptr<T>(), in_norm.data_ptr<T>(), normed.data_ptr<T>(), tokens, hidden,
-                static_cast<float>(input_eps));
+  rms_norm_parallel(x.data_ptr<T>(), in_norm.data_ptr<T>(), normed.data_ptr<T>(), tokens, hidden,
+                    static_cast<float>(input_eps));
   const auto qkv = at::linear(normed, qkv_weight, qkv_bias).contiguous();
   auto q = torch::empty({tokens, heads, dim}, x.options());
   rotate_and_store(qkv.data_ptr<T>(), cos_t.data_ptr<T>(), sin_t.data_ptr<T>(), q.data_ptr<T>(), k_cache.data_ptr<T>(),
@@ -385,12 +477,11 @@ torch::Tensor decode_layer(const torch::Tensor& x, const torch::Tensor& cos, con
   const auto attended = paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale);
   auto h = at::linear(attended.view({tokens, heads * dim}), o_weight, o_bias);
   h.add_(x);
-  rms_norm_rows(h.data_ptr<T>(), out_norm.data_ptr<T>(), normed.data_ptr<T>(), tokens, hidden,
-                static_cast<float>(post_eps));
+  rms_norm_parallel(h.data_ptr<T>(), out_norm.data_ptr<T>(), normed.data_ptr<T>(), tokens, hidden,
+                    static_cast<float>(post_eps));
   const auto gate_up = at::linear(normed, gate_up_weight).contiguous();
-  // ATen's SiLU is vectorized: with a loop calling expf the layer took about 45 us longer
-  auto act = at::silu(gate_up.narrow(1, 0, inter));
-  act.mul_(gate_up.narrow(1, inter, inter));
+  auto act = torch::empty({tokens, inter}, x.options());
+  silu_mul_parallel(gate_up.data_ptr<T>(), act.data_ptr<T>(), tokens, inter);
   auto out = at::linear(act, down_weight);
   out.add_(h);
   return out;
@@ -432,7 +523,52 @@ torch::Tensor llama_decode_layer(const torch::Tensor& x, const torch::Tensor& co
                                      block_tables, context_lens, scale, num_heads, num_kv_heads, head_dim);
 }
 
+namespace {
+
+template <typename Fn>
+torch::Tensor by_dtype(const torch::Tensor& x, const char* what, Fn&& fn) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() >= 1, what, ": a CPU tensor of at least one dimension");
+  if (x.scalar_type() == torch::kFloat) return fn(float{});
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16, what, ": float32 or bfloat16 only, got ", x.scalar_type());
+  return fn(c10::BFloat16{});
+}
+
+}  // namespace
+
+// RMSNorm over the last dimension as inference/models/llama.py's RMSNorm computes it; weight in x's dtype.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  return by_dtype(x, "rms_norm", [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t n = x.size(-1);
+    TORCH_CHECK(weight.scalar_type() == x.scalar_type() && weight.numel() == n, "rms_norm: one weight per column");
+    const auto input = x.contiguous();
+    const auto w = weight.contiguous();
+    auto out = torch::empty_like(input);
+    rms_norm_parallel(input.data_ptr<T>(), w.data_ptr<T>(), out.data_ptr<T>(), input.numel() / std::max<int64_t>(n, 1),
+                      n, static_cast<float>(eps));
+    return out;
+  });
+}
+
+// F.silu(gate) * up for gate, up = gate_up.chunk(2, dim=-1).
+torch::Tensor silu_mul(const torch::Tensor& gate_up) {
+  return by_dtype(gate_up, "silu_mul", [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t width = gate_up.size(-1);
+    TORCH_CHECK(width % 2 == 0, "silu_mul: the last dimension holds gate and up, an even size");
+    const auto input = gate_up.contiguous();
+    auto sizes = input.sizes().vec();
+    sizes.back() = width / 2;
+    auto out = torch::empty(sizes, input.options());
+    silu_mul_parallel(input.data_ptr<T>(), out.data_ptr<T>(), input.numel() / std::max<int64_t>(width, 1),
+                      width / 2);
+    return out;
+  });
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention over the KV cache in place (CPU)");
   m.def("llama_decode_layer", &llama_decode_layer, "a Llama decoder layer for a pure decode step (CPU)");
+  m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension, as the Llama layers compute it (CPU)");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up over a fused gate/up projection's output (CPU)");
 }

@@ -15,6 +15,7 @@ C++ call computing the same layer (:meth:`CausalLM.fuse_decode_layers`; within t
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,19 @@ from inference.models.rope import RotaryEmbedding, apply_rotary
 # A decoder layer's decode step in one call (the CPU decode kernel's ``llama_decode_layer``): the layer's
 # input, cos, sin, then its weights and the attention's cache and tables, as LlamaDecoderLayer passes them.
 DecodeLayerFn = Callable[..., torch.Tensor]
+RmsNormFn = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]  # (x, weight, eps) -> RMSNorm(x)
+SiluMulFn = Callable[[torch.Tensor], torch.Tensor]  # gate_up -> silu(gate) * up
+
+
+@dataclass(frozen=True, slots=True)
+class FusedOps:
+    """The CPU kernel's calls for Llama layers (``inference.cpu_attention``): a pure decode step's whole
+    layer, and the RMSNorm and SiLU-and-multiply of every other step (prefill chunks), each computing what
+    the Python code computes within the dtype's rounding (bfloat16: the same bits)."""
+
+    decode_layer: DecodeLayerFn
+    rms_norm: RmsNormFn
+    silu_mul: SiluMulFn
 
 
 class RMSNorm(nn.Module):
@@ -36,8 +50,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.fused: RmsNormFn | None = None  # set by CausalLM.fuse_decode_layers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused is not None and x.dtype == self.weight.dtype:
+            return self.fused(x, self.weight, self.eps)
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -74,10 +91,16 @@ class LlamaMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.silu_mul: SiluMulFn | None = None  # set by CausalLM.fuse_decode_layers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        gate_up = self.gate_up_proj(x)
+        if self.silu_mul is not None:
+            act = self.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+        out: torch.Tensor = self.down_proj(act)
         return out
 
 
@@ -160,12 +183,18 @@ class CausalLM(nn.Module):
         logits = F.linear(hidden, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(hidden)
         return logits.float()
 
-    def fuse_decode_layers(self, fn: DecodeLayerFn) -> int:
-        """Run the decoder layers that allow it (:meth:`LlamaDecoderLayer.fusable`) through ``fn`` on steps
-        that only decode; how many do (0 in a family without Llama layers)."""
+    def fuse_decode_layers(self, ops: FusedOps) -> int:
+        """Run the decoder layers that allow it (:meth:`LlamaDecoderLayer.fusable`) through
+        ``ops.decode_layer`` on steps that only decode, and their norms and MLP activation through ``ops``
+        on every other step (the final norm too, in the layers' dtype); how many layers do (0 in a family
+        without Llama layers)."""
         layers = [m for m in self.layers if isinstance(m, LlamaDecoderLayer) and m.fusable()]
         for layer in layers:
-            layer.fused_decode = fn
+            layer.fused_decode = ops.decode_layer
+            layer.input_layernorm.fused = layer.post_attention_layernorm.fused = ops.rms_norm
+            layer.mlp.silu_mul = ops.silu_mul
+        if layers:
+            self.norm.fused = ops.rms_norm
         return len(layers)
 
     def expert_tokens(self) -> list[list[int]]:

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from inference.attention import AttentionContext, DecodeKernel, attention_context, decode_group
 from inference.config import EngineConfig
-from inference.cpu_attention import load_cpu_decode_kernel
+from inference.cpu_attention import CpuDecodeKernel, load_cpu_decode_kernel
 from inference.engine import LLMEngine
 from inference.kv_quant import KVCacheStore
-from inference.models.llama import LlamaDecoderLayer
+from inference.models.llama import LlamaDecoderLayer, RMSNorm
 from inference.sampling_params import SamplingParams
 
 BLOCK_SIZE = 16
@@ -161,6 +162,8 @@ def test_a_decoder_layer_in_one_call_matches_the_layer_in_python(tiny_llama_dir:
         cache.k.copy_(before[0])
         cache.v.copy_(before[1])
         layer.fused_decode = None
+        layer.input_layernorm.fused = layer.post_attention_layernorm.fused = None
+        layer.mlp.silu_mul = None
         python = layer(hidden, cos, sin)
     # float32: rounding (the norms' sums in another order); bfloat16: a rounding or two of its 8 bits, at
     # the scale of the tensor (the residual stream's values reach 15, where one rounding is 0.0625)
@@ -169,6 +172,59 @@ def test_a_decoder_layer_in_one_call_matches_the_layer_in_python(tiny_llama_dir:
         scale = theirs.float().abs().max().item()
         torch.testing.assert_close(ours, theirs, rtol=tolerance, atol=tolerance * scale)
     assert not torch.equal(fused_cache[0], before[0])  # the step's keys were written
+
+
+@pytest.mark.parametrize(("rows", "width"), [(1024, 256), (31, 256), (7, 100)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_and_activation_compute_what_the_python_layer_does(kernel: DecodeKernel, rows: int, width: int,
+                                                                  dtype: torch.dtype) -> None:
+    """``rms_norm`` and ``silu_mul`` (the norms and MLP activation of steps that also prefill) against the
+    Python layer's own formulas: the same bits in bfloat16 (both round each operator's result to it), float32
+    within its rounding. 1,024 rows are shared among threads; 100 columns take the loops' scalar tail."""
+    assert isinstance(kernel, CpuDecodeKernel)
+    ops = kernel.layer_ops
+    gen = torch.Generator().manual_seed(rows + width)
+    x = (torch.randn(rows, width, generator=gen) * 3).to(dtype)
+    norm = RMSNorm(width, 1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(width, generator=gen))
+    norm = norm.to(dtype)
+    gate_up = (torch.randn(rows, 6 * width, generator=gen) * 4).to(dtype)
+    with torch.inference_mode():
+        expected_norm = norm(x)
+        gate, up = gate_up.chunk(2, dim=-1)
+        expected_act = F.silu(gate) * up
+        got_norm, got_act = ops.rms_norm(x, norm.weight, norm.eps), ops.silu_mul(gate_up)
+    assert got_norm.dtype == got_act.dtype == dtype and got_act.shape == (rows, 3 * width)
+    if dtype == torch.bfloat16:
+        assert torch.equal(got_norm, expected_norm) and torch.equal(got_act, expected_act)
+    else:
+        torch.testing.assert_close(got_norm, expected_norm, rtol=1e-6, atol=1e-5)
+        torch.testing.assert_close(got_act, expected_act, rtol=1e-6, atol=1e-6)
+
+
+def test_norm_and_activation_refuse_what_they_cannot_compute(kernel: DecodeKernel) -> None:
+    assert isinstance(kernel, CpuDecodeKernel)
+    ops = kernel.layer_ops
+    with pytest.raises(RuntimeError, match="float32 or bfloat16 only"):
+        ops.silu_mul(torch.ones(2, 4, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="even size"):
+        ops.silu_mul(torch.ones(2, 5))
+    with pytest.raises(RuntimeError, match="one weight per column"):
+        ops.rms_norm(torch.ones(2, 4), torch.ones(3), 1e-6)
+
+
+def test_the_engine_runs_every_step_s_norms_and_activation_in_the_kernel(tiny_llama_dir: Path) -> None:
+    config = EngineConfig(device="cpu", cpu_decode_kernel=True, num_kv_blocks=64)
+    engine = LLMEngine(str(tiny_llama_dir), config)
+    layers = engine.model.layers
+    assert engine.runner.fused_layers == len(layers) > 0
+    assert all(isinstance(m, LlamaDecoderLayer) and m.input_layernorm.fused is not None
+               and m.post_attention_layernorm.fused is not None and m.mlp.silu_mul is not None
+               for m in layers)
+    assert engine.model.norm.fused is not None
+    plain = LLMEngine(str(tiny_llama_dir), EngineConfig(device="cpu", num_kv_blocks=64))
+    assert plain.model.norm.fused is None
 
 
 def test_layers_the_call_cannot_run_stay_in_python(tiny_llama_dir: Path) -> None:
