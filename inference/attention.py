@@ -46,8 +46,10 @@ class DecodeGroup:
     end: int
     block_tables: torch.Tensor  # int64 [n, max_blocks], padded with block 0
     context_lens: torch.Tensor  # int64 [n]
-    mask: torch.Tensor  # bool [n, 1, 1, max_blocks * block_size]: True = attend
-    bias: torch.Tensor  # the same as an additive score bias in the model's dtype: 0 = attend, -inf = padding
+    # bool [n, 1, 1, max_blocks * block_size]: True = attend; and the same as an additive score bias in the
+    # model's dtype (0 = attend, -inf = padding). None where a decode kernel reads the lengths instead.
+    mask: torch.Tensor | None
+    bias: torch.Tensor | None
 
 
 def score_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -56,10 +58,13 @@ def score_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def decode_group(start: int, block_tables: torch.Tensor, context_lens: torch.Tensor, *, block_size: int,
-                 dtype: torch.dtype) -> DecodeGroup:
+                 dtype: torch.dtype, masked: bool = True) -> DecodeGroup:
     """The group of rows ``start..`` over padded ``block_tables`` [n, width], its mask and score bias built
-    from ``context_lens`` (on the tables' device: the eager path's tensors, or a decode graph's buffers)."""
+    from ``context_lens`` (on the tables' device: the eager path's tensors, or a decode graph's buffers);
+    without them when not ``masked`` (a decode kernel reads the lengths)."""
     n, width = block_tables.shape
+    if not masked:
+        return DecodeGroup(start, start + n, block_tables, context_lens, None, None)
     span = torch.arange(width * block_size, device=block_tables.device)
     mask = (span.unsqueeze(0) < context_lens.unsqueeze(1)).view(n, 1, 1, -1)
     return DecodeGroup(start, start + n, block_tables, context_lens, mask, score_bias(mask, dtype))
@@ -160,6 +165,7 @@ class Attention(nn.Module):
         step_profile.lap(GATHER)
         n = q.shape[0]
         queries = q.reshape(n, self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim)
+        assert group.bias is not None, "a decode group without its bias is for a decode kernel"
         scores = torch.matmul(queries, k.transpose(-1, -2)).mul_(self.scale).add_(group.bias)  # [n, KV, G, L]
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
         return torch.matmul(probs, v).view(n, self.num_heads, self.head_dim)

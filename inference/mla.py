@@ -109,6 +109,7 @@ class LatentAttention(nn.Module):
         step_profile.lap(ATTEND)
         rows = self.cache.gather_latent(group.block_tables, None)  # [n, 1, L, latent + rope]
         step_profile.lap(GATHER)
+        assert group.mask is not None, "latent layers decode through the torch path, which masks"
         o = F.scaled_dot_product_attention(query, rows, rows[..., :self.kv_lora_rank], attn_mask=group.mask,
                                            scale=self.scale, enable_gqa=True)  # [n, H, 1, latent]
         return torch.einsum("nhc,hvc->nhv", o.squeeze(2), w_v)

@@ -258,7 +258,8 @@ class ModelRunner:
         lens = [s.num_computed_tokens + 1 for s in seqs]
         width = -(-max(lens) // bs)
         tables = self._tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs])
-        return decode_group(start, tables, self._tensor(lens), block_size=bs, dtype=self.dtype)
+        return decode_group(start, tables, self._tensor(lens), block_size=bs, dtype=self.dtype,
+                            masked=not self._fused_decode)
 
     def _tensor(self, values: list[int] | list[list[int]]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

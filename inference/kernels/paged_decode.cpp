@@ -444,7 +444,15 @@ void rotate_and_store(const T* qkv, const T* cos, const T* sin, T* q, T* k_cache
     for (int64_t h = 0; h < heads + kv_heads; ++h) {
       const T* x = row + h * dim;
       T* y = h < heads ? q + (t * heads + h) * dim : k_cache + (slots[t] * kv_heads + (h - heads)) * dim;
-      for (int64_t i = 0; i < half; ++i) {
+      int64_t i = 0;
+#if defined(__AVX512F__)
+      for (; i + 16 <= half; i += 16) {
+        const __m512 x1 = load16(x + i), x2 = load16(x + i + half), ci = load16(c + i), si = load16(s + i);
+        store16(y + i, _mm512_fmsub_ps(x1, ci, _mm512_mul_ps(x2, si)));
+        store16(y + i + half, _mm512_fmadd_ps(x2, ci, _mm512_mul_ps(x1, si)));
+      }
+#endif
+      for (; i < half; ++i) {
         const float x1 = static_cast<float>(x[i]), x2 = static_cast<float>(x[i + half]);
         const float ci = static_cast<float>(c[i]), si = static_cast<float>(s[i]);
         y[i] = static_cast<T>(x1 * ci - x2 * si);
