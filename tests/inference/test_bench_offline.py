@@ -29,7 +29,7 @@ from inference.bench.offline import (
     make_workload,
     run_offline,
 )
-from inference.bench.offline_result import Agreement
+from inference.bench.offline_result import BOUND_TARGET_MIN_BATCH, Agreement
 from inference.bench.roofline import ModelCost, RooflineConfig, mean_decode_context
 from inference.config import EngineConfig
 from inference.step_profile import (
@@ -101,7 +101,13 @@ def test_targets_judge_the_engine_ratio_against_each_baseline(result: OfflineRes
     for target in result.targets:
         assert target.ratio == result.ratio(ENGINE, target.baseline)
         assert target.passed == (target.ratio >= target.required_ratio)  # type: ignore[operator]
-    assert result.missed == any(not t.passed for t in result.targets)  # the command exits 1 when missed
+    r = result.roofline
+    assert r is not None
+    expected_bound = (None if r.observed.mean_batch < BOUND_TARGET_MIN_BATCH
+                      else r.percent_of_bound >= 100 / 3)
+    assert result.bound_target == expected_bound
+    # the command exits 1 when a target is missed
+    assert result.missed == (any(not t.passed for t in result.targets) or expected_bound is False)
     assert VLLM not in [t.baseline for t in result.targets]  # vLLM's target only when vLLM ran
 
 
@@ -131,7 +137,8 @@ def test_roofline_numbers_are_positive_and_add_up(result: OfflineResult) -> None
 def test_printed_report_and_json_carry_the_figures(result: OfflineResult) -> None:
     text = format_result(result)
     assert f"first {HF_SUBSET} of {TINY.num_requests} requests" in text
-    assert "engine >= 2x HF static batches of 16:" in text and "engine >= 8x HF one at a time:" in text
+    assert "engine >= 5x HF static batches of 16:" in text and "engine >= 15x HF one at a time:" in text
+    assert "decode step >= 33% of the roofline bound (batch >= 16):" in text
     assert "% of the bound" in text
     data = json.loads(json.dumps(result.to_dict()))
     assert [p["name"] for p in data["paths"]] == [ENGINE, HF_ONE, HF_STATIC]
