@@ -47,6 +47,17 @@ def _guards_of(pid: int) -> list[psutil.Process]:
             and p.pid == pid]
 
 
+def _shown(pid: int, timeout: float = 10.0) -> bool:
+    """Whether ``pid`` shows as a guard within ``timeout``. Right after ``Popen`` returns, the new program's
+    command line may not be readable yet: the kernel closes the exec-error pipe (which ``Popen`` waits on)
+    before it lays out the new program's arguments, so ``/proc/PID/cmdline`` can read empty for a moment
+    (a guard seen as missing right after its start, once in a CI run on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while not _guards_of(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return bool(_guards_of(pid))
+
+
 def test_a_pause_outlives_no_manager_its_guard_continues_the_process_on_time(
         child: subprocess.Popen[bytes]) -> None:
     guards = ExpiryGuards()
@@ -77,7 +88,7 @@ def test_a_revert_by_the_manager_stops_the_guard(child: subprocess.Popen[bytes])
         (fault,) = await manager.inject(FaultSpec("pause", {}, 60, Selector()),
                                         [FakeTarget("r0", pid=child.pid)], allow_all=True)
         guard = manager._running[fault.fault_id or 0].guard_pid
-        assert guard is not None and _guards_of(guard)
+        assert guard is not None and _shown(guard)
         result = await manager.revert(fault.fault_id or 0)
         assert result.ok
         return guard
@@ -111,9 +122,7 @@ def started_guard(guards: ExpiryGuards, fault_id: int) -> int:
     token = RevertToken("pause", "r0", "signal", {"pid": 1, "start_time": 0, "signal": "SIGCONT"})
     pid = guards.start(fault_id, token, expires_in_s=60)
     assert pid is not None
-    deadline = time.monotonic() + 10
-    while "chaos.expiry" not in psutil.Process(pid).cmdline() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert _shown(pid)
     return pid
 
 
