@@ -121,6 +121,7 @@ action = "restart_replica"
 def test_live_control_plane_restarts_a_replica_that_stops_answering(tmp_path: Path) -> None:
     """A real `controlplane up` (one replica, Prometheus as the telemetry source) evaluates the PromQL of
     its rules; a replica frozen with SIGSTOP stops answering scrapes and the alert restarts it."""
+    import contextlib
     import os
     import signal
     import subprocess
@@ -135,6 +136,7 @@ def test_live_control_plane_restarts_a_replica_that_stops_answering(tmp_path: Pa
     config.write_text(config.read_text() + LIVE_RULES)
     running = start(config, tmp_path, "admin-token-for-alert-tests")
     frozen: int | None = None
+    frozen_process: psutil.Process | None = None
     try:
         wait_ready(running, 1)
         with running.client() as client:
@@ -146,7 +148,8 @@ def test_live_control_plane_restarts_a_replica_that_stops_answering(tmp_path: Pa
                 (r.name for r in default_rules()), "")
             frozen = replica.pid
             assert frozen is not None
-            os.kill(frozen, signal.SIGSTOP)
+            frozen_process = psutil.Process(frozen)  # signalled again only while it is this process
+            frozen_process.send_signal(signal.SIGSTOP)
             frozen_at = time.time()
             # (When up was 0 while the replica started, that firing's restart was deferred, since the fleet
             # was starting it; it is tried again now, on a ready replica that does not answer.)
@@ -168,8 +171,11 @@ def test_live_control_plane_restarts_a_replica_that_stops_answering(tmp_path: Pa
             audit = [(a.actor, a.action, a.target) for a in client.audit()]
             assert ("alerts", "alerts.restart_replica", replica.replica_id) in audit
     finally:
-        if frozen is not None and psutil.pid_exists(frozen):
-            os.kill(frozen, signal.SIGCONT)
+        if frozen_process is not None and frozen_process.is_running():
+            # not by pid: the alert's restart reaps the frozen replica, and on a busy host its pid can run
+            # another test's process by now (one stopped on purpose, whose test a SIGCONT would break)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                frozen_process.send_signal(signal.SIGCONT)
         if running.process.poll() is None:
             running.process.send_signal(signal.SIGTERM)
             try:
