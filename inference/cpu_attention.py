@@ -2,7 +2,9 @@
 
 Where it sits: with ``EngineConfig.cpu_decode_kernel`` on a CPU device, the engine calls
 :func:`load_cpu_decode_kernel` once and, when it returns a kernel, the model runner sets
-``Attention.decode_kernel`` on every layer. Prefill, the cache writes and everything else keep the
+``Attention.decode_kernel`` on every layer; Llama layers also take the extension's other calls
+(:attr:`CpuDecodeKernel.layer_ops`: a pure decode step's whole layer in one call, and every other step's
+RMSNorm and SiLU-and-multiply). Prefill attention and the cache writes of steps that prefill keep the
 plain-torch path in ``attention.py``.
 
 Why: the torch path gathers each sequence's paged keys and values into one padded tensor
