@@ -66,10 +66,18 @@ class CpuDecodeKernel:
     @property
     def layer_ops(self) -> FusedOps:
         """The same extension's calls for Llama layers: ``llama_decode_layer`` (a decoder layer of a pure
-        decode step in one call), ``rms_norm`` and ``silu_mul`` (see
+        decode step in one call), and ``rms_norm`` and ``silu_mul`` where they are vectorized (see
         ``inference.models.llama.CausalLM.fuse_decode_layers``)."""
         m = self._module
-        return FusedOps(decode_layer=m.llama_decode_layer, rms_norm=m.rms_norm, silu_mul=m.silu_mul)
+        vectorized = self.vectorized
+        return FusedOps(decode_layer=m.llama_decode_layer, rms_norm=m.rms_norm if vectorized else None,
+                        silu_mul=m.silu_mul if vectorized else None)
+
+    @property
+    def vectorized(self) -> bool:
+        """Built with AVX-512 (the CPU has it): the norm and the activation then beat ATen's; without, the
+        Llama layers keep ATen's for them."""
+        return bool(getattr(self._module, "avx512", False))
 
 
 def load_cpu_decode_kernel() -> tuple[DecodeKernel | None, str | None]:
