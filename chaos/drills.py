@@ -304,15 +304,30 @@ class _Run:
                              subject=self.drill_id)
 
     async def _streams_in_flight(self, load_start: float) -> None:
-        """At a low rate the fleet may be idle at fault_at_s; wait a little for a stream to hit, so that
-        the drill measures a failover and not an idle kill (t0 is taken after this anyway). The view is
-        read fresh from the gateways each time, so that the aim taken right after it finds the stream."""
+        """At a low rate the fault's targets may be idle at fault_at_s; wait a little for a stream on them,
+        so that the drill measures a failover and not an idle kill (t0 is taken after this anyway). The
+        targets are the scenario's aim resolved afresh each time (a named replica or zone: its replicas; the
+        busiest replica: any stream will do); a process crash has no replica aim and waits for any stream.
+        The view is read fresh from the gateways each time, so that the aim taken right after it finds the
+        stream. When the wait runs out, the report's notes say so."""
         deadline = self.clock.now() + STREAM_WAIT_S
         await self.port.refresh_inflight()
-        while sum(self.port.inflight().values()) == 0 and self.clock.now() < deadline:
+        while self._inflight_on_aim() == 0 and self.clock.now() < deadline:
             self._sample(load_start)
             await self._sleep(0.02)
             await self.port.refresh_inflight()
+        if self._inflight_on_aim() == 0:
+            self.note("no stream in flight on the targets", waited_s=STREAM_WAIT_S)
+
+    def _inflight_on_aim(self) -> int:
+        """Streams in flight on the replicas the fault would hit now (the whole fleet's when the aim names
+        no replica or cannot be resolved: the strike reports that)."""
+        inflight = self.port.inflight()
+        try:
+            aimed = self.runner.aim(self.sc).replicas
+        except ValueError:
+            aimed = ()
+        return sum(inflight.get(r, 0) for r in aimed) if aimed else sum(inflight.values())
 
     async def _observe_until(self, until: float, load_start: float) -> None:
         while self.clock.now() < until:

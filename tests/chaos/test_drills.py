@@ -21,6 +21,7 @@ from chaos.drills import (
     SAMPLE_INTERVAL_S,
     SETTLE_S,
     STEADY_POLL_S,
+    STREAM_WAIT_S,
     DrillAborted,
     DrillRunner,
     FleetSample,
@@ -61,6 +62,7 @@ class ClockedPort:
     clock: SteppingClock
     streams_from: float = float("inf")  # seconds after the start when the gateway sees a stream
     capacity_back_at: float = float("inf")  # seconds after the start when ready == desired again
+    az_b_streams_from: float = float("inf")  # seconds after the start when az-b-1 has a stream too
 
     @property
     def gateway_url(self) -> str:
@@ -73,13 +75,14 @@ class ClockedPort:
         return FleetSample(self.clock.t, 3 if self.elapsed() >= self.capacity_back_at else 2, 3)
 
     def inflight(self) -> Mapping[str, int]:
-        return {"az-a-1": 1 if self.elapsed() >= self.streams_from else 0}
+        return {"az-a-1": 1 if self.elapsed() >= self.streams_from else 0,
+                "az-b-1": 1 if self.elapsed() >= self.az_b_streams_from else 0}
 
     async def refresh_inflight(self) -> None:
         return None  # computed from the clock: always fresh
 
     def targets(self) -> Sequence[Target]:
-        return []
+        return [Replica("az-a-1", "az-a"), Replica("az-b-1", "az-b")]
 
     def timings(self) -> Timings:  # pragma: no cover - not reached by these phases
         raise AssertionError("not used")
@@ -95,6 +98,18 @@ class ClockedPort:
 
     def count_marks(self, ids: Sequence[int]) -> int:  # pragma: no cover
         return 0
+
+
+@dataclass(frozen=True)
+class Replica:
+    """A replica as chaos sees it, on no machine (the runner's waits only read its id and zone)."""
+
+    replica_id: str
+    zone: str
+    pid: int | None = None
+    port: int = 9
+    admin_url: str = "http://127.0.0.1:9"
+    admin_token: str | None = None
 
 
 @dataclass
@@ -140,6 +155,27 @@ def test_a_load_that_never_reaches_the_gateway_fails_the_drill_after_the_start_t
     with pytest.raises(LoadNotFlowing, match="the load never reached the gateway"):
         asyncio.run(run._load_flowing())
     assert clock.now() - T_START == pytest.approx(LOAD_START_TIMEOUT_S, abs=0.06)
+
+
+def test_the_strike_waits_for_a_stream_on_the_named_target_not_anywhere(tmp_path: Path) -> None:
+    """Streams on az-a-1 from the start, on az-b-1 from 1.5 s: a drill aimed at az-b-1 strikes at 1.5 s
+    (streams elsewhere do not make its failover measurable); one aimed at the busiest strikes at once."""
+    run, clock = drill(tmp_path, {"streams_from": 0.0, "az_b_streams_from": 1.5}, replicas=("az-b-1",))
+    asyncio.run(run._streams_in_flight(T_START))
+    assert clock.now() - T_START == pytest.approx(1.5, abs=0.03)
+    assert "no stream in flight on the targets" not in events(run)
+
+    run, clock = drill(tmp_path, {"streams_from": 0.0, "az_b_streams_from": 1.5})
+    asyncio.run(run._streams_in_flight(T_START))
+    assert clock.now() == T_START
+
+
+def test_a_target_left_idle_past_the_stream_wait_is_struck_anyway_and_the_report_says_so(
+        tmp_path: Path) -> None:
+    run, clock = drill(tmp_path, {"streams_from": 0.0}, zones=("az-b",))
+    asyncio.run(run._streams_in_flight(T_START))
+    assert STREAM_WAIT_S <= clock.now() - T_START <= STREAM_WAIT_S + 0.03
+    assert events(run)[-1] == "no stream in flight on the targets"
 
 
 def recover(run: _Run, clock: SteppingClock, load: FinishedLoad | None) -> float:
