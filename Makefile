@@ -10,21 +10,21 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 APT_PACKAGES := prometheus prometheus-alertmanager chromium chromium-driver stress-ng iproute2 g++ ninja-build
 
-.PHONY: up test test-serial fuzz lint typecheck apt ebpf bench bench-vllm clean
+.PHONY: up test test-serial fuzz lint typecheck apt ebpf kernel bench bench-vllm clean
 
-up: $(STAMP) apt
+up: $(STAMP) apt kernel
 	$(PY) -m controlplane up $(if $(CONFIG),--config $(CONFIG),)
 
 # Two passes: every test not marked `exclusive` in two pytest-xdist workers (one module per worker at a
 # time), then the exclusive ones (they judge timing on the host's cores or change host-wide network state)
 # one at a time. Both passes run even when the first fails; the target fails when either did.
 # `make test-serial` runs the same tests in one pass, one at a time (3-5 minutes longer).
-test: $(STAMP) apt ebpf lint typecheck
+test: $(STAMP) apt ebpf kernel lint typecheck
 	$(PY) -m pytest -q -m "not exclusive" -n 2 --dist loadfile; first=$$?; \
 	$(PY) -m pytest -q -m exclusive; second=$$?; \
 	test $$first -eq 0 -a $$second -eq 0
 
-test-serial: $(STAMP) apt ebpf lint typecheck
+test-serial: $(STAMP) apt ebpf kernel lint typecheck
 	$(PY) -m pytest -q
 
 # The long fuzz run: schemathesis against the REST API, a replica and a gateway (each run: 25 examples per
@@ -74,6 +74,12 @@ apt:
 # bcc, pyroute2 and kernel headers for the eBPF network faults (root only; a note otherwise).
 ebpf:
 	@scripts/install-ebpf.sh
+
+# The replicas' C++ decode kernel, built once per machine (20-40 s) before anything starts a replica, so
+# that no replica's start waits for the compiler. Without g++ or ninja it says why; replicas then run the
+# torch path.
+kernel: $(STAMP) apt
+	$(PY) -m inference kernel
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -33,9 +33,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    default=_default(EngineConfig, "max_num_batched_tokens"))
     p.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="replay pure-decode steps as CUDA graphs, captured at start (default: on with CUDA)")
-    p.add_argument("--cpu-decode-kernel", action="store_true",
-                   help="on a CPU, decode attention by the C++ paged kernel, built on first use (20-40 s); "
-                        "where it cannot run, a logged reason and the torch path")
+    p.add_argument("--cpu-decode-kernel", action=argparse.BooleanOptionalAction, default=None,
+                   help="on a CPU, decode attention by the C++ paged kernel, built once per machine on first "
+                        "use (20-40 s); where it cannot run, a logged reason and the torch path (default: "
+                        "on where it applies)")
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -86,6 +87,17 @@ def _serve(args: argparse.Namespace) -> int:
                           ready_deadline_s=args.ready_deadline, stall_seconds=args.stall_seconds)
     tracing = TracingConfig(args.otlp_traces_endpoint, args.otlp_sample_ratio)
     return run(args.model, _engine_config(args), server, tracing)
+
+
+def _kernel(_args: argparse.Namespace) -> int:
+    """Exit 0 with "CPU decode kernel: on", or 0 with "unavailable: <why>" (replicas then run the torch
+    path, so the machine is still usable): a build step must not fail a machine without a compiler."""
+    from inference.cpu_attention import load_cpu_decode_kernel
+
+    print("CPU decode kernel: building or loading (the first build on a machine takes 20-40 s)", flush=True)
+    kernel, why = load_cpu_decode_kernel()
+    print(f"CPU decode kernel: {'on' if kernel is not None else f'unavailable: {why}'}")
+    return 0
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -153,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     _engine_args(srv)
     _serve_args(srv)
     srv.set_defaults(func=_serve)
+    ker = sub.add_parser("kernel", help="build the CPU decode kernel for this machine now (replicas build it "
+                                        "on first use otherwise) and say whether it runs")
+    ker.set_defaults(func=_kernel)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

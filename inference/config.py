@@ -31,9 +31,12 @@ class EngineConfig:
     # CPU: linear weights reordered once for oneDNN at load (inference/packed_linear.py). Off by default: a
     # soak measured a replica's RSS growing 11.5% in 112 s with it (oneDNN keeps a primitive per batch shape)
     pack_linear_weights: bool = False
-    # CPU: pure-decode attention by a C++ kernel that reads keys and values in place from the paged cache
-    # (inference/cpu_attention.py), built on first use; unavailable (no compiler): the torch path, logged
-    cpu_decode_kernel: bool = False
+    # CPU: pure-decode attention (and, built with AVX-512, the Llama layers' norm and activation) by a C++
+    # extension that reads keys and values in place from the paged cache (inference/cpu_attention.py),
+    # built once per machine on first use. None: on where it applies (a CPU, float32 or bfloat16, no INT8
+    # KV cache) and builds; where it does not, the torch path (engine.cpu_decode_kernel says why). True:
+    # the same, with a warning when it cannot run. False: the torch path.
+    cpu_decode_kernel: bool | None = None
     # Pure-decode steps replayed as CUDA graphs at bucketed batch sizes and context widths
     # (inference/decode_graphs.py). None: on where the device is CUDA. Asked for without CUDA, the same
     # padded buckets run eagerly (what tests check on a CPU).
@@ -60,6 +63,13 @@ class EngineConfig:
             raise ValueError(f"num_threads: must be >= 0, got {self.num_threads}")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.block_size:
             raise ValueError("max_num_batched_tokens: must be >= block_size")
+
+
+def cpu_decode_kernel_args(value: bool | None) -> list[str]:
+    """The ``inference serve`` flag for ``EngineConfig.cpu_decode_kernel`` (None: no flag, the default)."""
+    if value is None:
+        return []
+    return ["--cpu-decode-kernel" if value else "--no-cpu-decode-kernel"]
 
 
 def _positive(name: str, value: int) -> None:

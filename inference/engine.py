@@ -150,8 +150,10 @@ class LLMEngine:
                     layout.block_size, self.max_model_len)
 
     def _cpu_decode_kernel(self, config: EngineConfig) -> str | None:
-        """Whether the C++ paged decode kernel serves this engine: None when not asked for."""
-        if not config.cpu_decode_kernel:
+        """Whether the C++ paged decode kernel serves this engine: "on", "unavailable: <why>", or None
+        when it was turned off, or left to the default on a device other than a CPU."""
+        asked = config.cpu_decode_kernel
+        if asked is False or (asked is None and self.device.kind != "cpu"):
             return None
         why: str | None
         if self.device.kind != "cpu":
@@ -163,7 +165,8 @@ class LLMEngine:
         else:
             _, why = load_cpu_decode_kernel()
         if why is not None:
-            logger.warning("CPU decode kernel unavailable: %s; decode attention runs on torch", why)
+            log = logger.warning if asked else logger.info
+            log("CPU decode kernel unavailable: %s; decode attention runs on torch", why)
             return f"unavailable: {why}"
         return "on"
 

@@ -53,6 +53,7 @@ HTTP_REQUESTS = f"{NAMESPACE}http_requests"  # the page shows it with prometheus
 REJECTED_REQUESTS = f"{NAMESPACE}rejected_requests"
 KV_BYTES_PER_TOKEN = f"{NAMESPACE}kv_cache_bytes_per_token"
 KV_CAPACITY_BYTES = f"{NAMESPACE}kv_cache_capacity_bytes"
+ENGINE_INFO = f"{NAMESPACE}engine_info"  # 1, labelled with how the engine runs (EngineInfo)
 EXPERT_TOKENS = f"{NAMESPACE}moe_expert_tokens"  # a counter: the page shows it with ``_total``
 EXPERT_IMBALANCE = f"{NAMESPACE}moe_expert_load_imbalance"
 # The engine's time and its steps' work in the replica profile's terms, so the control plane can tell how far
@@ -103,12 +104,29 @@ class CacheConfigInfo:
     bytes_per_token: int = 0  # what one token's cache costs, all layers (MLA: the latent rows)
 
 
+@dataclass(slots=True, frozen=True)
+class EngineInfo:
+    """How the replica's engine runs, as labels of ``llmsre:engine_info``: the device kind, the model's
+    dtype, and the CPU decode kernel's state ("on", "off", or "unavailable" with the reason in the
+    replica's log; "off" also where the device is not a CPU)."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    cpu_decode_kernel: str = "off"
+
+    @staticmethod
+    def kernel_state(engine_state: str | None) -> str:
+        """The label for ``LLMEngine.cpu_decode_kernel`` ("on", "unavailable: <why>" or None)."""
+        return "off" if engine_state is None else engine_state.split(":", 1)[0]
+
+
 class _EngineCollector(Collector):
     def __init__(self, read: Callable[[], EngineGauges], labels: tuple[str, ...],
-                 info: CacheConfigInfo) -> None:
+                 info: CacheConfigInfo, engine_info: EngineInfo) -> None:
         self.read = read
         self.labels = list(labels)
         self.info = info
+        self.engine_info = engine_info
 
     def collect(self) -> Iterable[Metric]:
         g = self.read()
@@ -136,6 +154,7 @@ class _EngineCollector(Collector):
             yield self._gauge(DEVICE_UTILIZATION, "Device busy share since the last scrape "
                               "(CPU: cores used by this process).", g.device_utilization)
         yield self._cache_info()
+        yield self._engine_info()
         i = self.info
         yield self._gauge(KV_BYTES_PER_TOKEN, "Bytes of KV cache one token takes, all layers (multi-head "
                           "latent attention: its latent rows).", i.bytes_per_token)
@@ -173,6 +192,15 @@ class _EngineCollector(Collector):
         return m
 
 
+    def _engine_info(self) -> GaugeMetricFamily:
+        e = self.engine_info
+        m = GaugeMetricFamily(ENGINE_INFO, "How the engine runs: device kind, model dtype, CPU decode kernel "
+                              "(on, off or unavailable).", labels=[*LABELS, "device", "dtype",
+                                                                   "cpu_decode_kernel"])
+        m.add_metric([*self.labels, e.device, e.dtype, e.cpu_decode_kernel], 1.0)
+        return m
+
+
 def expert_imbalance(per_layer: list[list[int]]) -> float:
     """max / mean tokens per expert, worst layer; 0.0 when no token was routed yet."""
     ratios = [max(layer) * len(layer) / sum(layer) for layer in per_layer if sum(layer)]
@@ -181,10 +209,11 @@ def expert_imbalance(per_layer: list[list[int]]) -> float:
 
 class ReplicaMetrics:
     def __init__(self, *, model_name: str, replica: str, zone: str, max_model_len: int,
-                 read_engine: Callable[[], EngineGauges], cache_info: CacheConfigInfo) -> None:
+                 read_engine: Callable[[], EngineGauges], cache_info: CacheConfigInfo,
+                 engine_info: EngineInfo = EngineInfo()) -> None:
         self.registry = CollectorRegistry()
         self.label_values = (model_name, ENGINE_INDEX, replica, zone)
-        self.registry.register(_EngineCollector(read_engine, self.label_values, cache_info))
+        self.registry.register(_EngineCollector(read_engine, self.label_values, cache_info, engine_info))
         register_runtime_metrics(self.registry)
         r = self.registry
         token_buckets = buckets_1_2_5(max_model_len)

@@ -19,7 +19,7 @@ from inference.async_engine import AsyncEngine
 from inference.config import EngineConfig, TracingConfig
 from inference.engine import LLMEngine
 from inference.faults import ReplicaFaults
-from inference.metrics import CacheConfigInfo, ReplicaMetrics
+from inference.metrics import CacheConfigInfo, EngineInfo, ReplicaMetrics
 from inference.server import Replica, ServerConfig, crash_now, create_app, engine_gauges
 
 logger = logging.getLogger(__name__)
@@ -34,8 +34,10 @@ def build_replica(model: str, engine_config: EngineConfig, server_config: Server
     info = CacheConfigInfo(engine.block_manager.block_size, engine.block_manager.num_blocks,
                            engine_config.kv_cache_dtype, engine_config.enable_prefix_caching,
                            engine.runner.layout.bytes_per_token)
+    how = EngineInfo(engine.device.kind, str(engine.dtype).removeprefix("torch."),
+                     EngineInfo.kernel_state(engine.cpu_decode_kernel))
     metrics = ReplicaMetrics(model_name=name, replica=server_config.replica_id, zone=server_config.zone,
-                             max_model_len=engine.max_model_len,
+                             max_model_len=engine.max_model_len, engine_info=how,
                              read_engine=engine_gauges(aengine, engine.device), cache_info=info)
     aengine.before_step.append(faults.apply_before_step)
     aengine.after_step.append(metrics.after_step)
@@ -90,7 +92,7 @@ def run(model: str, engine_config: EngineConfig, server_config: ServerConfig,
     # out of the collector's reach, a full collection scans only what requests allocate, instead of
     # pausing the engine and the event loop for 100 ms or more every half minute under load.
     gc.freeze()
-    kernel = replica.engine.engine.cpu_decode_kernel  # None unless asked for: "on" or "unavailable: ..."
+    kernel = replica.engine.engine.cpu_decode_kernel  # "on", "unavailable: ..."; None: off or not a CPU
     logger.warning("[%s] serving %s on http://%s:%d (zone %s, device %s%s)", server_config.replica_id,
                    replica.model_name, server_config.host, server_config.port, server_config.zone,
                    replica.device_kind, "" if kernel is None else f", CPU decode kernel {kernel}")

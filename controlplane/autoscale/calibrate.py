@@ -25,6 +25,8 @@ import httpx
 
 from controlplane.autoscale.profile import ProfilePoint, ReplicaProfile, fit
 from controlplane.errors import Unavailable
+from inference.config import cpu_decode_kernel_args
+from inference.metrics import ENGINE_INFO
 
 # token ids below this are the default model's special tokens (see inference.bench.datasets)
 FIRST_PROMPT_TOKEN_ID = 16
@@ -49,7 +51,7 @@ class CalibrationPlan:
     decode_tokens: int = 16  # steady steps timed per stream, once the whole batch decodes
     repeats: int = 3  # rounds over every point; each keeps its median round (decode: of its median steps)
     num_threads: int = 1  # as the control plane starts replicas on a shared 2-core machine
-    cpu_decode_kernel: bool = False  # the replica decodes with the C++ kernel ([fleet] cpu_decode_kernel)
+    cpu_decode_kernel: bool | None = None  # the replica's C++ decode kernel ([fleet] cpu_decode_kernel)
 
     def __post_init__(self) -> None:
         if len(self.prefill_lens) + len(self.decodes) < 5:
@@ -87,16 +89,16 @@ def calibrate(plan: CalibrationPlan = CalibrationPlan(), *,
         start_s = time.monotonic() - started
         say(0, plan.num_measurements, f"replica ready after {start_s:.2f}s")
         points, held_out, limits = asyncio.run(_measure(replica.base_url, plan, say))
+    kernel = limits.pop("cpu_decode_kernel", 0)
     source = (f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.node()} "
               f"({platform.processor() or platform.machine()}), default model, {plan.num_threads} torch "
-              f"thread(s){', CPU decode kernel' if plan.cpu_decode_kernel else ''}")
+              f"thread(s){', CPU decode kernel' if kernel else ''}")
     return fit(points, held_out, start_s=round(start_s, 3), source=source, **limits)
 
 
 def replica_args(plan: CalibrationPlan) -> list[str]:
     """The calibrated replica's flags: the fleet's thread count and engine switches."""
-    kernel = ["--cpu-decode-kernel"] if plan.cpu_decode_kernel else []
-    return ["--num-threads", str(plan.num_threads), *kernel]
+    return ["--num-threads", str(plan.num_threads), *cpu_decode_kernel_args(plan.cpu_decode_kernel)]
 
 
 def calibrate_with_bar(plan: CalibrationPlan = CalibrationPlan()) -> ReplicaProfile:
@@ -179,7 +181,8 @@ async def _decode_once(client: httpx.AsyncClient, rng: random.Random, d: Decode,
 
 
 async def _limits(client: httpx.AsyncClient) -> dict[str, int]:
-    """KV capacity from the replica's ``vllm:cache_config_info``; other limits are the engine defaults."""
+    """KV capacity from the replica's ``vllm:cache_config_info``; other limits are the engine defaults.
+    ``cpu_decode_kernel``: 1 when the replica's ``llmsre:engine_info`` says its CPU decode kernel is on."""
     from inference.config import EngineConfig
 
     defaults = EngineConfig()
@@ -192,6 +195,8 @@ async def _limits(client: httpx.AsyncClient) -> dict[str, int]:
             labels = dict(part.split("=", 1) for part in inside.split(","))
             blocks = int(labels["num_gpu_blocks"].strip('"'))
             limits["kv_capacity_tokens"] = blocks * int(labels["block_size"].strip('"'))
+        elif line.startswith(f"{ENGINE_INFO}{{"):
+            limits["cpu_decode_kernel"] = int('cpu_decode_kernel="on"' in line)
     return limits
 
 

@@ -76,12 +76,14 @@ from inference.launcher import free_port
 from inference.models.default import ensure_default_model
 
 # Chosen by simulating slices of the trace on this 2-core machine's fleet (1 to 4 replicas, shared cores):
-# the first 300 s, 2.5 times as fast (12 requests/s on average), take the fleet from 1 to 3 replicas about
-# a minute in. A slice that needs a second replica in its first 30 s is avoided: the live loop's rates are
-# over a 30 s window that still holds the idle time before the load, the simulator's over the time since
-# its start, so the two would differ there by construction.
+# the first 300 s, 2.5 times as fast (12 requests/s on average), took a fleet of torch-path replicas from 1
+# to 3 about a minute in. Replicas on the CPU decode kernel (the default since 2026-12-05) serve that whole
+# on one (0 scale events, live and simulated); at 4x the live fleet scaled and the simulated one did not;
+# at 5x (26 requests/s) both scale, once. A slice that needs a second replica in its first 30 s is avoided:
+# the live loop's rates are over a 30 s window that still holds the idle time before the load, the
+# simulator's over the time since its start, so the two would differ there by construction.
 TRACE_START_S = 0.0
-COMPRESS = 2.5
+COMPRESS = 5.0
 TOKEN_SCALE = 0.25
 DURATION_S = 300.0
 # Local replicas run one torch thread each: past the host's cores another adds no capacity (a third replica

@@ -99,6 +99,10 @@ def verdicts(live: Side, sim: Side) -> dict[str, tuple[bool, str]]:
                             f"{_pct(rs)} (target within {TARGETS['replica_seconds']:.0%})"),
         "ttft_p95": (ttft is not None and abs(ttft) <= TARGETS["ttft_p95"],
                      f"{_pct(ttft)} (target within {TARGETS['ttft_p95']:.0%})"),
+        # a slice one replica serves whole checks no autoscaling: the comparison is then of a static fleet
+        "scaled": (live.scale_events >= 1 and sim.scale_events >= 1,
+                   f"live {live.scale_events}, simulated {sim.scale_events} scale events (target: both "
+                   "scale; raise --compress where one replica serves the slice)"),
     }
 
 

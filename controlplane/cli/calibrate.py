@@ -33,9 +33,9 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
                                                  f"{CALIBRATED_PROFILE})")
     cmd.add_argument("--threads", type=int, default=1, help="torch threads of the replica, as the fleet "
                                                             "runs it (default %(default)s)")
-    cmd.add_argument("--cpu-decode-kernel", action="store_true",
-                     help="the replica decodes with the C++ kernel (default: as the --config file's [fleet] "
-                          "cpu_decode_kernel says)")
+    cmd.add_argument("--cpu-decode-kernel", action=argparse.BooleanOptionalAction, default=None,
+                     help="the replica decodes with the C++ kernel, or not (default: as the --config file's "
+                          "[fleet] cpu_decode_kernel says, else on where it applies)")
     cmd.add_argument("--quick", action="store_true", help="fewer points, two rounds (about 30 s)")
     cmd.add_argument("--force", action="store_true", help=f"install the profile even if its held-out "
                                                           f"error is over {HELD_OUT_BOUND:.0%}%")
@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise UsageError(f"calibrate: {out.parent} is not a folder")
     plan = replace(QUICK_PLAN if args.quick else CalibrationPlan(), num_threads=args.threads,
-                   cpu_decode_kernel=args.cpu_decode_kernel or config.fleet.cpu_decode_kernel)
+                   cpu_decode_kernel=(config.fleet.cpu_decode_kernel if args.cpu_decode_kernel is None
+                                      else args.cpu_decode_kernel))
     started = time.monotonic()
     profile = calibrate_with_bar(plan)
     print(report(profile))

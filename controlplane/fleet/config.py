@@ -18,9 +18,10 @@ class FleetConfig:
     replica_threads: int = 1  # torch threads per replica (three replicas share two cores)
     max_num_seqs: int = 64
     # Replicas decode attention with the C++ paged kernel (inference/cpu_attention.py; CPU replicas, float32
-    # or bfloat16 caches; built once per machine on first use). Off: the torch path the shipped replica
-    # profile was calibrated on (with it, replicas run faster than the autoscaler's profile says).
-    cpu_decode_kernel: bool = False
+    # or bfloat16 caches; built once per machine on first use). Unset: each replica's default, on where it
+    # applies and builds; false: the torch path (the replica profile should then be calibrated without it,
+    # `controlplane calibrate --no-cpu-decode-kernel`).
+    cpu_decode_kernel: bool | None = None
     ready_timeout_s: float = 120.0
     drain_timeout_s: float = 30.0
     restart_backoff_s: float = 0.5

@@ -381,7 +381,7 @@ def run_offline(config: OfflineConfig) -> OfflineResult:
         num_preemptions=preemptions, paths=tuple(paths), roofline=roofline,
         kv_cache=kv_cache_footprint(engine), decode_profile=decode_profile, float32_agreement=agreement,
         decode_graphs=graphs_summary(engine) if graphs_asked(engine, config) else None,
-        cpu_decode_kernel=engine.cpu_decode_kernel)
+        cpu_decode_kernel=engine.cpu_decode_kernel or ("off" if engine.device.kind == "cpu" else None))
 
 
 def graphs_asked(engine: LLMEngine, config: OfflineConfig) -> bool:
@@ -414,9 +414,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--packed-weights", action="store_true",
                    help="the engine's linear weights packed once for oneDNN at load instead of torch's "
                         "linear (off by default: its memory is not bounded yet)")
-    p.add_argument("--cpu-decode-kernel", action="store_true",
-                   help="decode attention by the C++ paged kernel (inference/cpu_attention.py; built on "
-                        "first use, 20-40 s)")
+    p.add_argument("--cpu-decode-kernel", action=argparse.BooleanOptionalAction, default=None,
+                   help="decode attention by the C++ paged kernel (inference/cpu_attention.py; built once "
+                        "per machine on first use, 20-40 s; default: on where it applies)")
     p.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="the engine replays pure-decode steps as CUDA graphs (inference/decode_graphs.py; "
                         "default: on with CUDA)")

@@ -160,7 +160,7 @@ class OfflineResult:
     decode_profile: Breakdown | None = None  # where a pure-decode step's time goes (a profiled run)
     float32_agreement: Agreement | None = None  # below float32 only
     decode_graphs: str | None = None  # when on or asked for: what was captured and replayed, or why not
-    cpu_decode_kernel: str | None = None  # when asked for: "on" or "unavailable: <why>"
+    cpu_decode_kernel: str | None = None  # on a CPU: "on", "off" or "unavailable: <why>"
 
     @property
     def num_requested_output_tokens(self) -> int:
@@ -311,6 +311,10 @@ def format_profile(profile: Breakdown) -> str:
              f"steps, mean batch {profile.mean_batch:.1f}, {total * 1e3:.2f} ms per step)"]
     width = max(len(p) for p in profile.seconds)
     for phase, seconds in sorted(profile.seconds.items(), key=lambda kv: -kv[1]):
-        share = seconds / total if total > 0 else 0.0
-        lines.append(f"  {phase.ljust(width)}  {seconds * 1e3:7.3f} ms  {share:6.1%}")
+        if seconds > 0:
+            share = seconds / total if total > 0 else 0.0
+            lines.append(f"  {phase.ljust(width)}  {seconds * 1e3:7.3f} ms  {share:6.1%}")
+    # a phase this path never entered (the C++ layer call holds attention whole) is not a 0 measured
+    if idle := [phase for phase, seconds in profile.seconds.items() if seconds <= 0]:
+        lines.append(f"  not a phase of its own on this path: {', '.join(idle)}")
     return "\n".join(lines)

@@ -25,7 +25,7 @@ from inference.bench.datasets import DatasetConfig, build_requests, render_promp
 from inference.bench.load_client import run_load
 from inference.bench.load_config import LoadConfig
 from inference.bench.report import LoadReport, LoadSummary, format_table
-from inference.config import EngineConfig
+from inference.config import EngineConfig, cpu_decode_kernel_args
 from inference.engine import LLMEngine
 from inference.launcher import ReplicaProcess, free_port, unwind_on_sigterm
 from inference.models.default import ensure_default_model
@@ -53,8 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="for the engine and the replica: auto, cpu, cuda[:N]")
     p.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="the engine and the replica replay decode steps as CUDA graphs (default: with CUDA)")
-    p.add_argument("--cpu-decode-kernel", action="store_true",
-                   help="the engine and the replica decode attention by the C++ paged kernel (CPU)")
+    p.add_argument("--cpu-decode-kernel", action=argparse.BooleanOptionalAction, default=None,
+                   help="the engine and the replica decode attention by the C++ paged kernel (CPU; default: "
+                        "on where it applies)")
     p.add_argument("--sustained", action="store_true",
                    help="then search the highest rate served within --ttft-slo-ms and --tpot-slo-ms at p99")
     p.add_argument("--ttft-slo-ms", type=float, default=1000.0)
@@ -111,7 +112,7 @@ def run_rates(args: argparse.Namespace, datasets: list[DatasetConfig],
                                              "100000", "--max-waiting-tokens", "100000000",
                                              "--device", args.device,
                                              *graphs_flag(args.decode_graphs),
-                                             *(["--cpu-decode-kernel"] if args.cpu_decode_kernel else [])])
+                                             *cpu_decode_kernel_args(args.cpu_decode_kernel)])
         with replica:
             replica.wait_ready()
             for rate, dataset in zip(rates, datasets):

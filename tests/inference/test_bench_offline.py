@@ -35,6 +35,7 @@ from inference.config import EngineConfig
 from inference.step_profile import (
     ATTEND,
     CACHE_WRITE,
+    DECODE_LAYERS,
     GATHER,
     LOGITS,
     MODEL_REST,
@@ -55,8 +56,10 @@ TINY = WorkloadSpec(num_requests=4, min_prompt_len=8, max_prompt_len=40, min_out
 HF_SUBSET = 2
 
 
-def tiny_run(model: str, *, repeats: int = 2, hf_subset: int = HF_SUBSET) -> OfflineResult:
-    config = OfflineConfig(model=model, workload=TINY, engine=EngineConfig(device="cpu"), repeats=repeats,
+def tiny_run(model: str, *, repeats: int = 2, hf_subset: int = HF_SUBSET,
+             engine: EngineConfig | None = None, skip_hf: bool = False) -> OfflineResult:
+    config = OfflineConfig(model=model, workload=TINY, engine=engine or EngineConfig(device="cpu"),
+                           repeats=repeats, skip_hf=skip_hf,
                            hf_one_at_a_time_requests=hf_subset,
                            roofline=RooflineConfig(copy_mib=32, gemm_size=256, repeats=2),
                            show_progress=False)
@@ -66,6 +69,13 @@ def tiny_run(model: str, *, repeats: int = 2, hf_subset: int = HF_SUBSET) -> Off
 @pytest.fixture(scope="module")
 def result() -> OfflineResult:
     return tiny_run("default")
+
+
+@pytest.fixture(scope="module")
+def torch_path_result() -> OfflineResult:
+    """The engine with the CPU decode kernel turned off: attention on torch, in phases of its own."""
+    return tiny_run("default", repeats=1, engine=EngineConfig(device="cpu", cpu_decode_kernel=False),
+                    skip_hf=True)
 
 
 @pytest.fixture(scope="module")
@@ -146,22 +156,42 @@ def test_printed_report_and_json_carry_the_figures(result: OfflineResult) -> Non
     assert data["roofline"]["derived"]["bound_seconds"] > 0
 
 
-def test_the_decode_profile_splits_a_step_into_phases_that_add_up_to_it(result: OfflineResult) -> None:
+def test_the_decode_profile_splits_a_step_into_phases_that_add_up_to_it(
+        torch_path_result: OfflineResult) -> None:
+    result = torch_path_result
     profile = result.decode_profile
     assert profile is not None and profile.num_steps > 0
     assert 1 <= profile.mean_batch <= TINY.num_requests
     assert set(profile.seconds) == set(PHASES)
     assert all(seconds >= 0 for seconds in profile.seconds.values())
-    # a decode step of the default Llama runs every phase but the prefill's
+    # a decode step of the default Llama on torch runs every phase but the C++ layer call
     for phase in (SCHEDULE, PREPARE, CACHE_WRITE, GATHER, ATTEND, MODEL_REST, LOGITS, SAMPLING, POSTPROCESS):
         assert profile.seconds[phase] > 0, phase
+    assert profile.seconds[DECODE_LAYERS] == 0
     assert profile.step_seconds == pytest.approx(sum(profile.seconds.values()))
     text = format_result(result)
     assert "Where a decode step goes" in text and "attention: gather K/V" in text
+    assert f"not a phase of its own on this path: {DECODE_LAYERS}" in text
+    assert "CPU decode kernel: off" in text
     data = json.loads(json.dumps(result.to_dict()))
     assert data["decode_profile"]["step_ms"] == pytest.approx(profile.step_seconds * 1e3)
     # the profiled run is not a timed one: the roofline still reads the timed run's steps
     assert result.roofline is not None and result.roofline.observed.num_steps > 0
+
+
+def test_with_the_default_cpu_decode_kernel_a_decode_step_is_one_layer_call_and_the_rest(
+        result: OfflineResult) -> None:
+    """On a CPU the kernel is on by default: its layer call holds attention whole, so the attention phases
+    are named as not measured on their own rather than printed as 0."""
+    profile = result.decode_profile
+    assert profile is not None and result.cpu_decode_kernel == "on"
+    for phase in (SCHEDULE, PREPARE, DECODE_LAYERS, LOGITS, SAMPLING, POSTPROCESS):
+        assert profile.seconds[phase] > 0, phase
+    assert profile.seconds[CACHE_WRITE] == profile.seconds[GATHER] == profile.seconds[ATTEND] == 0
+    text = format_result(result)
+    assert "CPU decode kernel: on" in text and DECODE_LAYERS in text
+    assert f"not a phase of its own on this path: {CACHE_WRITE}, {GATHER}, {ATTEND}" in text
+    assert " 0.000 ms" not in text
 
 
 def test_a_step_profile_charges_each_interval_to_the_phase_that_ends_it() -> None:

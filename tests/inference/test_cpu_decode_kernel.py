@@ -116,6 +116,9 @@ def test_bad_input_is_refused_with_a_message(kernel: DecodeKernel) -> None:
         kernel(query, cache, tables, torch.tensor([3, 4]), 0.125)
 
 
+TORCH_PATH = EngineConfig(device="cpu", num_kv_blocks=64, cpu_decode_kernel=False)
+
+
 def test_asked_for_where_it_cannot_serve_the_engine_says_why_and_runs_torch(tiny_llama_dir: Path) -> None:
     config = EngineConfig(device="cpu", dtype="float32", cpu_decode_kernel=True, kv_cache_dtype="int8",
                           num_kv_blocks=64)
@@ -124,8 +127,19 @@ def test_asked_for_where_it_cannot_serve_the_engine_says_why_and_runs_torch(tiny
     engine.add_request("r", [5, 6, 7, 8], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     outputs = [out for _ in range(20) if engine.has_unfinished_requests() for out in engine.step()]
     assert outputs[-1].finished and len(outputs[-1].output_token_ids) == 4
-    plain = LLMEngine(str(tiny_llama_dir), EngineConfig(device="cpu", num_kv_blocks=64))
-    assert plain.cpu_decode_kernel is None
+    off = LLMEngine(str(tiny_llama_dir), TORCH_PATH)
+    assert off.cpu_decode_kernel is None and off.runner.fused_layers == 0
+
+
+def test_by_default_a_cpu_engine_runs_the_kernel_where_it_applies(tiny_llama_dir: Path) -> None:
+    """The default (None) takes the kernel on a CPU with a float32 or bfloat16 cache, and says why not
+    with an INT8 cache (quietly: nobody asked for it)."""
+    built, why = load_cpu_decode_kernel()
+    assert built is not None, f"the kernel did not build on this machine: {why}"
+    engine = LLMEngine(str(tiny_llama_dir), EngineConfig(device="cpu", num_kv_blocks=64))
+    assert engine.cpu_decode_kernel == "on" and engine.runner.fused_layers == len(engine.model.layers)
+    int8 = LLMEngine(str(tiny_llama_dir), EngineConfig(device="cpu", num_kv_blocks=64, kv_cache_dtype="int8"))
+    assert int8.cpu_decode_kernel == "unavailable: the INT8 KV cache" and int8.runner.fused_layers == 0
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -231,7 +245,7 @@ def test_the_engine_runs_every_step_s_norms_and_activation_in_the_kernel(tiny_ll
                and (m.post_attention_layernorm.fused is not None) == taken
                and (m.mlp.silu_mul is not None) == taken for m in layers)
     assert (engine.model.norm.fused is not None) == taken
-    plain = LLMEngine(str(tiny_llama_dir), EngineConfig(device="cpu", num_kv_blocks=64))
+    plain = LLMEngine(str(tiny_llama_dir), TORCH_PATH)
     assert plain.model.norm.fused is None
 
 
@@ -239,5 +253,5 @@ def test_layers_the_call_cannot_run_stay_in_python(tiny_llama_dir: Path) -> None
     config = EngineConfig(device="cpu", cpu_decode_kernel=True, num_kv_blocks=64, pack_linear_weights=True)
     packed = LLMEngine(str(tiny_llama_dir), config)
     assert packed.cpu_decode_kernel == "on" and packed.runner.fused_layers == 0
-    plain = LLMEngine(str(tiny_llama_dir), EngineConfig(device="cpu", num_kv_blocks=64))
+    plain = LLMEngine(str(tiny_llama_dir), TORCH_PATH)
     assert plain.runner.fused_layers == 0

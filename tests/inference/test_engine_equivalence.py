@@ -100,9 +100,11 @@ def assert_equal_to_reference(run: Run, ref_out: dict[str, list[int]],
 
 
 def base_config(**overrides: object) -> EngineConfig:
-    # decode graphs off: on a GPU these tests check the eager path (test_decode_graphs.py the graphs)
+    # decode graphs off: on a GPU these tests check the eager path (test_decode_graphs.py the graphs); the
+    # CPU decode kernel off: on a CPU they check the torch path, the one accelerators and the INT8 cache
+    # take (test_cpu_decode_kernel_keeps_output_equal the kernel, on by default on a CPU)
     values: dict[str, object] = {"device": DEVICE, "dtype": "float32", "block_size": BLOCK_SIZE,
-                                 "decode_graphs": False,
+                                 "decode_graphs": False, "cpu_decode_kernel": False,
                                  "num_kv_blocks": 256, "max_num_batched_tokens": 2048}
     values.update(overrides)
     return EngineConfig(**values)  # type: ignore[arg-type]

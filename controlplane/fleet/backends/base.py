@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from inference.config import TracingConfig
+from inference.config import TracingConfig, cpu_decode_kernel_args
 
 
 @dataclass(slots=True, frozen=True)
@@ -32,11 +32,11 @@ class ReplicaSpec:
     tracing: TracingConfig = field(default_factory=TracingConfig)
     version: str = ""  # a canary's version (the gateways' split label); "" for the stable fleet
     served_model_name: str = ""  # a canary answers to the stable fleet's model name, so clients see one
-    cpu_decode_kernel: bool = False  # [fleet] cpu_decode_kernel
+    cpu_decode_kernel: bool | None = None  # [fleet] cpu_decode_kernel
 
     def engine_args(self) -> list[str]:
         """``inference serve``'s engine flags beyond threads and batch size (none by default)."""
-        return ["--cpu-decode-kernel"] if self.cpu_decode_kernel else []
+        return cpu_decode_kernel_args(self.cpu_decode_kernel)
 
     def tracing_args(self) -> list[str]:
         """``inference serve``'s trace export and model-name flags (none when not needed)."""

@@ -106,7 +106,8 @@ def test_the_control_plane_runs_on_the_configured_then_the_calibrated_then_the_s
 def test_calibrate_measures_the_replica_the_config_runs(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """``controlplane calibrate --config FILE`` starts its replica as that file's fleet would: with
-    ``[fleet] cpu_decode_kernel = true``, the C++ decode kernel (or with ``--cpu-decode-kernel``)."""
+    ``[fleet] cpu_decode_kernel = true``, the C++ decode kernel (or with ``--cpu-decode-kernel``); with
+    ``false`` (or ``--no-cpu-decode-kernel``), the torch path; unset, the replica's default."""
     from controlplane.autoscale import calibrate as calibration
     from controlplane.cli.main import main
 
@@ -121,10 +122,15 @@ def test_calibrate_measures_the_replica_the_config_runs(tmp_path: Path,
     config.write_text(f'state_dir = "{tmp_path / "state"}"\n[fleet]\ncpu_decode_kernel = true\n')
     plain = tmp_path / "plain.toml"
     plain.write_text(f'state_dir = "{tmp_path / "state"}"\n')
+    off = tmp_path / "off.toml"
+    off.write_text(f'state_dir = "{tmp_path / "state"}"\n[fleet]\ncpu_decode_kernel = false\n')
     for args in (["--config", str(config)], ["--config", str(plain), "--cpu-decode-kernel"],
-                 ["--config", str(plain)]):
+                 ["--config", str(plain)], ["--config", str(off)],
+                 ["--config", str(config), "--no-cpu-decode-kernel"]):
         with pytest.raises(SystemExit):
             main(["calibrate", "--quick", *args])
-    assert [p.cpu_decode_kernel for p in plans] == [True, True, False]
+    assert [p.cpu_decode_kernel for p in plans] == [True, True, None, False, False]
     with_kernel = ["--num-threads", "1", "--cpu-decode-kernel"]
-    assert [calibration.replica_args(p) for p in plans] == [with_kernel, with_kernel, ["--num-threads", "1"]]
+    without = ["--num-threads", "1", "--no-cpu-decode-kernel"]
+    assert [calibration.replica_args(p) for p in plans] == [with_kernel, with_kernel, ["--num-threads", "1"],
+                                                            without, without]

@@ -15,7 +15,7 @@ import pytest
 from controlplane.autoscale.profile import load_profile
 from controlplane.bench.live_speed import host_speed, run_drift, run_on_cpu, speed_at
 from controlplane.bench.sim_vs_live import profile_path, write_config
-from controlplane.bench.sim_vs_live_report import integrate, live_side, outcome
+from controlplane.bench.sim_vs_live_report import Side, format_report, integrate, live_side, outcome, verdicts
 from controlplane.client import Decision, DecisionInputs
 from controlplane.config import load_config
 from controlplane.sim.simulator import PolicySpec, SimSettings, Slo, autoscaler_config, p95, simulate
@@ -129,3 +129,17 @@ def test_the_diagnostic_steps_the_replicas_at_the_hosts_speed_and_sizes_on_the_p
     at_profile = simulate(requests, fixed, profile=profile, settings=settings)
     assert at_speed.ttft_p95_s is not None and at_profile.ttft_p95_s is not None
     assert at_speed.ttft_p95_s > at_profile.ttft_p95_s
+
+
+def test_a_slice_that_never_scales_does_not_pass_as_a_check_of_the_autoscaler() -> None:
+    """Equal figures from one replica on both sides compare a static fleet: the verdict says to raise
+    --compress, and the bench's exit status (all verdicts) follows it."""
+    still = Side(100, 0.99, 0.2, 0.02, 300.0, 0)
+    judged = verdicts(still, still)
+    assert all(ok for name, (ok, _) in judged.items() if name != "scaled")
+    assert judged["scaled"] == (False, "live 0, simulated 0 scale events (target: both scale; raise "
+                                       "--compress where one replica serves the slice)")
+    assert "scaled: NOT MET" in format_report(still, still, judged)
+    scaled = dataclasses.replace(still, scale_events=1)
+    assert verdicts(scaled, scaled)["scaled"][0]
+    assert not verdicts(scaled, still)["scaled"][0]

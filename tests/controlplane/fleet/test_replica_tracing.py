@@ -51,7 +51,7 @@ def test_with_tracing_off_replicas_get_no_trace_flags(tmp_path: Path) -> None:
 
 def test_fleet_cpu_decode_kernel_reaches_every_replica_command_on_either_backend(tmp_path: Path) -> None:
     local = LocalProcessBackend(log_dir=tmp_path / "logs", state_dir=tmp_path)
-    for on in (True, False):
+    for on in (True, False, None):
         backend = SimBackend()
         with Store(tmp_path / f"cp-{on}.db") as store:
             fleet = Fleet(FleetConfig(replicas=2, base_port=18311, cpu_decode_kernel=on), backend,  # type: ignore[arg-type]
@@ -60,4 +60,5 @@ def test_fleet_cpu_decode_kernel_reaches_every_replica_command_on_either_backend
         assert len(backend.spawned) == 2
         for spawned in backend.spawned:
             for args in (local.command(spawned), _serve_args(spawned)):
-                assert ("--cpu-decode-kernel" in args) == on, args
+                assert ("--cpu-decode-kernel" in args) == (on is True), args
+                assert ("--no-cpu-decode-kernel" in args) == (on is False), args
