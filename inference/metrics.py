@@ -106,7 +106,7 @@ class CacheConfigInfo:
 
 @dataclass(slots=True, frozen=True)
 class EngineInfo:
-    """How the replica's engine runs, as labels of ``llmsre:engine_info``: the device kind, the model's
+    """How the replica's engine runs, as labels of ``llmsre_engine_info``: the device kind, the model's
     dtype, and the CPU decode kernel's state ("on", "off", or "unavailable" with the reason in the
     replica's log; "off" also where the device is not a CPU)."""
 

@@ -182,7 +182,7 @@ async def _decode_once(client: httpx.AsyncClient, rng: random.Random, d: Decode,
 
 async def _limits(client: httpx.AsyncClient) -> dict[str, int]:
     """KV capacity from the replica's ``vllm:cache_config_info``; other limits are the engine defaults.
-    ``cpu_decode_kernel``: 1 when the replica's ``llmsre:engine_info`` says its CPU decode kernel is on."""
+    ``cpu_decode_kernel``: 1 when the replica's ``llmsre_engine_info`` says its CPU decode kernel is on."""
     from inference.config import EngineConfig
 
     defaults = EngineConfig()

@@ -12,6 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from inference.metrics import ENGINE_INFO
+
 from .harness import MODEL, ReplicaProcess, StartFresh, chat, completion, full_queue, metric_value
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -89,9 +91,9 @@ def test_every_vllm_metric_carries_model_replica_and_zone_labels(replica: Replic
 
 
 def test_the_page_says_how_the_engine_runs(replica: ReplicaProcess) -> None:
-    """``llmsre:engine_info``: a CPU replica of the float32 model, on the C++ decode kernel by default
+    """``llmsre_engine_info``: a CPU replica of the float32 model, on the C++ decode kernel by default
     (``make test`` builds it before any replica starts)."""
-    samples = _families(replica.first_metrics)["llmsre:engine_info"][1]
+    samples = _families(replica.first_metrics)[ENGINE_INFO][1]
     _assert_labelled(samples, replica)
     assert [(s.labels["device"], s.labels["dtype"], s.labels["cpu_decode_kernel"], s.value)
             for s in samples] == [("cpu", "float32", "on", 1.0)]
