@@ -65,11 +65,12 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens: must be >= block_size")
 
 
-def cpu_decode_kernel_args(value: bool | None) -> list[str]:
-    """The ``inference serve`` flag for ``EngineConfig.cpu_decode_kernel`` (None: no flag, the default)."""
+def switch_args(option: str, value: bool | None) -> list[str]:
+    """A replica command's on/off switch (``--X`` / ``--no-X``) for a tri-state engine setting such as
+    ``EngineConfig.cpu_decode_kernel``: None gives no flag, the replica's own default."""
     if value is None:
         return []
-    return ["--cpu-decode-kernel" if value else "--no-cpu-decode-kernel"]
+    return [option if value else "--no-" + option.removeprefix("--")]
 
 
 def _positive(name: str, value: int) -> None:

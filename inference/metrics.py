@@ -191,7 +191,6 @@ class _EngineCollector(Collector):
                       str(i.enable_prefix_caching)], 1.0)
         return m
 
-
     def _engine_info(self) -> GaugeMetricFamily:
         e = self.engine_info
         m = GaugeMetricFamily(ENGINE_INFO, "How the engine runs: device kind, model dtype, CPU decode kernel "

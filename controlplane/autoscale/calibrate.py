@@ -25,7 +25,7 @@ import httpx
 
 from controlplane.autoscale.profile import ProfilePoint, ReplicaProfile, fit
 from controlplane.errors import Unavailable
-from inference.config import cpu_decode_kernel_args
+from inference.config import switch_args
 from inference.metrics import ENGINE_INFO
 
 # token ids below this are the default model's special tokens (see inference.bench.datasets)
@@ -98,7 +98,8 @@ def calibrate(plan: CalibrationPlan = CalibrationPlan(), *,
 
 def replica_args(plan: CalibrationPlan) -> list[str]:
     """The calibrated replica's flags: the fleet's thread count and engine switches."""
-    return ["--num-threads", str(plan.num_threads), *cpu_decode_kernel_args(plan.cpu_decode_kernel)]
+    kernel = switch_args("--cpu-decode-kernel", plan.cpu_decode_kernel)
+    return ["--num-threads", str(plan.num_threads), *kernel]
 
 
 def calibrate_with_bar(plan: CalibrationPlan = CalibrationPlan()) -> ReplicaProfile:

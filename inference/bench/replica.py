@@ -25,7 +25,7 @@ from inference.bench.datasets import DatasetConfig, build_requests, render_promp
 from inference.bench.load_client import run_load
 from inference.bench.load_config import LoadConfig
 from inference.bench.report import LoadReport, LoadSummary, format_table
-from inference.config import EngineConfig, cpu_decode_kernel_args
+from inference.config import EngineConfig, switch_args
 from inference.engine import LLMEngine
 from inference.launcher import ReplicaProcess, free_port, unwind_on_sigterm
 from inference.models.default import ensure_default_model
@@ -111,8 +111,8 @@ def run_rates(args: argparse.Namespace, datasets: list[DatasetConfig],
                                  extra_args=["--num-threads", str(args.threads), "--max-waiting-requests",
                                              "100000", "--max-waiting-tokens", "100000000",
                                              "--device", args.device,
-                                             *graphs_flag(args.decode_graphs),
-                                             *cpu_decode_kernel_args(args.cpu_decode_kernel)])
+                                             *switch_args("--decode-graphs", args.decode_graphs),
+                                             *switch_args("--cpu-decode-kernel", args.cpu_decode_kernel)])
         with replica:
             replica.wait_ready()
             for rate, dataset in zip(rates, datasets):
@@ -124,13 +124,6 @@ def run_rates(args: argparse.Namespace, datasets: list[DatasetConfig],
                 fixed = [Probe(r.rate, r.report.summary, args.ttft_slo_ms, args.tpot_slo_ms) for r in results]
                 probes = search_sustained(args, replica.base_url, fixed)
     return results, probes
-
-
-def graphs_flag(decode_graphs: bool | None) -> list[str]:
-    """The replica's flag for the engine's ``decode_graphs`` (None: the replica's own default)."""
-    if decode_graphs is None:
-        return []
-    return ["--decode-graphs" if decode_graphs else "--no-decode-graphs"]
 
 
 def search_sustained(args: argparse.Namespace, base_url: str, fixed: list[Probe]) -> list[Probe]:

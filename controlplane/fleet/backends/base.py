@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from inference.config import TracingConfig, cpu_decode_kernel_args
+from inference.config import TracingConfig, switch_args
 
 
 @dataclass(slots=True, frozen=True)
@@ -36,7 +36,7 @@ class ReplicaSpec:
 
     def engine_args(self) -> list[str]:
         """``inference serve``'s engine flags beyond threads and batch size (none by default)."""
-        return cpu_decode_kernel_args(self.cpu_decode_kernel)
+        return switch_args("--cpu-decode-kernel", self.cpu_decode_kernel)
 
     def tracing_args(self) -> list[str]:
         """``inference serve``'s trace export and model-name flags (none when not needed)."""
