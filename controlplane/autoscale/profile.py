@@ -19,6 +19,11 @@ which also times points it does not fit on and keeps both errors in the profile 
 profile measured on the development machine ships with the package
 (``controlplane/data/replica_profile.json``), so the simulator runs without a replica; a profile calibrated
 on the host (``<state_dir>/replica_profile.json``) takes its place (:func:`resolve_profile_path`).
+
+The policy benchmarks (``python -m controlplane.sim bench``) run on another shipped profile, the
+*reference* (``controlplane/data/reference_profile.json``, :func:`load_reference_profile`): the replica
+their traffic was sized for, kept fixed so that a faster engine does not move every policy figure. The
+shipped fallback follows the replica the fleet runs; the reference changes only with the traffic.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_PROFILE = "replica_profile.json"
+REFERENCE_PROFILE = "reference_profile.json"  # the policy benchmarks' replica (see the module's docstring)
 CALIBRATED_PROFILE = "replica_profile.json"  # in the control plane's state folder, written by calibrate
 REFERENCE_BATCH = 16  # sequences decoded together when converting token rates to engine time
 REFERENCE_CONTEXT = 512  # tokens of context per sequence, likewise
@@ -180,13 +186,24 @@ class ReplicaProfile:
 def load_profile(path: str | Path | None = None) -> ReplicaProfile:
     """The profile in ``path``, or the one measured on the development machine and shipped with us."""
     if path is None:
-        text = resources.files("controlplane.data").joinpath(DEFAULT_PROFILE).read_text()
-    else:
-        text = Path(path).read_text()
+        return _packaged(DEFAULT_PROFILE)
+    return _parsed(Path(path).read_text(), str(path))
+
+
+def load_reference_profile() -> ReplicaProfile:
+    """The replica the policy benchmarks' traffic is sized for (a real calibration, kept fixed)."""
+    return _packaged(REFERENCE_PROFILE)
+
+
+def _packaged(name: str) -> ReplicaProfile:
+    return _parsed(resources.files("controlplane.data").joinpath(name).read_text(), name)
+
+
+def _parsed(text: str, where: str) -> ReplicaProfile:
     try:
         return ReplicaProfile.from_json(json.loads(text))
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{path or DEFAULT_PROFILE}: not a replica profile: {exc}") from exc
+        raise ValueError(f"{where}: not a replica profile: {exc}") from exc
 
 
 def resolve_profile_path(configured: str, state_dir: str | Path) -> str:

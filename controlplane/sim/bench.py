@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from controlplane.autoscale.profile import ReplicaProfile, load_profile
+from controlplane.autoscale.profile import ReplicaProfile, load_profile, load_reference_profile
 from controlplane.sim.evalset import NAMES as EVALSET_NAMES
 from controlplane.sim.evalset import load_evalset
 from controlplane.sim.simulator import (
@@ -96,8 +96,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--seeds", type=int, default=6, help="synthetic bursty traces, seeds 0..N-1 (default %(default)s)"
     )
-    p.add_argument("--profile", default=None, help="replica profile JSON (default: the shipped one)")
+    p.add_argument("--profile", default=None,
+                   help="replica profile JSON (default: the reference replica the traffic is sized for, "
+                        "controlplane/data/reference_profile.json)")
     p.add_argument("--html", default=None, help="write the timelines to this HTML file")
+
+
+def bench_profile(path: str | None) -> ReplicaProfile:
+    """The profile a policy benchmark runs on: ``path``, else the reference replica its traffic is sized for
+    (fixed, so that a faster engine does not move every figure; ``controlplane.autoscale.profile``)."""
+    return load_profile(path) if path else load_reference_profile()
 
 
 def shape_for(compress: float, token_scale: float, max_model_len: int) -> TraceShape:
@@ -124,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         args = argparse.Namespace(**{**vars(args), "compress": AZURE_COMPRESS})
     from tqdm import tqdm  # type: ignore[import-untyped]
 
-    profile = load_profile(args.profile)
+    profile = bench_profile(args.profile)
     settings = SimSettings(slo=Slo())
     shape = shape_for(args.compress, args.token_scale, profile.max_model_len)
     verdicts: list[Verdict] = []
@@ -169,7 +177,7 @@ def run_eval(args: argparse.Namespace) -> int:
     """The evaluation set: ours, hpa and static:ceil(HPA's mean replicas) on each trace; one table."""
     from tqdm import tqdm
 
-    profile = load_profile(args.profile)
+    profile = bench_profile(args.profile)
     settings = SimSettings(slo=Slo())
     compress = EVAL_COMPRESS if args.compress is None else args.compress
     shape = replace(shape_for(compress, args.token_scale, profile.max_model_len), duration_s=args.duration_s)

@@ -9,7 +9,10 @@ milliseconds; ``python -m controlplane.sim evalset --write`` regenerates them), 
 
 Rates are chosen so that, shaped as the benchmark shapes them (no compression, token scale 0.25, prompts
 and outputs capped to the default replica's context), the fleet needs about 1 to 10 replicas of the
-default model: one shaped request of conversation lengths is about 0.1 engine-seconds.
+reference replica (``controlplane/data/reference_profile.json``, the default model on the torch path,
+which the benchmark runs on): one shaped request of conversation lengths is about 0.06 of its
+engine-seconds. A faster replica (the shipped fallback profile, with the CPU decode kernel: 0.045) needs
+fewer, and on it several traces sit at one or two replicas whatever the policy.
 
 The traces, by name (each recipe's function says how and why):
 

@@ -8,6 +8,7 @@ coefficients, and the fit must predict every held-out point within the bound the
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from controlplane.autoscale.profile import (
     attention_pairs,
     fit,
     load_profile,
+    load_reference_profile,
     refit,
     resolve_profile_path,
 )
@@ -69,8 +71,12 @@ def test_fit_error_is_reported_on_points_it_never_saw() -> None:
     assert "held out" in error.describe()
 
 
-def test_the_shipped_profile_is_a_calibration_within_its_bound_on_held_out_points() -> None:
-    shipped = load_profile()
+@pytest.mark.parametrize("load", [load_profile, load_reference_profile], ids=["fallback", "reference"])
+def test_the_shipped_profile_is_a_calibration_within_its_bound_on_held_out_points(
+        load: Callable[[], ReplicaProfile]) -> None:
+    """Both shipped profiles: the fallback the control plane runs on before `controlplane calibrate`, and
+    the reference replica the policy benchmarks' traffic is sized for."""
+    shipped = load()
     assert shipped.held_out, "no held-out point in the shipped profile: `controlplane calibrate` writes them"
     assert len(shipped.points) >= 5 and shipped.start_s > 0 and shipped.kv_capacity_tokens > 0
     again = refit(shipped)
@@ -80,6 +86,14 @@ def test_the_shipped_profile_is_a_calibration_within_its_bound_on_held_out_point
     assert error.held_out_max is not None and error.held_out_max <= HELD_OUT_BOUND, error.describe()
     # the form follows the engine: decode attention reads the context, so the fit gives it a cost
     assert shipped.per_context_token_s > 0
+
+
+def test_the_fallback_was_measured_on_the_replica_the_fleet_runs_by_default() -> None:
+    """CPU replicas decode with the C++ kernel unless told not to, so the profile a control plane runs on
+    before `controlplane calibrate` must be a kernel replica's: the torch path's is 1.3-2x slower, and an
+    uncalibrated fleet sized on it over-provisions by that much."""
+    assert load_profile().source.endswith(", CPU decode kernel"), load_profile().source
+    assert load_profile() != load_reference_profile()
 
 
 def test_a_profile_written_before_the_attention_term_still_loads(tmp_path: Path) -> None:

@@ -148,12 +148,12 @@ def test_counting_prefix_cache_hits_keeps_the_shared_prefix_fleet_to_what_it_com
 ) -> None:
     """Ten minutes around the peak (48 requests/s): ours, fed the simulated replicas' prefix hit share,
     against ours priced on whole prompts, as it was before the share was read."""
-    from controlplane.autoscale.profile import load_profile
+    from controlplane.autoscale.profile import load_reference_profile
     from controlplane.sim import simulator
     from controlplane.sim.bench import shape_for
     from controlplane.sim.simulator import OURS, PolicySpec, simulate
 
-    profile = load_profile()
+    profile = load_reference_profile()  # the replica the set's traffic is sized for
     shape = replace(shape_for(1.0, 0.25, profile.max_model_len), start_s=1500.0, duration_s=600.0)
     requests = load_evalset("shared-prefix", shape)
     counted = simulate(requests, PolicySpec(OURS), profile=profile, settings=SimSettings())
