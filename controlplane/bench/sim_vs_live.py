@@ -15,10 +15,14 @@ which is off by as much as the host's speed has moved since it was measured):
   (``python -m inference.bench serve``) replays the slice against the gateway; the fleet is read every
   second through ``/api/v1/fleet`` (replicas paid for: starting, ready, draining or ejected, as the
   simulator counts replica-seconds), the scale events are the autoscaler's applied decision records, and
-  the CPU time of the run's processes and of the rest of the host is counted while the load runs;
+  the CPU time of the run's processes and of the rest of the host is counted while the load runs. Before
+  the slice, a probe (``--probe`` seconds of the slice's start, prompts of another seed, the autoscaler
+  observing only; then a metrics window of quiet) measures the CPU the gateway, the load client and the
+  control plane spend per request (:class:`DataPathProbe`);
 - simulated: the same slice through ``azure_trace`` (the load client's own reader: request count and total
-  tokens are compared and must match), ``simulate(..., PolicySpec("ours"))`` with 1 initial replica and
-  ``host_cores`` = this machine's cores (the live replicas share them).
+  tokens are compared and must match), ``simulate(..., PolicySpec("ours"))`` with 1 initial replica,
+  ``host_cores`` = this machine's cores (the live replicas share them) and ``host_cpu_per_request_s`` =
+  the probe's figure (the processes beside the replicas take that from those cores).
 
 Both sides are measured over the same span, from the load's start to the slice's last arrival: SLO
 attainment (:class:`~controlplane.sim.simulator.Slo`; a failed request is a miss), P95 TTFT and TPOT,
@@ -91,6 +95,10 @@ DURATION_S = 300.0
 # of cores shared by more engines than cores is coarse. The default keeps the fleet to the cores.
 MAX_REPLICAS = max(2, os.cpu_count() or 1)
 ALIVE = frozenset({"starting", "ready", "draining", "ejected"})  # replicas paid for (fleet.py's "alive")
+# Before the slice, its first seconds (prompts of another seed) through the gateway measure what the
+# processes beside the replicas spend per request; the simulator takes that from the host's cores.
+PROBE_S = 10.0
+BESIDE_REPLICAS = ("gateway", "load client", "control plane", "other processes of the run")
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0
 LOAD_GRACE_S = 120.0  # after the last arrival, for requests in flight to finish
@@ -146,10 +154,12 @@ def autoscaler_table(config: AutoscalerConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_config(workdir: Path, autoscaler: AutoscalerConfig) -> tuple[Path, str, str]:
-    """The live run's TOML (free loopback ports, 1 replica, the simulator's autoscaler): (path, API URL,
-    gateway URL). The file is read back as ``controlplane up`` reads it: its autoscaler must be the one
-    given."""
+def write_config(workdir: Path, autoscaler: AutoscalerConfig, *,
+                 observe_only: bool = False) -> tuple[Path, str, str]:
+    """The live run's TOML (free loopback ports, 1 replica, the simulator's autoscaler, observing only
+    until the probe is done when ``observe_only``): (path, API URL, gateway URL). The file is read back as
+    ``controlplane up`` reads it: its autoscaler must be the one given."""
+    autoscaler = dataclasses.replace(autoscaler, observe_only=observe_only)
     api, gateway = free_port(), free_port()
     config = workdir / "controlplane.toml"
     config.write_text(f'state_dir = "{workdir / "state"}"\n[api]\nport = {api}\n[gateway]\nport = {gateway}\n'
@@ -253,19 +263,21 @@ def wait_ready(process: subprocess.Popen[bytes], client: ControlPlaneClient, gat
     raise SimVsLiveError(f"no replica ready and routable within {START_TIMEOUT_S:g}s; see {log}")
 
 
-def load_command(cut: Slice, gateway: str, workdir: Path) -> list[str]:
+def load_command(cut: Slice, gateway: str, workdir: Path, *, name: str = "load", seed: int = 0) -> list[str]:
     """The load client replaying the slice; ``--token-ids`` times tokens as they stream, the simulator's
     terms: the bundled model's tokens often carry no text yet (a byte of a character), and timed by its
     text a stream's first token reached the client up to 3.7 s after the gateway had it (the 300 s run of
-    2026-12-04, at 0.15 s per token)."""
+    2026-12-04, at 0.15 s per token). ``seed`` draws the prompts' tokens: the probe's differ from the
+    slice's, so that the replicas' prefix caches do not hold the slice's prompts when it starts."""
     return [sys.executable, "-m", "inference.bench", "serve", "--base-url", gateway,
             "--dataset", f"trace:{AZURE_TRACE}", "--time-scale", repr(cut.compress),
             "--token-scale", repr(cut.token_scale), "--trace-start", repr(cut.trace_start_s),
             "--trace-duration", repr(cut.duration_s * cut.compress),
             "--max-input-len", str(cut.max_prompt_len), "--max-output-len", str(cut.max_output_len),
             "--duration", f"{cut.duration_s + 5:g}", "--grace", f"{LOAD_GRACE_S:g}",
-            "--request-timeout", f"{LOAD_GRACE_S:g}", "--seed", "0", "--jsonl", str(workdir / "load.jsonl"),
-            "--result-json", str(workdir / "load.json"), "--no-progress", "--token-ids"]
+            "--request-timeout", f"{LOAD_GRACE_S:g}", "--seed", str(seed),
+            "--jsonl", str(workdir / f"{name}.jsonl"), "--result-json", str(workdir / f"{name}.json"),
+            "--no-progress", "--token-ids"]
 
 
 @dataclass(slots=True)
@@ -277,6 +289,31 @@ class LiveRun:
     drift: float | None = None  # the replicas' engine time over the profile's, across the run's decisions
     on_cpu: float | None = None  # the share of the replicas' step time on a core, across the decisions
     speed: list[tuple[float, float]] = field(default_factory=list)  # (POSIX s, host speed): host_speed
+    probe: DataPathProbe | None = None  # the host's other CPU per request, measured before the slice
+
+
+@dataclass(slots=True, frozen=True)
+class DataPathProbe:
+    """What the processes beside the replicas spent per request while the probe's requests ran: the
+    simulator's ``host_cpu_per_request_s`` (``controlplane.sim.fleet``)."""
+
+    requests: int
+    seconds: float
+    cpu: dict[str, float]  # core-seconds by role (CpuMeter.totals)
+
+    @property
+    def other_core_s(self) -> float:
+        return sum(used for role, used in self.cpu.items() if role in BESIDE_REPLICAS)
+
+    @property
+    def cpu_per_request_s(self) -> float:
+        return self.other_core_s / self.requests if self.requests else 0.0
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{role} {self.cpu.get(role, 0.0) / max(self.requests, 1) * 1e3:.1f}"
+                          for role in BESIDE_REPLICAS if role in self.cpu)
+        return (f"{self.requests} requests in {self.seconds:.0f}s, per request, ms of CPU: {parts}: "
+                f"{self.cpu_per_request_s * 1e3:.1f} ms beside the replicas")
 
 
 class CpuMeter:
@@ -338,14 +375,23 @@ class CpuMeter:
         return {k: round(v, 1) for k, v in out.items()}
 
 
-def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_state: Path) -> LiveRun:
+def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_state: Path,
+             probe_s: float = 0.0) -> LiveRun:
     models = ensure_default_model(source_state).parent  # built before the control plane starts
     (workdir / "state").mkdir(parents=True, exist_ok=True)
     (workdir / "state" / "models").symlink_to(models, target_is_directory=True)
-    config, api, gateway = write_config(workdir, autoscaler)
+    config, api, gateway = write_config(workdir, autoscaler, observe_only=probe_s > 0)
     token = secrets.token_urlsafe(16)
     with control_plane(config, workdir, token) as process, ControlPlaneClient(api, token) as client:
         wait_ready(process, client, gateway, workdir / "up.log")
+        probe = None
+        if probe_s > 0:
+            probe = run_probe(cut, probe_s, gateway, workdir, process.pid)
+            print(f"live: probe of the data path's CPU: {probe.describe()}", flush=True)
+            quiet = (autoscaler.metrics_window_s or DEFAULT_WINDOW_S) + autoscaler.tick_s
+            time.sleep(quiet)  # the probe's requests leave the autoscaler's window before it may act
+            client.autoscaler_configure(observe_only=False)
+        started = time.time()
         print(f"live: 1 replica ready; replaying the slice for {cut.duration_s:g}s", flush=True)
         fleet: list[tuple[float, int]] = []
         with (workdir / "load.log").open("wb") as log:
@@ -365,11 +411,40 @@ def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_sta
                 load.wait()
         if load.returncode != 0:
             raise SimVsLiveError(f"the load client exited with {load.returncode}; see {workdir / 'load.log'}")
-        records = client.autoscaler_decisions(limit=5000)
+        records = [d for d in client.autoscaler_decisions(limit=5000) if d.at >= started]
     decisions = [(d.at, d.applied, d.outcome) for d in records]
     window = autoscaler.metrics_window_s or DEFAULT_WINDOW_S
     return LiveRun(read_jsonl(workdir / "load.jsonl"), fleet, decisions, meter.totals(), run_drift(records),
-                   run_on_cpu(records), host_speed(records, window_s=window, cores=os.cpu_count() or 1))
+                   run_on_cpu(records), host_speed(records, window_s=window, cores=os.cpu_count() or 1),
+                   probe)
+
+
+def run_probe(cut: Slice, probe_s: float, gateway: str, workdir: Path, control_plane: int) -> DataPathProbe:
+    """The slice's first ``probe_s`` seconds through the gateway (prompts of another seed), the autoscaler
+    observing only: the CPU the gateway, the load client and the control plane spend per request, which the
+    simulator then takes from the host's cores. Measured before the slice, as the profile is."""
+    probe = dataclasses.replace(cut, duration_s=probe_s)
+    with (workdir / "probe.log").open("wb") as log:
+        load = subprocess.Popen(load_command(probe, gateway, workdir, name="probe", seed=1), stdout=log,
+                                stderr=subprocess.STDOUT, env=child_environment())
+    meter = CpuMeter(control_plane, load.pid, workdir / "state")
+    started = time.monotonic()
+    try:
+        while load.poll() is None:
+            meter.sample()
+            time.sleep(0.5)
+        meter.sample()
+    finally:
+        if load.poll() is None:
+            load.kill()
+            load.wait()
+    if load.returncode != 0:
+        raise SimVsLiveError(f"the probe's load client exited with {load.returncode}; "
+                             f"see {workdir / 'probe.log'}")
+    done = [r for r in read_jsonl(workdir / "probe.jsonl") if r.is_success]
+    if not done:
+        raise SimVsLiveError(f"no probe request succeeded; see {workdir / 'probe.log'}")
+    return DataPathProbe(len(done), time.monotonic() - started, meter.totals())
 
 
 # ---- the command --------------------------------------------------------------------------------
@@ -387,6 +462,10 @@ def add_sim_vs_live_arguments(p: argparse.ArgumentParser) -> None:
                    "(`controlplane calibrate`, about 2 minutes) and run both sides on that profile, "
                    "written to the workdir: a profile from another day is off by as much as the host's "
                    "speed moved since")
+    p.add_argument("--probe", type=float, default=PROBE_S, metavar="SECONDS",
+                   help="seconds of the slice's start replayed first to measure the CPU the gateway, the "
+                   "load client and the control plane spend per request, which the simulator's replicas "
+                   "then do not have (%(default)s; 0: none, the replicas have the host's cores)")
     p.add_argument("--state-dir", default=None, help="where the default model and a calibrated profile are "
                    "found (default: the control plane's state folder)")
     p.add_argument("--workdir", default=None, help="the live run's folder (default: a temporary one)")
@@ -397,6 +476,8 @@ def add_sim_vs_live_arguments(p: argparse.ArgumentParser) -> None:
 def sim_vs_live_main(args: argparse.Namespace) -> int:
     if args.duration <= 0 or args.compress <= 0 or args.token_scale <= 0 or args.max_replicas < 2:
         raise ValueError("need --duration, --compress and --token-scale > 0 and --max-replicas >= 2")
+    if not 0 <= args.probe <= args.duration:
+        raise ValueError("--probe: between 0 and --duration seconds")
     if args.calibrate and args.profile:
         raise ValueError("--calibrate measures the profile: give --profile or --calibrate, not both")
     source_state = Path(args.state_dir).expanduser() if args.state_dir else load_config(None).state_path
@@ -416,14 +497,19 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
           f"{cut.compress:g}x ({cut.duration_s:g}s of replay), tokens x{cut.token_scale:g}, prompts <= "
           f"{cut.max_prompt_len}, outputs <= {cut.max_output_len}; profile {path} ({profile.source}); "
           f"host cores {settings.host_cores}; replicas 1..{args.max_replicas}", flush=True)
-    # simulated first: the control plane started next imports the same decision code
-    report = simulate(requests, PolicySpec("ours"), profile=profile, settings=settings)
     workdir = workdir or run_folder(args.workdir)
-    run = run_live(cut, autoscaler, workdir, source_state)
+    run = run_live(cut, autoscaler, workdir, source_state, args.probe)
     check_same_requests(requests, run.records)
+    beside = dataclasses.replace(settings, host_cpu_per_request_s=run.probe.cpu_per_request_s
+                                 if run.probe else 0.0)
+    report = simulate(requests, PolicySpec("ours"), profile=profile, settings=beside)
     live, sim = live_side(run.records, run.fleet, run.decisions, span, settings.slo), sim_side(report)
     judged = verdicts(live, sim)
     print(f"compared over {span:.1f}s (the load's start to the slice's last arrival)")
+    beside_ms = beside.host_cpu_per_request_s * 1e3
+    print(f"simulated replicas: {settings.host_cores} host cores, less {beside_ms:.1f} ms of CPU per request "
+          "arriving for the processes beside them "
+          + ("(the probe)" if run.probe else "(no probe)"))
     print(format_report(live, sim, judged))
     prompt, output = sum(r.prompt_len for r in requests), sum(r.output_len for r in requests)
     work = profile.engine_load(prompt_tokens_per_s=prompt, generated_tokens_per_s=output,
@@ -455,6 +541,8 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
             "slice": dataclasses.asdict(cut), "profile": path, "span_s": span, "workdir": str(workdir),
             "profile_source": profile.source, "profile_fit_error": dataclasses.asdict(profile.fit_error()),
             "autoscaler": dataclasses.asdict(autoscaler), "host_cores": settings.host_cores,
+            "host_cpu_per_request_s": beside.host_cpu_per_request_s,
+            "probe": None if run.probe is None else dataclasses.asdict(run.probe),
             "live": dataclasses.asdict(live), "sim": dataclasses.asdict(sim), "cpu": run.cpu,
             "engine_s": round(work, 1), "live_profile_drift": run.drift, "live_on_cpu": run.on_cpu,
             "live_host_speed": run.speed,

@@ -24,7 +24,11 @@ Shared cores (``host_cores``): by default each replica has a core of its own. Gi
 replicas share that many cores (as local replica processes of one torch thread each share a host): a
 segment's step time is stretched by ``max(1, busy / host_cores)``, ``busy`` counting the replicas running a
 segment when it starts, itself included. The stretch is fixed for the segment; a replica that starts or
-stops stepping later does not change it.
+stops stepping later does not change it. Other processes on those cores (the gateway relaying the streams,
+a load client on the same host, the control plane) take ``host_cpu_per_request_s`` core-seconds per
+request: at the arrival rate of the last ``short_window_s`` that many cores fewer are left to the
+replicas (at least a quarter of the host's), so a step stretches by ``busy / (host_cores - other)`` once
+the busy replicas want more than what is left.
 
 The host's speed (``speed``): a function of simulated time that multiplies every step time, read when a
 segment starts; none by default (the profile's speed throughout). ``python -m controlplane.bench
@@ -124,13 +128,18 @@ class FleetSim:
         short_window_s: float = 6.0,
         host_cores: int | None = None,
         speed: Callable[[float], float] | None = None,
+        host_cpu_per_request_s: float = 0.0,
     ) -> None:
         if initial_replicas < 0 or tick_s <= 0 or sample_s <= 0:
             raise ValueError("initial_replicas must be >= 0, tick_s and sample_s > 0")
         if host_cores is not None and host_cores < 1:
             raise ValueError(f"host_cores: must be >= 1 or None, got {host_cores}")
+        if not host_cpu_per_request_s >= 0:
+            raise ValueError(f"host_cpu_per_request_s: must be >= 0, got {host_cpu_per_request_s!r}")
         self.profile = profile
         self.host_cores = host_cores
+        self.host_cpu_per_request_s = host_cpu_per_request_s
+        self._recent: deque[float] = deque()  # arrivals of the last short_window_s (the host's other CPU)
         self.speed = speed
         self.short_window_s = short_window_s
         self.requests = sorted(requests, key=lambda r: r.arrival)
@@ -217,6 +226,7 @@ class FleetSim:
         self.outcomes.append(outcome)
         self._unfinished += 1
         self._arrivals.append(self.now)
+        self._recent.append(self.now)
         self._route(SimSequence(outcome, prompt, output, prefix_id=request.prefix_id,
                                 prefix_len=min(request.prefix_len, prompt)))
 
@@ -294,11 +304,22 @@ class FleetSim:
         self.clock.push(self.now + steps * dt, "step", replica, replica.version)
 
     def _core_share(self) -> float:
-        """How much slower a step runs on shared cores: busy replicas (this one included) per core, >= 1."""
+        """How much slower a step runs on shared cores: busy replicas (this one included) per core left to
+        them by the host's other processes, >= 1."""
         if self.host_cores is None:
             return 1.0
         busy = sum(r.busy for r in self.replicas)
-        return max(1.0, busy / self.host_cores)
+        return max(1.0, busy / self._cores_left())
+
+    def _cores_left(self) -> float:
+        """The host's cores less what its other processes take at the recent arrival rate."""
+        assert self.host_cores is not None
+        if not self.host_cpu_per_request_s:
+            return float(self.host_cores)
+        while self._recent and self._recent[0] < self.now - self.short_window_s:
+            self._recent.popleft()
+        rate = len(self._recent) / self.short_window_s  # early in a run, the window's share of it
+        return max(self.host_cores - rate * self.host_cpu_per_request_s, self.host_cores / 4)
 
     def _end_segment(self, replica: Replica) -> None:
         steps = replica.seg_steps

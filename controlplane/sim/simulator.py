@@ -119,6 +119,9 @@ class SimSettings:
     sample_s: float = 10.0
     # None: every replica has cores of its own; N: the replicas share N cores (steps stretch, see fleet.py)
     host_cores: int | None = None
+    # with host_cores: core-seconds per request the host's other processes spend (gateway, a co-located
+    # load client), which the replicas then do not have (fleet.py)
+    host_cpu_per_request_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_replicas <= self.initial_replicas <= self.max_replicas:
@@ -127,6 +130,8 @@ class SimSettings:
             raise ValueError("ticks and sample_s: must be > 0")
         if self.host_cores is not None and self.host_cores < 1:
             raise ValueError(f"host_cores: must be >= 1 or None, got {self.host_cores}")
+        if not self.host_cpu_per_request_s >= 0:
+            raise ValueError(f"host_cpu_per_request_s: must be >= 0, got {self.host_cpu_per_request_s!r}")
 
 
 # ---- policies on the simulated fleet ----------------------------------------------------------
@@ -357,6 +362,7 @@ def simulate(
         progress=hook,
         host_cores=settings.host_cores,
         speed=speed,
+        host_cpu_per_request_s=settings.host_cpu_per_request_s,
     ).run()
     return _report(spec.label, sim, settings, time.perf_counter() - started)
 

@@ -14,7 +14,7 @@ import pytest
 
 from controlplane.autoscale.profile import load_profile
 from controlplane.bench.live_speed import host_speed, run_drift, run_on_cpu, speed_at
-from controlplane.bench.sim_vs_live import profile_path, write_config
+from controlplane.bench.sim_vs_live import DataPathProbe, profile_path, write_config
 from controlplane.bench.sim_vs_live_report import Side, format_report, integrate, live_side, outcome, verdicts
 from controlplane.client import Decision, DecisionInputs
 from controlplane.config import load_config
@@ -35,6 +35,17 @@ def test_the_live_config_runs_the_simulators_autoscaler_on_the_same_profile(tmp_
     assert raw["autoscaler"]["replica_profile"] == path and raw["autoscaler"]["anomaly_enabled"] is False
     assert "tick_s" not in raw["autoscaler"]  # the default: only what differs is written
     assert api.startswith("http://127.0.0.1:") and gateway.startswith("http://127.0.0.1:")
+    # while the probe runs the autoscaler only observes; nothing else differs
+    config, _, _ = write_config(tmp_path, wanted, observe_only=True)
+    assert load_config(config).autoscaler == dataclasses.replace(wanted, observe_only=True)
+
+
+def test_the_probe_counts_what_runs_beside_the_replicas_per_request() -> None:
+    probe = DataPathProbe(200, 12.0, {"control plane": 0.2, "replicas": 20.0, "gateway": 1.0,
+                                      "load client": 2.4, "rest of the host": 0.5, "available": 24.0})
+    assert probe.cpu_per_request_s == pytest.approx(3.6 / 200)  # not the replicas' nor the rest's
+    assert "gateway 5.0, load client 12.0, control plane 1.0: 18.0 ms beside the replicas" in probe.describe()
+    assert DataPathProbe(0, 1.0, {}).cpu_per_request_s == 0.0
 
 
 def test_a_calibrated_profile_in_the_state_folder_is_chosen(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Replicas sharing a host's cores (``SimSettings.host_cores``): steps stretch by busy replicas per core."""
+"""Replicas sharing a host's cores (``SimSettings.host_cores``): steps stretch by busy replicas per core,
+less the cores the host's other processes take per request arriving (``host_cpu_per_request_s``)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ def two_at_once() -> list[SimRequest]:
     return [SimRequest(0, 0.0, 100, 5), SimRequest(1, 0.0, 100, 5)]  # one on each of two replicas
 
 
-def finishes(host_cores: int | None) -> list[float | None]:
+def finishes(host_cores: int | None, cpu_per_request_s: float = 0.0) -> list[float | None]:
     sim = FleetSim(fixed(), two_at_once(), initial_replicas=2, policy=None, tick_s=15.0,
-                   host_cores=host_cores).run()
+                   host_cores=host_cores, host_cpu_per_request_s=cpu_per_request_s).run()
     assert [r.step for r in sim.replicas] == [5, 5]  # each replica served one request in 5 steps
     return [o.finish for o in sim.outcomes]
 
@@ -52,3 +53,30 @@ def test_settings_carry_host_cores_to_the_fleet() -> None:
     assert shared.tpot_p95_s == pytest.approx(2 * STEP) and own.tpot_p95_s == pytest.approx(STEP)
     with pytest.raises(ValueError, match="host_cores"):
         SimSettings(host_cores=0)
+
+
+# Two requests in the 6 s short window are 1/3 request/s: 3 core-seconds each take one core of the host.
+TAKES_ONE_CORE = 3.0
+
+
+def test_the_cores_other_processes_take_per_request_are_not_the_replicas() -> None:
+    assert finishes(2, TAKES_ONE_CORE) == pytest.approx([10 * STEP, 10 * STEP])  # two busy on one core left
+    assert finishes(3, TAKES_ONE_CORE) == finishes(2) == pytest.approx([5 * STEP, 5 * STEP])  # two left
+    # however much they take, a quarter of the host stays the replicas': two busy on half a core
+    assert finishes(2, 100 * TAKES_ONE_CORE) == pytest.approx([20 * STEP, 20 * STEP])
+    assert finishes(None, TAKES_ONE_CORE) == finishes(None)  # replicas with cores of their own
+
+
+def test_a_lone_busy_replica_has_what_the_other_processes_leave() -> None:
+    sim = FleetSim(fixed(), [SimRequest(0, 0.0, 100, 5)], initial_replicas=2, policy=None, tick_s=15.0,
+                   host_cores=1, host_cpu_per_request_s=3.0).run()  # 1/6 request/s x 3 s: half the core
+    assert sim.outcomes[0].finish == pytest.approx(10 * STEP)
+
+
+def test_settings_carry_the_other_processes_cpu_to_the_fleet() -> None:
+    taken = simulate(two_at_once(), PolicySpec.parse("static:2"), profile=fixed(),
+                     settings=SimSettings(initial_replicas=2, host_cores=2,
+                                          host_cpu_per_request_s=TAKES_ONE_CORE))
+    assert taken.tpot_p95_s == pytest.approx(2 * STEP)
+    with pytest.raises(ValueError, match="host_cpu_per_request_s"):
+        SimSettings(host_cpu_per_request_s=-1.0)
