@@ -17,6 +17,8 @@ import json
 import platform
 import random
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,12 +28,14 @@ import httpx
 from controlplane.autoscale.profile import ProfilePoint, ReplicaProfile, fit
 from controlplane.errors import Unavailable
 from inference.config import switch_args
+from inference.environment import child_environment
 from inference.metrics import ENGINE_INFO
 
 # token ids below this are the default model's special tokens (see inference.bench.datasets)
 FIRST_PROMPT_TOKEN_ID = 16
 VOCAB_SIZE = 512
 DECODE_TRIES = 3  # of a decode repetition whose batch never ran whole
+KERNEL_BUILD_TIMEOUT_S = 600.0  # a first build of the CPU decode kernel takes 20-40 s on 2 cores
 
 Progress = Callable[[int, int, str], None]  # (measurements done, in all, what was just measured)
 
@@ -82,6 +86,11 @@ def calibrate(plan: CalibrationPlan = CalibrationPlan(), *,
 
     say = progress or (lambda *_: None)
     ensure_default_model()  # built once per state folder; not part of a replica's start time
+    if (build := kernel_build_command(plan)) is not None:
+        # built once per machine (20-40 s the first time): not part of a replica's start time either; where
+        # it cannot build, the command says why and the replica runs the torch path, as in the fleet
+        subprocess.run(build, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       env=child_environment(), timeout=KERNEL_BUILD_TIMEOUT_S)
     replica = ReplicaProcess(free_port(), replica_id="calibrate-0", extra_args=replica_args(plan))
     started = time.monotonic()
     with replica:
@@ -94,6 +103,12 @@ def calibrate(plan: CalibrationPlan = CalibrationPlan(), *,
               f"({platform.processor() or platform.machine()}), default model, {plan.num_threads} torch "
               f"thread(s){', CPU decode kernel' if kernel else ''}")
     return fit(points, held_out, start_s=round(start_s, 3), source=source, **limits)
+
+
+def kernel_build_command(plan: CalibrationPlan) -> list[str] | None:
+    """``python -m inference kernel`` (what ``make up`` runs first), unless the replica runs without the
+    kernel; None then."""
+    return None if plan.cpu_decode_kernel is False else [sys.executable, "-m", "inference", "kernel"]
 
 
 def replica_args(plan: CalibrationPlan) -> list[str]:

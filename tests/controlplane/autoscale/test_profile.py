@@ -8,6 +8,7 @@ coefficients, and the fit must predict every held-out point within the bound the
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -148,3 +149,6 @@ def test_calibrate_measures_the_replica_the_config_runs(tmp_path: Path,
     without = ["--num-threads", "1", "--no-cpu-decode-kernel"]
     assert [calibration.replica_args(p) for p in plans] == [with_kernel, with_kernel, ["--num-threads", "1"],
                                                             without, without]
+    # the kernel is built (or found built) before the replica's start is timed, unless it is not run
+    build = [sys.executable, "-m", "inference", "kernel"]
+    assert [calibration.kernel_build_command(p) for p in plans] == [build, build, build, None, None]
