@@ -293,8 +293,8 @@ async def _start(cp: ControlPlane, running: _Running, api_socket: socket.socket)
                         experiment_hosts=tuple(cfg.chaos.experiment_hosts), api=cfg.api,
                         active_faults=ledger, experiments=experiments)
     # the profile `controlplane calibrate` measured on this host, unless the config names one
-    scaling = replace(cfg.autoscaler, replica_profile=resolve_profile_path(cfg.autoscaler.replica_profile,
-                                                                           cfg.state_path))
+    scaling = replace(cfg.autoscaler, replica_profile=resolve_profile_path(
+        cfg.autoscaler.replica_profile, cfg.state_path, cpu_decode_kernel=cfg.fleet.cpu_decode_kernel))
     services.autoscaler = running.autoscaler = Autoscaler(scaling, cp.fleet, cp.telemetry, cp.store,
                                                           refused=cp.gateways.refusals.rate)
     if cp.slices is not None:  # canary releases: the version registry and the controller

@@ -23,7 +23,8 @@ on the host (``<state_dir>/replica_profile.json``) takes its place (:func:`resol
 The policy benchmarks (``python -m controlplane.sim bench``) run on another shipped profile, the
 *reference* (``controlplane/data/reference_profile.json``, :func:`load_reference_profile`): the replica
 their traffic was sized for, kept fixed so that a faster engine does not move every policy figure. The
-shipped fallback follows the replica the fleet runs; the reference changes only with the traffic.
+shipped fallback follows the replica the fleet runs by default; the reference, a replica without the CPU
+decode kernel, is also the fallback of a fleet configured to run without it.
 """
 
 from __future__ import annotations
@@ -206,13 +207,21 @@ def _parsed(text: str, where: str) -> ReplicaProfile:
         raise ValueError(f"{where}: not a replica profile: {exc}") from exc
 
 
-def resolve_profile_path(configured: str, state_dir: str | Path) -> str:
+def resolve_profile_path(configured: str, state_dir: str | Path, *,
+                         cpu_decode_kernel: bool | None = None) -> str:
     """Which profile the control plane runs on: the configured file, else the one ``controlplane calibrate``
-    wrote for this host into the state folder, else "" (the shipped one)."""
+    wrote for this host into the state folder, else "" (the shipped one, a kernel replica's) or, for a fleet
+    whose replicas run without the CPU decode kernel (``[fleet] cpu_decode_kernel = false``), the shipped
+    reference, which is the torch path's: the kernel's profile would size that fleet for replicas 1.3-2x
+    faster than it runs, too few of them."""
     if configured:
         return configured
     calibrated = Path(state_dir) / CALIBRATED_PROFILE
-    return str(calibrated) if calibrated.is_file() else ""
+    if calibrated.is_file():
+        return str(calibrated)
+    if cpu_decode_kernel is False:
+        return str(resources.files("controlplane.data").joinpath(REFERENCE_PROFILE))
+    return ""
 
 
 def describe(profile: ReplicaProfile, path: str = "") -> dict[str, Any]:

@@ -118,6 +118,19 @@ def test_the_control_plane_runs_on_the_configured_then_the_calibrated_then_the_s
     assert load_profile(resolve_profile_path("", tmp_path)).per_prefill_pair_s == TRUE.per_prefill_pair_s
 
 
+def test_a_fleet_without_the_kernel_falls_back_on_the_torch_paths_profile(tmp_path: Path) -> None:
+    """Uncalibrated, a fleet told to run without the CPU decode kernel is sized on the shipped reference
+    (the torch path's calibration), not on the kernel's faster fallback, which would under-provision it."""
+    torch_path = resolve_profile_path("", tmp_path, cpu_decode_kernel=False)
+    assert load_profile(torch_path) == load_reference_profile()
+    assert "CPU decode kernel" not in load_profile(torch_path).source
+    assert resolve_profile_path("", tmp_path, cpu_decode_kernel=True) == ""  # the kernel's: the fallback
+    assert resolve_profile_path("", tmp_path, cpu_decode_kernel=None) == ""
+    calibrated = tmp_path / "replica_profile.json"
+    calibrated.write_text(json.dumps(replace(TRUE, points=()).to_json()))
+    assert resolve_profile_path("", tmp_path, cpu_decode_kernel=False) == str(calibrated)  # the host's wins
+
+
 def test_calibrate_measures_the_replica_the_config_runs(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """``controlplane calibrate --config FILE`` starts its replica as that file's fleet would: with
