@@ -38,7 +38,13 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
         default=[],
         help="simulated second at which the busiest replica crashes (repeatable)",
     )
-    cmd.add_argument("--profile", default=None, help="replica profile JSON (default: the shipped one)")
+    cmd.add_argument("--profile", default=None,
+                     help="replica profile JSON (default: the one the --config file's control plane runs on)")
+    cmd.add_argument("--config", default=None,
+                     help="the TOML file `controlplane up` runs with: without --profile, its [autoscaler] "
+                     "replica_profile, else the profile `controlplane calibrate` wrote into its state "
+                     "folder, else the shipped one for its [fleet] (as the live autoscaler and the "
+                     "console's what-if)")
     cmd.add_argument("--html", default=None, help="write the plotly timeline to this HTML file")
 
 
@@ -50,15 +56,28 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"simulate: {exc}") from exc
 
 
+def control_plane_profile(config_file: str | None) -> str:
+    """The profile a control plane started with ``config_file`` runs on ("" for the shipped fallback)."""
+    from controlplane.autoscale.profile import resolve_profile_path
+    from controlplane.config import load_config
+
+    cfg = load_config(config_file)
+    return resolve_profile_path(cfg.autoscaler.replica_profile, cfg.state_path,
+                                cpu_decode_kernel=cfg.fleet.cpu_decode_kernel)
+
+
 def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm  # type: ignore[import-untyped]
 
-    from controlplane.autoscale.profile import load_profile
+    from controlplane.autoscale.profile import describe, load_profile
     from controlplane.sim.simulator import PolicySpec, SimSettings, Slo, compare, figure, format_table
     from controlplane.sim.trace import BurstyConfig, TraceShape, azure_trace, synthetic_bursty
 
     specs = [PolicySpec.parse(p) for p in [args.policy, *args.compare]]
-    profile = load_profile(args.profile)
+    path = args.profile or control_plane_profile(args.config)
+    profile = load_profile(path or None)
+    about = describe(profile, path)
+    print(f"profile: {about['path']} ({about['source']}; {about['fit']})")
     shape = TraceShape(
         compress=args.compress,
         token_scale=args.token_scale,

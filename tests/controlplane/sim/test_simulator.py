@@ -7,6 +7,7 @@ replica. No test asserts on wall-clock time.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import subprocess
 import sys
@@ -683,3 +684,29 @@ def test_a_decode_batch_that_never_ran_whole_is_tried_again_then_named(
     answers.extend(apart * calibrate.DECODE_TRIES)
     with pytest.raises(calibrate.CalibrationFailed, match="no step with the whole batch decoding in 3 tries"):
         asyncio.run(calibrate._decode_once(client, rng, point, 4))
+
+
+def test_cli_runs_on_the_profile_the_control_plane_runs_on(tmp_path: Path) -> None:
+    """Without --profile, `controlplane simulate --config FILE` prices steps as that control plane's
+    autoscaler does: the profile calibrated into its state folder, else the shipped one for its fleet (the
+    torch path's reference when the fleet runs without the CPU decode kernel)."""
+    from controlplane.autoscale.profile import load_reference_profile
+
+    def simulate_with(config: Path) -> str:
+        out = subprocess.run([sys.executable, "-m", "controlplane", "simulate", "--config", str(config),
+                              "--trace", "synthetic-bursty", "--duration", "120"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.splitlines()[0]
+
+    plain, torch_path = tmp_path / "plain.toml", tmp_path / "torch.toml"
+    plain.write_text(f'state_dir = "{tmp_path / "state"}"\n')
+    torch_path.write_text(f'state_dir = "{tmp_path / "state"}"\n[fleet]\ncpu_decode_kernel = false\n')
+    assert simulate_with(plain).startswith(f"profile: shipped ({load_profile().source};")
+    assert f"({load_reference_profile().source};" in simulate_with(torch_path)
+    calibrated = replace(load_profile(), source="measured here, for this test")
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "replica_profile.json").write_text(json.dumps(calibrated.to_json()))
+    for config in (plain, torch_path):
+        line = simulate_with(config)
+        assert line.startswith(f"profile: {tmp_path / 'state' / 'replica_profile.json'} (measured here"), line
