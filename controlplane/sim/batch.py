@@ -7,12 +7,12 @@ simulation can keep a core busy for seconds to minutes, so it runs on a thread o
 thread id change only that thread): the data plane, and the control plane's own loops and API, come first,
 and a gateway or replica that wakes up preempts the simulation at once. Under nice 10 alone the kernel let
 the simulation finish its slice first: the gateway benchmark with a busy control plane (``python -m
-controlplane.bench gateway --control-plane busy --levels 16,64``, four alternating pairs on 2026-12-05)
-measured the gateway's added P50 TTFT at 1.28-1.78 ms at 16 streams and -3.80 to -1.05 ms at 64 under
-``SCHED_IDLE``, against 1.65-3.37 and 2.25-6.00 ms under nice 10 alone, for 4% fewer what-if runs in the
-same time. The price: on a host whose cores stay busy (replicas serving flat out), a what-if runs only in
-the gaps and can take much longer. Raising a nice value or entering ``SCHED_IDLE`` needs no privilege;
-leaving them would, so the thread is never reused.
+controlplane.bench gateway --control-plane busy --levels 16,64``, alternating runs on 2026-12-05)
+measured the gateway's added P50 TTFT at 0.11-1.78 ms at 16 streams and -3.80 to -0.82 ms at 64 under
+``SCHED_IDLE`` (six runs), against 1.65-3.37 and 2.25-6.00 ms under nice 10 alone (four), for about 6%
+fewer what-if runs in the same time. The price: on a host whose cores stay busy (replicas serving flat
+out), a what-if runs only in the gaps and can take much longer. Raising a nice value or entering
+``SCHED_IDLE`` needs no privilege; leaving them would, so the thread is never reused.
 """
 
 from __future__ import annotations

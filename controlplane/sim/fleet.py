@@ -226,7 +226,8 @@ class FleetSim:
         self.outcomes.append(outcome)
         self._unfinished += 1
         self._arrivals.append(self.now)
-        self._recent.append(self.now)
+        if self.host_cpu_per_request_s:
+            self._recent.append(self.now)
         self._route(SimSequence(outcome, prompt, output, prefix_id=request.prefix_id,
                                 prefix_len=min(request.prefix_len, prompt)))
 
