@@ -18,7 +18,7 @@ which is off by as much as the host's speed has moved since it was measured):
   the CPU time of the run's processes and of the rest of the host is counted while the load runs. Before
   the slice, a probe (``--probe`` seconds of the slice's start, prompts of another seed, the autoscaler
   observing only; then a metrics window of quiet) measures the CPU the gateway, the load client and the
-  control plane spend per request (:class:`DataPathProbe`);
+  control plane spend per request (:class:`~controlplane.bench.host_cpu.DataPathProbe`);
 - simulated: the same slice through ``azure_trace`` (the load client's own reader: request count and total
   tokens are compared and must match), ``simulate(..., PolicySpec("ours"))`` with 1 initial replica,
   ``host_cores`` = this machine's cores (the live replicas share them) and ``host_cpu_per_request_s`` =
@@ -58,6 +58,7 @@ import httpx
 from controlplane.autoscale.calibrate import calibrate_with_bar
 from controlplane.autoscale.config import AutoscalerConfig
 from controlplane.autoscale.profile import DEFAULT_PROFILE, HELD_OUT_BOUND, load_profile, resolve_profile_path
+from controlplane.bench.host_cpu import CpuMeter, DataPathProbe
 from controlplane.bench.live_speed import host_speed, run_drift, run_on_cpu, speed_at
 from controlplane.bench.sim_vs_live_report import (
     format_report,
@@ -98,7 +99,6 @@ ALIVE = frozenset({"starting", "ready", "draining", "ejected"})  # replicas paid
 # Before the slice, its first seconds (prompts of another seed) through the gateway measure what the
 # processes beside the replicas spend per request; the simulator takes that from the host's cores.
 PROBE_S = 10.0
-BESIDE_REPLICAS = ("gateway", "load client", "control plane", "other processes of the run")
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0
 LOAD_GRACE_S = 120.0  # after the last arrival, for requests in flight to finish
@@ -290,89 +290,6 @@ class LiveRun:
     on_cpu: float | None = None  # the share of the replicas' step time on a core, across the decisions
     speed: list[tuple[float, float]] = field(default_factory=list)  # (POSIX s, host speed): host_speed
     probe: DataPathProbe | None = None  # the host's other CPU per request, measured before the slice
-
-
-@dataclass(slots=True, frozen=True)
-class DataPathProbe:
-    """What the processes beside the replicas spent per request while the probe's requests ran: the
-    simulator's ``host_cpu_per_request_s`` (``controlplane.sim.fleet``)."""
-
-    requests: int
-    seconds: float
-    cpu: dict[str, float]  # core-seconds by role (CpuMeter.totals)
-
-    @property
-    def other_core_s(self) -> float:
-        return sum(used for role, used in self.cpu.items() if role in BESIDE_REPLICAS)
-
-    @property
-    def cpu_per_request_s(self) -> float:
-        return self.other_core_s / self.requests if self.requests else 0.0
-
-    def describe(self) -> str:
-        parts = ", ".join(f"{role} {self.cpu.get(role, 0.0) / max(self.requests, 1) * 1e3:.1f}"
-                          for role in BESIDE_REPLICAS if role in self.cpu)
-        return (f"{self.requests} requests in {self.seconds:.0f}s, per request, ms of CPU: {parts}: "
-                f"{self.cpu_per_request_s * 1e3:.1f} ms beside the replicas")
-
-
-class CpuMeter:
-    """Core-seconds spent while the load runs: by the run's processes (the control plane and its
-    descendants, whatever names the run's state folder, the load client), by role, and by the rest of the
-    host. A process that ended between two samples is counted up to the sample before."""
-
-    def __init__(self, control_plane: int, load: int, state: Path) -> None:
-        self.cp, self.load, self.needle = control_plane, load, str(state).encode()
-        self.tick = os.sysconf("SC_CLK_TCK")
-        self.first: dict[int, float] = {}
-        self.last: dict[int, tuple[str, float]] = {}
-        self.host0, self.host, self.wall0, self.wall = self._host(), 0.0, time.monotonic(), 0.0
-        self.sample(baseline=True)
-
-    def _host(self) -> float:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-        return (user + nice + system + irq + softirq + steal) / self.tick
-
-    def sample(self, *, baseline: bool = False) -> None:
-        parents, used = {}, {}
-        for proc in Path("/proc").iterdir():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                rest = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-                pid = int(proc.name)
-                parents[pid], used[pid] = int(rest[1]), (int(rest[11]) + int(rest[12])) / self.tick
-        for pid, cpu in used.items():
-            role = self._role(pid, parents)
-            if role is not None:
-                self.first.setdefault(pid, cpu if baseline else 0.0)
-                self.last[pid] = (role, cpu)
-        self.host, self.wall = self._host() - self.host0, time.monotonic() - self.wall0
-
-    def _role(self, pid: int, parents: dict[int, int]) -> str | None:
-        if pid == self.load:
-            return "load client"
-        if pid == self.cp:
-            return "control plane"
-        ancestor, ours = parents.get(pid), False
-        while ancestor and not ours:
-            ours, ancestor = ancestor == self.cp, parents.get(ancestor)
-        with contextlib.suppress(OSError):
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            ours = ours or self.needle in cmd or self.needle in Path(f"/proc/{pid}/environ").read_bytes()
-            if ours and b"inference\0serve" in cmd:
-                return "replicas"
-            if ours:
-                return "gateway" if b"controlplane.gateway" in cmd else "other processes of the run"
-        return None
-
-    def totals(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for pid, (role, used) in self.last.items():
-            out[role] = out.get(role, 0.0) + used - self.first[pid]
-        ours = sum(out.values())
-        out["rest of the host"] = max(self.host - ours, 0.0)
-        out["available"] = self.wall * (os.cpu_count() or 1)
-        return {k: round(v, 1) for k, v in out.items()}
 
 
 def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_state: Path,

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from controlplane.autoscale.profile import load_profile
+from controlplane.bench.host_cpu import DataPathProbe
 from controlplane.bench.live_speed import host_speed, run_drift, run_on_cpu, speed_at
-from controlplane.bench.sim_vs_live import DataPathProbe, profile_path, write_config
+from controlplane.bench.sim_vs_live import profile_path, write_config
 from controlplane.bench.sim_vs_live_report import Side, format_report, integrate, live_side, outcome, verdicts
 from controlplane.client import Decision, DecisionInputs
 from controlplane.config import load_config
