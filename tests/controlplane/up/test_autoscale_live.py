@@ -166,7 +166,9 @@ def test_step_load_scales_up_within_two_ticks_and_down_only_after_stabilization(
     sized = [d for d in records if d.inputs.mean_output_tokens is not None]
     means = [d.inputs.mean_output_tokens for d in sized]
     assert means and all(m == pytest.approx(48, rel=1e-3) for m in means), means
-    assert any(d.inputs.metrics["engine_load_per_replica"] > ENGINE_LOAD_TARGET for d in sized)
+    # a tick can size the tokens before the request counter's first series holds two scrapes: no load then
+    loads = [d.inputs.metrics["engine_load_per_replica"] for d in sized]
+    assert any(x is not None and x > ENGINE_LOAD_TARGET for x in loads), loads
     with fleet.client() as client:
         assert client.fleet().desired_replicas == up.final >= 2
     print(f"scale-up: source asked at tick {asked.tick}, applied at tick {up.tick} "
