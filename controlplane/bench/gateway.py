@@ -48,7 +48,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.bench.layout import SHARED, CpuLayout, GatewayMode, LayoutKind, cpu_list, load_thread
 from controlplane.bench.load import MODEL, Route, run_load
-from controlplane.bench.report import GatewayBenchResult, LevelResult, MachineNote, format_report, worst
+from controlplane.bench.report import (
+    GatewayBenchResult,
+    LevelResult,
+    MachineNote,
+    format_report,
+    sample_lines,
+    worst,
+)
 from controlplane.config import STATE_DIR_ENV
 from controlplane.errors import ControlPlaneError
 from controlplane.gateway.config import GatewayConfig
@@ -63,7 +70,8 @@ logger = logging.getLogger(__name__)
 
 ControlPlaneLoad = Literal["idle", "busy"]
 DEFAULT_LEVELS = (1, 16, 64)
-DEFAULT_REQUESTS = (400, 4096, 8192)  # per level, both routes together, warm-up not included
+DEFAULT_REQUESTS = (1600, 8192, 16384)  # per level, both routes together, warm-up not included: 16 rounds
+# or more per route at every level (an interval needs stats.MIN_ROUNDS)
 DEFAULT_ROUND_SIZE = 50  # requests per round on one route (at least 4 C; the first C are not counted)
 DEFAULT_MAX_TOKENS = 16
 REPLICA_ID = "bench-gw-0"
@@ -371,6 +379,9 @@ def add_gateway_arguments(p: argparse.ArgumentParser) -> None:
                    "process (shares the GIL: inflates the added latency)")
     p.add_argument("--level-timeout", type=float, default=LEVEL_TIMEOUT_S,
                    help="seconds one level may take (default: %(default)s)")
+    p.add_argument("--samples", type=Path, default=None, metavar="FILE",
+                   help="also write every request as a JSON line (mode, level, route, round, counted, "
+                   "TTFT, E2E, the replica's queue and prefill, error), to analyse a run again")
     p.add_argument("--control-plane", type=_loads, default="idle,busy",
                    help="run every level with the control plane idle, busy (what-if simulations and drill "
                    "reports beside the gateway, on its CPUs), or both in turn (default: %(default)s)")
@@ -385,7 +396,7 @@ def _loads(text: str) -> list[ControlPlaneLoad]:
 
 def gateway_main(args: argparse.Namespace) -> int:
     requests = args.requests[0] if len(args.requests) == 1 else args.requests
-    results = []
+    results: list[GatewayBenchResult] = []
     for load in args.control_plane:
         result = run_gateway_bench(args.levels, requests, round_size=args.round_size,
                                    max_tokens=args.max_tokens, replica_threads=args.replica_threads,
@@ -393,6 +404,9 @@ def gateway_main(args: argparse.Namespace) -> int:
                                    gateway_mode="thread" if args.gateway_in_thread else "process",
                                    level_timeout_s=args.level_timeout, control_plane=load)
         print(format_report(result), end="\n\n", flush=True)
+        if args.samples is not None:
+            with args.samples.open("w" if not results else "a") as out:
+                out.writelines(f"{line}\n" for line in sample_lines(result))
         results.append(result)
     overall = worst([r.outcome for r in results])
     if len(results) > 1:

@@ -7,8 +7,9 @@ intervals (:mod:`controlplane.bench.stats`), a pass or fail against the targets 
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -68,7 +69,8 @@ class LevelResult:
         for s in self.counted:
             if s.is_success and s.ttft_s is not None:
                 rounds[s.route].setdefault(s.round_index, []).append(s.ttft_s)
-        return added_interval(list(rounds["direct"].values()), list(rounds["gateway"].values()))
+        in_order = {route: [rounds[route][i] for i in sorted(rounds[route])] for route in ROUTES}
+        return added_interval(in_order["direct"], in_order["gateway"])
 
     @property
     def added_overhead(self) -> Percentiles:
@@ -166,6 +168,16 @@ class GatewayBenchResult:
     @property
     def is_pass(self) -> bool:
         return self.outcome == "pass"
+
+
+def sample_lines(result: GatewayBenchResult) -> Iterator[str]:
+    """Every request of a run as one JSON object each (``--samples``): enough to draw the figures again."""
+    for level in result.levels:
+        for s in level.samples:
+            yield json.dumps({"control_plane": result.control_plane, "concurrency": level.concurrency,
+                              "route": s.route, "round": s.round_index, "counted": s.counted,
+                              "ttft_s": s.ttft_s, "e2e_s": s.e2e_s, "replica_queue_s": s.replica_queue_s,
+                              "replica_prefill_s": s.replica_prefill_s, "error": s.error})
 
 
 def format_report(result: GatewayBenchResult) -> str:

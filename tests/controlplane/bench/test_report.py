@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -15,6 +16,7 @@ from controlplane.bench.report import (
     MachineNote,
     format_report,
     judge_interval,
+    sample_lines,
 )
 from controlplane.bench.stats import Interval
 
@@ -92,3 +94,15 @@ def test_too_few_rounds_to_draw_an_interval_is_not_a_pass() -> None:
     assert math.isnan(one_round.added_ttft_interval.p50.low)
     assert one_round.outcome == "not resolved"
     assert "[95% CI: too few rounds]" in format_report(result(one_round))
+
+
+def test_every_request_of_a_run_is_one_json_line_to_analyse_it_again() -> None:
+    ran = result(level(1, 0.010, 0.011), level(16, 0.010, 0.012))
+    rows = [json.loads(line) for line in sample_lines(ran)]
+    assert len(rows) == sum(len(lv.samples) for lv in ran.levels) == 320
+    first = rows[0]
+    assert first == {"control_plane": "idle", "concurrency": 1, "route": "direct", "round": 0,
+                     "counted": True, "ttft_s": 0.010, "e2e_s": pytest.approx(0.060),
+                     "replica_queue_s": 0.001, "replica_prefill_s": 0.004, "error": None}
+    assert {(r["concurrency"], r["route"]) for r in rows} == {(c, route) for c in (1, 16)
+                                                            for route in ("direct", "gateway")}
