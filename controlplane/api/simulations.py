@@ -9,87 +9,42 @@ by the process stopping and is shown as ``interrupted``.
 
 A run changes nothing in the fleet, but it is CPU work on the control plane's host: starting one needs an
 operator token, is audited (``simulate.run`` for its outcome, ``simulate.start`` for a job's start), runs
-in a worker thread, one run at a time across both endpoints (a second one gets 409), on a bounded trace
-(at most ``MAX_REQUESTS`` requests and ``MAX_DURATION_S`` simulated seconds). The trace is the seeded
-synthetic bursty one, the Azure trace (``azure``: the one shipped with the load client, or
-``$CONTROLPLANE_AZURE_TRACE`` on the server), or requests sent inline.
+in a worker process at idle CPU priority (:mod:`controlplane.sim.what_if`: nothing serving waits for it,
+and it shares no interpreter lock with the API), one run at a time across both endpoints (a second one
+gets 409), on a bounded trace (at most ``MAX_REQUESTS`` requests and ``MAX_DURATION_S`` simulated
+seconds). The trace is the seeded synthetic bursty one, the Azure trace (``azure``: the one shipped with
+the load client, or ``$CONTROLPLANE_AZURE_TRACE`` on the server), or requests sent inline.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query
-from pydantic import BaseModel, Field
 
 from controlplane.auth import Auditor, Principal, Role, require
 from controlplane.errors import Conflict, NotFound, Refused
-from controlplane.sim.batch import as_batch_work, in_batch_thread
+from controlplane.sim.what_if import SimulateRequest, run_what_if_process
 from controlplane.store.database import Store, StoreError
-from controlplane.vocabulary import (
-    AZURE_TRACE,
-    DEFAULT_POLICIES,
-    SIMULATION_TRACES,
-    SYNTHETIC_BURSTY,
-)
 
 logger = logging.getLogger(__name__)
 
-MAX_REQUESTS = 50_000
-MAX_DURATION_S = 4 * 3600.0
 COLLECTION = "simulations"
 KEEP_JOBS = 50  # job records kept, results included (4 policies on a 4-hour trace: about 0.5 MB each)
 LIST_LIMIT = 20
 INTERRUPTED = "the control plane stopped during the simulation"
 
-Progress = Callable[[float, str], None]  # fraction of all policies' runs done (0..1), the policy running now
-
-
-class InlineRequest(BaseModel):
-    arrival: float = Field(ge=0, le=MAX_DURATION_S)
-    prompt_len: int = Field(ge=1, le=1_000_000)
-    output_len: int = Field(ge=1, le=1_000_000)
-
-
-class SimulateRequest(BaseModel):
-    trace: str = Field(SYNTHETIC_BURSTY, pattern=f"^({'|'.join(SIMULATION_TRACES)})$")
-    requests: list[InlineRequest] = Field(
-        default_factory=list,
-        max_length=MAX_REQUESTS,
-        description="the trace when 'inline'; compress and token_scale apply",
-    )
-    policies: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_POLICIES),
-        min_length=1,
-        max_length=4,
-        description="ours, hpa or static:N",
-    )
-    compress: float = Field(4.0, gt=0, le=1000)
-    token_scale: float = Field(0.25, gt=0, le=10)
-    duration_s: float | None = Field(
-        None, gt=0, le=MAX_DURATION_S, description="seconds of the trace kept, before compression"
-    )
-    seed: int = 0
-    ttft_slo_s: float = Field(1.0, gt=0, le=600)
-    tpot_slo_s: float = Field(0.1, gt=0, le=60)
-    max_replicas: int = Field(12, ge=1, le=64)
-    crashes: list[float] = Field(
-        default_factory=list,
-        max_length=100,
-        description="simulated seconds at which the busiest replica crashes",
-    )
-
-
 BUSY = "a simulation is already running{running}; try again when it has finished"
 
 
 class SimulationJobs:
-    """What-if runs as background jobs, one run at a time, each in a daemon thread (a process that stops
-    mid-run leaves its record ``running``, which the next start shows as ``interrupted``).
+    """What-if runs as background jobs, one run at a time, each followed by a daemon thread that waits on
+    its worker process (a control plane that stops mid-run leaves its record ``running``, which the next
+    start shows as ``interrupted``, and its worker exits with it).
 
     ``lock`` is held for the whole of any run; ``POST /simulate`` takes it too.
     """
@@ -142,9 +97,8 @@ class SimulationJobs:
         return {**record.body, "id": record.id}
 
     def _run(self, job_id: int, body: SimulateRequest, who: Principal) -> None:
-        as_batch_work()  # this thread is the job's own: the data plane and the loops come first
         try:
-            result = run_what_if(body, progress=self._advance, profile_path=self.profile_path)
+            result = run_what_if_process(body, progress=self._advance, profile_path=self.profile_path)
         except ValueError as exc:
             self._finish(job_id, body, who, error=str(exc))
         except Exception as exc:  # a failure becomes the job's error, not a dead thread with a running record
@@ -212,7 +166,7 @@ def simulator_router(auditor: Auditor, store: Store, profile_path: str = "") -> 
             auditor.record(who, "simulate.run", body.trace, params, "denied", "a simulation is running")
             raise Conflict(BUSY.format(running=""))
         try:
-            result = await in_batch_thread(lambda: run_what_if(body, profile_path=profile_path))
+            result = await asyncio.to_thread(run_what_if_process, body, profile_path=profile_path)
         except ValueError as exc:
             auditor.record(who, "simulate.run", body.trace, params, "error", str(exc))
             raise Refused(str(exc)) from exc
@@ -257,59 +211,3 @@ def _summary(result: dict[str, Any]) -> str:
         f"{p['policy']}: {p['slo_attainment']:.3f} SLO, {p['replica_seconds']:.0f} replica-s"
         for p in result["policies"]
     )
-
-
-def run_what_if(body: SimulateRequest, progress: Progress | None = None, *,
-                profile_path: str = "") -> dict[str, Any]:
-    """The simulation behind the endpoints (also callable without HTTP); ValueError for bad input.
-    ``profile_path``: the replica profile the control plane runs on ("": the shipped one).
-
-    ``progress`` sees the fraction of all policies' runs done and the policy simulated now.
-    """
-    from controlplane.autoscale.profile import describe, load_profile
-    from controlplane.sim.simulator import PolicySpec, SimSettings, Slo, compare
-    from controlplane.sim.trace import BurstyConfig, TraceShape, azure_trace, shaped, synthetic_bursty
-
-    specs = [PolicySpec.parse(p) for p in body.policies]
-    profile = load_profile(profile_path or None)
-    about = describe(profile, profile_path)
-    shape = TraceShape(
-        compress=body.compress,
-        token_scale=body.token_scale,
-        duration_s=body.duration_s,
-        max_prompt_len=profile.max_model_len * 3 // 4,
-        max_output_len=profile.max_model_len // 4,
-    )
-    if body.trace == SYNTHETIC_BURSTY:
-        requests = synthetic_bursty(BurstyConfig(seed=body.seed, duration_s=body.duration_s or 3600.0), shape)
-    elif body.trace == AZURE_TRACE:
-        requests = azure_trace(AZURE_TRACE, shape)
-    else:
-        requests = shaped([(r.arrival, r.prompt_len, r.output_len) for r in body.requests], shape)
-    if not requests:
-        raise ValueError("trace: no request to simulate")
-    if len(requests) > MAX_REQUESTS or max(r.arrival for r in requests) > MAX_DURATION_S:
-        raise ValueError(f"trace: at most {MAX_REQUESTS} requests over {MAX_DURATION_S:g} simulated seconds")
-    settings = SimSettings(
-        slo=Slo(body.ttft_slo_s, body.tpot_slo_s),
-        max_replicas=body.max_replicas,
-        initial_replicas=min(2, body.max_replicas),
-        crashes=tuple(body.crashes),
-    )
-    hook = None
-    if progress is not None:
-        labels = [s.label for s in specs]
-
-        def hook(fraction: float) -> None:
-            progress(fraction, labels[min(int(fraction * len(labels)), len(labels) - 1)])
-
-    reports = compare(requests, specs, profile=profile, settings=settings, progress=hook)
-    return {
-        "trace": body.trace,
-        "num_requests": len(requests),
-        "profile": profile.source,
-        "profile_path": about["path"],
-        "profile_fit": about["fit"],
-        "slo": {"ttft_s": settings.slo.ttft_s, "tpot_s": settings.slo.tpot_s},
-        "policies": [r.to_json() for r in reports],
-    }

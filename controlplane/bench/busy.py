@@ -2,8 +2,8 @@
 
 Where it sits: ``python -m controlplane.bench gateway --control-plane busy`` runs this next to the gateway,
 on the gateway's CPUs, while the levels run. It does what a busy control plane does besides answering its
-API: what-if simulations back to back, the way the control plane runs them (on a thread of lowered
-priority, :mod:`controlplane.sim.batch`), and, on its main thread at normal priority, a drill report
+API: what-if simulations back to back, the way the control plane runs them (each in a worker process of
+idle priority, :mod:`controlplane.sim.what_if`), and, on its main thread at normal priority, a drill report
 derived and rendered every second (the figures of a 30-second drill's client timeline, the verdict, the
 Markdown). It runs until it is sent SIGTERM and prints how much of each it did.
 """
@@ -19,11 +19,9 @@ from typing import Any
 
 from chaos.drill_figures import ClientRequest, derive_figures, timeline_series, verdict
 from chaos.scenarios import SloTarget, scenario
-from controlplane.autoscale.profile import load_profile
 from controlplane.drills.report import to_markdown
-from controlplane.sim.batch import as_batch_work
-from controlplane.sim.simulator import PolicySpec, SimSettings, Slo, compare
-from controlplane.sim.trace import BurstyConfig, TraceShape, synthetic_bursty
+from controlplane.sim.what_if import SimulateRequest, run_what_if_process
+from controlplane.vocabulary import SYNTHETIC_BURSTY
 
 REPORT_EVERY_S = 1.0
 SIM_DURATION_S = 600.0  # simulated seconds per what-if run
@@ -31,16 +29,13 @@ TIMELINE_REQUESTS = 120  # a 30 s drill at 4 requests per second
 
 
 def what_ifs(stop: threading.Event, done: list[int]) -> None:
-    """What-if simulations back to back on this thread, at the control plane's batch priority."""
-    as_batch_work()
-    profile = load_profile()
-    longest = profile.max_model_len
-    shape = TraceShape(token_scale=0.25, duration_s=SIM_DURATION_S, max_prompt_len=longest * 3 // 4,
-                       max_output_len=longest // 4)
-    requests = synthetic_bursty(BurstyConfig(seed=0, duration_s=SIM_DURATION_S), shape)
-    specs = [PolicySpec.parse(p) for p in ("ours", "hpa", "static:3")]
+    """What-if simulations back to back, each in a worker process at batch priority, as the control plane
+    runs them (this thread only waits on the worker)."""
+    request = SimulateRequest.model_validate(
+        {"trace": SYNTHETIC_BURSTY, "duration_s": SIM_DURATION_S, "compress": 1.0, "token_scale": 0.25,
+         "policies": ["ours", "hpa", "static:3"], "ttft_slo_s": 1.0, "tpot_slo_s": 0.1})
     while not stop.is_set():
-        compare(requests, specs, profile=profile, settings=SimSettings(slo=Slo(1.0, 0.1)))
+        run_what_if_process(request)
         done[0] += 1
 
 

@@ -78,13 +78,8 @@ def _run(args: argparse.Namespace) -> int:
     profile = load_profile(path or None)
     about = describe(profile, path)
     print(f"profile: {about['path']} ({about['source']}; {about['fit']})")
-    shape = TraceShape(
-        compress=args.compress,
-        token_scale=args.token_scale,
-        duration_s=args.duration,
-        max_prompt_len=profile.max_model_len * 3 // 4,
-        max_output_len=profile.max_model_len // 4,
-    )
+    shape = TraceShape.fitted(profile.max_model_len, compress=args.compress, token_scale=args.token_scale,
+                              duration_s=args.duration)
     if args.trace == SYNTHETIC_BURSTY:
         requests = synthetic_bursty(BurstyConfig(seed=args.seed), shape)
     else:

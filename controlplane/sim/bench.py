@@ -110,12 +110,7 @@ def bench_profile(path: str | None) -> ReplicaProfile:
 
 def shape_for(compress: float, token_scale: float, max_model_len: int) -> TraceShape:
     """Fit a trace to the replica: prompts and outputs capped so that both fit its context length."""
-    return TraceShape(
-        compress=compress,
-        token_scale=token_scale,
-        max_prompt_len=max_model_len * 3 // 4,
-        max_output_len=max_model_len // 4,
-    )
+    return TraceShape.fitted(max_model_len, compress=compress, token_scale=token_scale)
 
 
 def traces(path: str, shape: TraceShape, seeds: int) -> dict[str, list[SimRequest]]:

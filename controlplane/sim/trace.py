@@ -61,6 +61,13 @@ class TraceShape:
         if self.start_s < 0 or (self.duration_s is not None and self.duration_s <= 0):
             raise ValueError("start_s must be >= 0 and duration_s > 0")
 
+    @classmethod
+    def fitted(cls, max_model_len: int, *, compress: float = 1.0, token_scale: float = 1.0,
+               duration_s: float | None = None) -> TraceShape:
+        """A shape whose requests fit a replica's context: prompts capped at 3/4 of it, outputs at 1/4."""
+        return cls(compress=compress, token_scale=token_scale, duration_s=duration_s,
+                   max_prompt_len=max_model_len * 3 // 4, max_output_len=max_model_len // 4)
+
 
 def azure_trace(path: str | Path, shape: TraceShape = TraceShape()) -> list[SimRequest]:
     """Requests of an Azure LLM inference trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens); ``azure``

@@ -182,6 +182,7 @@ def test_a_rule_switch_outlives_the_refresh_and_its_click_says_what_it_did(conso
 # ---- Drills ---------------------------------------------------------------------------------------
 def test_replica_crash_drill_from_the_drills_page_shows_its_report(console: Console,
                                                                    driver: WebDriver) -> None:
+    log_in(driver, console.url, "admin", console.admin_password)  # on its own too, not after another test
     driver.get(console.url + "/drills")
     wait_for(driver, "#drills-scenario")
     wait_text(driver, "#drills-scenario", r"replica-crash")  # the first scenario is the default pick

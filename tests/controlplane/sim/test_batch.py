@@ -1,22 +1,57 @@
-"""The control plane's batch work (what-if simulations) runs on threads the data plane preempts at once:
-``SCHED_IDLE`` and a raised nice value, on that thread alone (``controlplane.sim.batch``)."""
+"""The control plane's batch work (what-if simulations) runs in worker processes the data plane preempts at
+once: ``SCHED_IDLE`` and a raised nice value (``controlplane.sim.batch``), never on a thread of the
+control plane, where it would hold the interpreter lock (``test_simulator.py`` holds the API to that)."""
 
 from __future__ import annotations
 
-import asyncio
+import json
 import os
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 
-from controlplane.sim.batch import BATCH_NICE, as_batch_work, in_batch_thread
+from controlplane.sim.batch import BATCH_NICE, as_batch_work, run_batch_process
+from controlplane.sim.what_if import WORKER
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="per-thread SCHED_IDLE is Linux's")
+
+# A worker as run_batch_process expects one: it reports its own priority, what it was asked and whether a
+# secret of the caller's environment reached it.
+PROBE = textwrap.dedent("""
+    import json, os, sys
+    from controlplane.sim.batch import as_batch_work
+    as_batch_work()
+    request = json.loads(sys.stdin.readline())
+    print(json.dumps({"progress": {"step": 1}}), flush=True)
+    if request["do"] == "refuse":
+        print(json.dumps({"error": "no such policy: kpa", "bad_input": True}), flush=True)
+    elif request["do"] == "crash":
+        print(json.dumps({"error": "ZeroDivisionError: division by zero", "bad_input": False}), flush=True)
+    elif request["do"] == "die":
+        os._exit(3)
+    else:
+        print(json.dumps({"result": {"policy": os.sched_getscheduler(0), "nice": os.getpriority(
+            os.PRIO_PROCESS, 0), "asked": request, "secret": os.environ.get("CONTROLPLANE_ADMIN_TOKEN"),
+            "pid": os.getpid()}}), flush=True)
+""")
 
 
 def priority() -> tuple[int, int]:
     tid = threading.get_native_id()
     return os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid)
+
+
+@pytest.fixture
+def probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "batch_probe.py").write_text(PROBE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.getcwd()]))
+    return "batch_probe"
 
 
 def test_batch_work_runs_on_an_idle_thread_and_leaves_the_others_as_they_were() -> None:
@@ -34,15 +69,38 @@ def test_batch_work_runs_on_an_idle_thread_and_leaves_the_others_as_they_were() 
     assert priority() == before  # the calling thread (the event loop's, in the control plane) is untouched
 
 
-def test_in_batch_thread_runs_the_work_there_and_hands_back_its_result_or_error() -> None:
-    async def main() -> tuple[int, int]:
-        return await in_batch_thread(priority)
+def test_a_worker_runs_at_idle_priority_without_the_callers_secrets_and_is_gone_when_it_answers(
+        probe: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONTROLPLANE_ADMIN_TOKEN", "s3cret")
+    before = priority()
+    progress: list[dict[str, Any]] = []
+    result = run_batch_process(probe, {"do": "answer", "n": 7}, progress.append)
+    assert result["policy"] == os.SCHED_IDLE and result["nice"] >= BATCH_NICE
+    assert result["asked"] == {"do": "answer", "n": 7} and progress == [{"step": 1}]
+    assert result["secret"] is None
+    assert not psutil.pid_exists(result["pid"]) or psutil.Process(result["pid"]).status() == "zombie"
+    assert priority() == before  # the caller's own thread keeps its priority
 
-    policy, nice = asyncio.run(main())
-    assert policy == os.SCHED_IDLE and nice >= BATCH_NICE
 
-    async def failing() -> None:
-        await in_batch_thread(lambda: 1 / 0)
+def test_a_refusal_is_a_value_error_and_a_crash_or_death_a_runtime_error(probe: str) -> None:
+    with pytest.raises(ValueError, match="no such policy: kpa"):
+        run_batch_process(probe, {"do": "refuse"})
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        run_batch_process(probe, {"do": "crash"})
+    with pytest.raises(RuntimeError, match="exited with status 3 and no answer"):
+        run_batch_process(probe, {"do": "die"})
 
-    with pytest.raises(ZeroDivisionError):
-        asyncio.run(failing())
+
+def test_the_what_if_worker_exits_when_the_control_plane_is_gone() -> None:
+    """Its stdin closes when the control plane stops (by kill -9 too): the worker stops mid-run with it."""
+    request = {"body": {"trace": "synthetic-bursty", "duration_s": 3600, "compress": 1,
+                        "policies": ["ours", "hpa"], "seed": 3}, "profile_path": ""}
+    with subprocess.Popen([sys.executable, "-m", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as worker:
+        assert worker.stdin is not None and worker.stdout is not None
+        worker.stdin.write(json.dumps(request) + "\n")
+        worker.stdin.flush()
+        first = json.loads(worker.stdout.readline())
+        assert 0.0 <= first["progress"]["fraction"] < 1.0, first  # running, not done
+        worker.stdin.close()
+        assert worker.wait(timeout=30) == 1

@@ -7,10 +7,15 @@ replica. No test asserts on wall-clock time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import secrets
+import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -599,6 +604,46 @@ def test_a_simulation_job_reports_rising_progress_and_ends_with_the_synchronous_
     start_detail = next(a.detail for a in store.audit(limit=20)
                         if a.action == "simulate.start" and a.outcome == "ok")
     assert start_detail == f"simulation {job_id}"
+
+
+@contextlib.contextmanager
+def cpu_hogs() -> Iterator[None]:
+    """A busy loop of normal priority on every CPU, as replicas serving flat out are; gone afterwards."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+@pytest.mark.exclusive  # it fills every core for a few seconds
+def test_a_what_if_on_a_saturated_host_leaves_the_api_answering(store: Store, clock: FakeClock) -> None:
+    """The what-if runs at idle priority: on a host whose cores are all busy it waits for a gap. In a thread
+    of the control plane it would hold the interpreter lock meanwhile, and every API call (and loop) of the
+    control plane would wait for that gap too: 1.35 s per hand-over of the lock on this machine. In a worker
+    process it holds nothing the API needs."""
+    api = Api(store)
+    job_id = api.call("POST", "/api/v1/simulations", body=LONG).json()["id"]
+
+    def computing() -> bool:
+        job = api.call("GET", f"/api/v1/simulations/{job_id}", role="viewer").json()
+        assert job["status"] == "running", job  # still running when the cores fill up
+        return bool(job["progress"]["fraction"] > 0)
+
+    wait_until(computing, timeout=60, what="the what-if to be computing", interval=0.05)
+    took: list[float] = []
+    with cpu_hogs():
+        for _ in range(20):
+            time.sleep(0.02)  # as the control plane's loops do between ticks: the lock is free meanwhile
+            started = time.perf_counter()
+            resp = api.call("GET", f"/api/v1/simulations/{job_id}", role="viewer")
+            took.append(time.perf_counter() - started)
+            assert resp.status_code == 200 and resp.json()["status"] == "running", resp.text
+    assert statistics.median(took) < 0.25, took  # milliseconds; over a second each with the lock held
+    done, _ = api.follow(job_id)  # and the what-if finishes once the cores are free again
+    assert done["status"] == "done", done
 
 
 def test_simulation_jobs_are_started_by_operators_and_read_by_viewers(store: Store, clock: FakeClock) -> None:
