@@ -291,7 +291,8 @@ async def _start(cp: ControlPlane, running: _Running, api_socket: socket.socket)
     services = Services(cp.fleet, cp.store, TokenAuthority(cp.store), Auditor(cp.store), cp.telemetry,
                         chaos, alerts=alerts, drills=drills, feed=cp.feed, gateways=cp.gateways,
                         experiment_hosts=tuple(cfg.chaos.experiment_hosts), api=cfg.api,
-                        active_faults=ledger, experiments=experiments)
+                        active_faults=ledger, experiments=experiments,
+                        what_if_priority=cfg.simulator.cpu_priority)
     # the profile `controlplane calibrate` measured on this host, unless the config names one
     scaling = replace(cfg.autoscaler, replica_profile=resolve_profile_path(
         cfg.autoscaler.replica_profile, cfg.state_path, cpu_decode_kernel=cfg.fleet.cpu_decode_kernel))

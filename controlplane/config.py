@@ -24,6 +24,7 @@ from controlplane.drills.config import DrillsConfig, drills_problems
 from controlplane.errors import Refused
 from controlplane.fleet.config import FleetConfig, fleet_problems
 from controlplane.gateway.config import GatewayConfig, gateway_problems
+from controlplane.sim.config import SimulatorConfig, simulator_problems
 from controlplane.store.config import RetentionConfig, retention_problems
 from controlplane.telemetry.config import PrometheusConfig, TelemetryConfig, telemetry_problems
 
@@ -99,6 +100,7 @@ class Config:
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
     chaos: ChaosConfig = field(default_factory=ChaosConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
 
     @property
     def state_path(self) -> Path:
@@ -134,6 +136,7 @@ def validate(config: Config) -> list[tuple[str, str]]:
     problems.extend(alerts_problems(config.alerts))
     problems.extend(drills_problems(config.drills))
     problems.extend(retention_problems(config.retention))
+    problems.extend(simulator_problems(config.simulator))
     for i, host in enumerate(config.chaos.experiment_hosts):
         try:
             parse_entry(host)

@@ -98,6 +98,7 @@ class Services:
     experiments: SliceExperiments | None = None  # slice experiments (/api/v1/experiments/slices)
     versions: VersionRegistry | None = None  # model versions and releases (rollouts/versions.py)
     canary: CanaryController | None = None
+    what_if_priority: str = "idle"  # [simulator] cpu_priority: the what-if workers' CPU priority
 
 
 def create_api(services: Services) -> FastAPI:
@@ -208,7 +209,8 @@ def create_api(services: Services) -> FastAPI:
     app.include_router(auth_router(services.store, services.tokens, services.auditor,
                                    LoginThrottle(services.api.login)))
     profile_path = services.autoscaler.config.replica_profile if services.autoscaler is not None else ""
-    app.include_router(simulator_router(services.auditor, services.store, profile_path))
+    app.include_router(simulator_router(services.auditor, services.store, profile_path,
+                                        services.what_if_priority))
 
     @app.get("/api/v1/latency/breakdown", tags=["observability"])
     def latency_breakdown(window_s: float = Query(300.0, gt=0, le=7 * 86400), scope: str = "fleet",

@@ -49,8 +49,10 @@ class SimulationJobs:
     ``lock`` is held for the whole of any run; ``POST /simulate`` takes it too.
     """
 
-    def __init__(self, store: Store, auditor: Auditor, profile_path: str = "") -> None:
+    def __init__(self, store: Store, auditor: Auditor, profile_path: str = "",
+                 cpu_priority: str = "idle") -> None:
         self.store, self.auditor, self.profile_path = store, auditor, profile_path
+        self.cpu_priority = cpu_priority
         self.lock = threading.Lock()
         self._running_id: int | None = None
         self._progress: dict[str, Any] = {}  # of the running job; written by its thread
@@ -98,7 +100,8 @@ class SimulationJobs:
 
     def _run(self, job_id: int, body: SimulateRequest, who: Principal) -> None:
         try:
-            result = run_what_if_process(body, progress=self._advance, profile_path=self.profile_path)
+            result = run_what_if_process(body, progress=self._advance, profile_path=self.profile_path,
+                                         cpu_priority=self.cpu_priority)
         except ValueError as exc:
             self._finish(job_id, body, who, error=str(exc))
         except Exception as exc:  # a failure becomes the job's error, not a dead thread with a running record
@@ -151,11 +154,13 @@ class SimulationJobs:
         return view
 
 
-def simulator_router(auditor: Auditor, store: Store, profile_path: str = "") -> APIRouter:
-    """``profile_path``: the replica profile the control plane runs on ("": the shipped one)."""
+def simulator_router(auditor: Auditor, store: Store, profile_path: str = "",
+                     cpu_priority: str = "idle") -> APIRouter:
+    """``profile_path``: the replica profile the control plane runs on ("": the shipped one);
+    ``cpu_priority``: ``[simulator] cpu_priority``, the what-if workers' (idle or low)."""
     router = APIRouter(prefix="/api/v1", tags=["simulator"])
     viewer, operator = require(Role.VIEWER), require(Role.OPERATOR)
-    jobs = SimulationJobs(store, auditor, profile_path)
+    jobs = SimulationJobs(store, auditor, profile_path, cpu_priority)
     if interrupted := jobs.mark_interrupted():
         logger.warning("%d simulation(s) running when the control plane stopped: interrupted", interrupted)
 
@@ -166,7 +171,8 @@ def simulator_router(auditor: Auditor, store: Store, profile_path: str = "") -> 
             auditor.record(who, "simulate.run", body.trace, params, "denied", "a simulation is running")
             raise Conflict(BUSY.format(running=""))
         try:
-            result = await asyncio.to_thread(run_what_if_process, body, profile_path=profile_path)
+            result = await asyncio.to_thread(run_what_if_process, body, profile_path=profile_path,
+                                             cpu_priority=cpu_priority)
         except ValueError as exc:
             auditor.record(who, "simulate.run", body.trace, params, "error", str(exc))
             raise Refused(str(exc)) from exc

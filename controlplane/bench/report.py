@@ -197,7 +197,8 @@ def format_report(result: GatewayBenchResult) -> str:
              "TTFT: send -> first chunk with a token; E2E: send -> [DONE]. added = gateway - direct, "
              "percentile by percentile;",
              "per-request = client TTFT - replica (queue + prefill), gateway median/p99 - direct median/p99.",
-             "95% CI: from resampling whole rounds of each route (the spread one run leaves); the verdict "
+             "95% CI: from resampling pairs of neighbouring rounds, one of each route (the spread one run "
+             "leaves); the verdict "
              "judges the upper end of each interval: PASS when it is within the target, FAIL when the whole "
              "interval is above it, NOT RESOLVED when it straddles the target (more requests narrow it).",
              ""]

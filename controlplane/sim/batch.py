@@ -39,15 +39,17 @@ BATCH_NICE = 10  # as `nice` does by default; also where SCHED_IDLE is not avail
 WORKER_EXIT_TIMEOUT_S = 5.0  # for a worker to exit once its stdin is closed
 
 
-def as_batch_work(nice: int = BATCH_NICE) -> None:
+def as_batch_work(nice: int = BATCH_NICE, *, idle: bool = True) -> None:
     """Lower the calling thread's CPU priority: ``SCHED_IDLE`` and ``nice`` (each a no-op where the platform
     has no such per-thread setting). Threads it starts afterwards inherit both; call it first thing in a
-    worker process, never on a thread of a process that also serves."""
+    worker process, never on a thread of a process that also serves. ``idle=False``: the nice value
+    alone."""
     tid = threading.get_native_id()
     with contextlib.suppress(OSError, AttributeError):  # never raised: a process started nicer stays so
         os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
-    with contextlib.suppress(OSError, AttributeError):
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+    if idle:
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
 
 
 def run_batch_process(module: str, request: dict[str, Any],

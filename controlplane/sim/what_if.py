@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from controlplane.sim.batch import as_batch_work, run_batch_process
+from controlplane.sim.config import CPU_PRIORITIES
 from controlplane.vocabulary import (
     AZURE_TRACE,
     DEFAULT_POLICIES,
@@ -129,10 +130,13 @@ def run_what_if(body: SimulateRequest, progress: Progress | None = None, *,
 
 
 def run_what_if_process(body: SimulateRequest, progress: Progress | None = None, *,
-                        profile_path: str = "") -> dict[str, Any]:
-    """:func:`run_what_if` in a worker process at idle CPU priority; ValueError for bad input, RuntimeError
-    when the worker died without an answer. Blocks the calling thread (not the CPU) until it is done."""
-    request = {"body": body.model_dump(), "profile_path": profile_path}
+                        profile_path: str = "", cpu_priority: str = "idle") -> dict[str, Any]:
+    """:func:`run_what_if` in a worker process at batch CPU priority (``[simulator] cpu_priority``: idle,
+    or low); ValueError for bad input, RuntimeError when the worker died without an answer. Blocks the
+    calling thread (not the CPU) until it is done."""
+    if cpu_priority not in CPU_PRIORITIES:
+        raise ValueError(f"cpu_priority: one of {', '.join(CPU_PRIORITIES)}, got {cpu_priority!r}")
+    request = {"body": body.model_dump(), "profile_path": profile_path, "cpu_priority": cpu_priority}
 
     def forward(message: dict[str, Any]) -> None:
         if progress is not None:
@@ -142,8 +146,12 @@ def run_what_if_process(body: SimulateRequest, progress: Progress | None = None,
 
 
 def _worker() -> int:
-    as_batch_work()  # the whole process: every thread it starts inherits the policy
     line = sys.stdin.readline()
+    try:
+        idle = json.loads(line).get("cpu_priority", "idle") == "idle"
+    except (ValueError, AttributeError):
+        idle = True  # the request is refused below, at the lowest priority still
+    as_batch_work(idle=idle)  # before any work: every thread the process starts inherits it
     threading.Thread(target=_exit_when_stdin_closes, name="parent-watch", daemon=True).start()
     out_lock = threading.Lock()
 

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from controlplane.sim.batch import BATCH_NICE, as_batch_work, run_batch_process
-from controlplane.sim.what_if import WORKER
+from controlplane.sim.what_if import WORKER, SimulateRequest, run_what_if_process
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="per-thread SCHED_IDLE is Linux's")
 
@@ -91,10 +91,14 @@ def test_a_refusal_is_a_value_error_and_a_crash_or_death_a_runtime_error(probe: 
         run_batch_process(probe, {"do": "die"})
 
 
-def test_the_what_if_worker_exits_when_the_control_plane_is_gone() -> None:
-    """Its stdin closes when the control plane stops (by kill -9 too): the worker stops mid-run with it."""
+@pytest.mark.parametrize(("cpu_priority", "policy"), [("idle", "SCHED_IDLE"), ("low", "SCHED_OTHER")])
+def test_the_what_if_worker_runs_at_the_configured_priority_and_exits_when_the_control_plane_is_gone(
+        cpu_priority: str, policy: str) -> None:
+    """``[simulator] cpu_priority``: idle (SCHED_IDLE and nice 10) or low (nice 10 alone). Its stdin closes
+    when the control plane stops (by kill -9 too): the worker stops mid-run with it."""
     request = {"body": {"trace": "synthetic-bursty", "duration_s": 3600, "compress": 1,
-                        "policies": ["ours", "hpa"], "seed": 3}, "profile_path": ""}
+                        "policies": ["ours", "hpa"], "seed": 3},
+               "profile_path": "", "cpu_priority": cpu_priority}
     with subprocess.Popen([sys.executable, "-m", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                           text=True) as worker:
         assert worker.stdin is not None and worker.stdout is not None
@@ -102,5 +106,13 @@ def test_the_what_if_worker_exits_when_the_control_plane_is_gone() -> None:
         worker.stdin.flush()
         first = json.loads(worker.stdout.readline())
         assert 0.0 <= first["progress"]["fraction"] < 1.0, first  # running, not done
+        assert os.sched_getscheduler(worker.pid) == getattr(os, policy)
+        assert psutil.Process(worker.pid).nice() >= BATCH_NICE
         worker.stdin.close()
         assert worker.wait(timeout=30) == 1
+
+
+def test_a_bad_priority_is_refused_before_any_worker_starts() -> None:
+    body = SimulateRequest.model_validate({"trace": "synthetic-bursty", "duration_s": 60})
+    with pytest.raises(ValueError, match="cpu_priority: one of idle, low, got 'high'"):
+        run_what_if_process(body, cpu_priority="high")

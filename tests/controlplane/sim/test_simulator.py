@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import httpx
+import psutil
 import pytest
 
 from controlplane.api.factory import Services, create_api
@@ -37,6 +38,7 @@ from controlplane.autoscale.policies import (
 from controlplane.autoscale.profile import ReplicaProfile, load_profile
 from controlplane.config import load_config
 from controlplane.fleet.reconcile import Fleet
+from controlplane.sim.batch import BATCH_NICE
 from controlplane.sim.fleet import FleetSim, ScaleEvent
 from controlplane.sim.simulator import (
     PolicySpec,
@@ -54,6 +56,7 @@ from controlplane.sim.trace import (
     shaped,
     synthetic_bursty,
 )
+from controlplane.sim.what_if import WORKER
 from controlplane.store.database import Store
 from inference.bench.datasets import read_trace, shipped_trace
 from tests.controlplane.conftest import FakeClock
@@ -514,10 +517,11 @@ class Api:
     """The control plane's REST API in process on ``store`` (building another on the same store is what a
     restarted control plane does), with a token per role."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, what_if_priority: str = "idle") -> None:
         fleet = Fleet(load_config().fleet, SimBackend(), store, secret=b"k" * 32)
         self.tokens = TokenAuthority(store)
-        self.app = create_api(Services(fleet, store, self.tokens, Auditor(store)))
+        self.app = create_api(Services(fleet, store, self.tokens, Auditor(store),
+                                       what_if_priority=what_if_priority))
         self.headers: dict[str, dict[str, str]] = {}
 
     def call(self, method: str, path: str, *, role: str = "operator", body: Any = None) -> httpx.Response:
@@ -644,6 +648,29 @@ def test_a_what_if_on_a_saturated_host_leaves_the_api_answering(store: Store, cl
     assert statistics.median(took) < 0.25, took  # milliseconds; over a second each with the lock held
     done, _ = api.follow(job_id)  # and the what-if finishes once the cores are free again
     assert done["status"] == "done", done
+
+
+@pytest.mark.parametrize(("priority", "policy"), [("idle", "SCHED_IDLE"), ("low", "SCHED_OTHER")])
+def test_the_api_runs_each_what_if_in_a_worker_at_the_configured_priority(
+        store: Store, clock: FakeClock, priority: str, policy: str) -> None:
+    api = Api(store, what_if_priority=priority)
+    job_id = api.call("POST", "/api/v1/simulations", body=LONG).json()["id"]
+
+    def worker() -> psutil.Process | None:
+        found = [p for p in psutil.Process().children() if WORKER in " ".join(p.cmdline())]
+        return found[0] if found else None
+
+    def computing() -> bool:  # past reading its request: its priority is set
+        job = api.call("GET", f"/api/v1/simulations/{job_id}", role="viewer").json()
+        return bool(job["progress"]["fraction"])
+
+    wait_until(computing, timeout=60, what="the what-if to be computing", interval=0.05)
+    running = worker()
+    assert running is not None
+    assert os.sched_getscheduler(running.pid) == getattr(os, policy) and running.nice() >= BATCH_NICE
+    done, _ = api.follow(job_id)
+    assert done["status"] == "done", done
+    assert worker() is None  # gone with its answer
 
 
 def test_simulation_jobs_are_started_by_operators_and_read_by_viewers(store: Store, clock: FakeClock) -> None:
