@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -34,6 +35,8 @@ from collections.abc import Callable
 from typing import Any
 
 from inference.environment import child_environment
+
+logger = logging.getLogger(__name__)
 
 BATCH_NICE = 10  # as `nice` does by default; also where SCHED_IDLE is not available
 WORKER_EXIT_TIMEOUT_S = 5.0  # for a worker to exit once its stdin is closed
@@ -68,7 +71,11 @@ def run_batch_process(module: str, request: dict[str, Any],
             worker.stdin.write(json.dumps(request) + "\n")
             worker.stdin.flush()
             for line in worker.stdout:
-                message = json.loads(line)
+                try:
+                    message = json.loads(line)
+                except json.JSONDecodeError:  # not the protocol's: never taken for the worker's answer
+                    logger.warning("%s wrote a line that is not JSON: %.200s", module, line.rstrip())
+                    continue
                 if "progress" in message:
                     if progress is not None:
                         progress(message["progress"])

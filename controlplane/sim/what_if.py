@@ -2,10 +2,11 @@
 
 Where it sits: ``POST /api/v1/simulate`` and ``/api/v1/simulations`` (:mod:`controlplane.api.simulations`)
 take a :class:`SimulateRequest` and hand it to :func:`run_what_if_process`, which runs :func:`run_what_if`
-in a process of its own, ``python -m controlplane.sim.what_if``, at idle CPU priority
-(:mod:`controlplane.sim.batch`). Not a thread of the control plane: a thread under ``SCHED_IDLE`` holds
-the interpreter's lock while it computes, and on a host whose cores are busy with normal work it waits
-for a gap to run again and let the lock go, so the control plane's own loops and API would wait with it.
+in a process of its own, ``python -m controlplane.sim.what_if``, at batch CPU priority
+(:mod:`controlplane.sim.batch`; ``SCHED_IDLE`` unless ``[simulator] cpu_priority`` says otherwise).
+Not a thread of the control plane: a thread under ``SCHED_IDLE`` holds the interpreter's lock while it
+computes, and on a host whose cores are busy with normal work it waits for a gap to run again and let the
+lock go, so the control plane's own loops and API would wait with it.
 Measured on this 2-core machine with two CPU hogs: a normal thread of the same process woke 1.35 s late
 (p50) while an idle-priority thread computed beside it, against 0.10 ms without it. A process of its own
 shares no lock with anything.
@@ -153,12 +154,14 @@ def _worker() -> int:
         idle = True  # the request is refused below, at the lowest priority still
     as_batch_work(idle=idle)  # before any work: every thread the process starts inherits it
     threading.Thread(target=_exit_when_stdin_closes, name="parent-watch", daemon=True).start()
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")  # the protocol's own channel ...
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # ... and whatever else prints goes to the log
     out_lock = threading.Lock()
 
     def emit(message: dict[str, Any]) -> None:
         with out_lock:
-            sys.stdout.write(json.dumps(message) + "\n")
-            sys.stdout.flush()
+            answers.write(json.dumps(message) + "\n")
+            answers.flush()
 
     try:
         request = json.loads(line)

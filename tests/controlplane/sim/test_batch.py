@@ -35,6 +35,9 @@ PROBE = textwrap.dedent("""
         print(json.dumps({"error": "ZeroDivisionError: division by zero", "bad_input": False}), flush=True)
     elif request["do"] == "die":
         os._exit(3)
+    elif request["do"] == "chatty":
+        print("a library's stray print", flush=True)
+        print(json.dumps({"result": {"said": "anyway"}}), flush=True)
     else:
         print(json.dumps({"result": {"policy": os.sched_getscheduler(0), "nice": os.getpriority(
             os.PRIO_PROCESS, 0), "asked": request, "secret": os.environ.get("CONTROLPLANE_ADMIN_TOKEN"),
@@ -89,6 +92,7 @@ def test_a_refusal_is_a_value_error_and_a_crash_or_death_a_runtime_error(probe: 
         run_batch_process(probe, {"do": "crash"})
     with pytest.raises(RuntimeError, match="exited with status 3 and no answer"):
         run_batch_process(probe, {"do": "die"})
+    assert run_batch_process(probe, {"do": "chatty"}) == {"said": "anyway"}  # a stray line is not an answer
 
 
 @pytest.mark.parametrize(("cpu_priority", "policy"), [("idle", "SCHED_IDLE"), ("low", "SCHED_OTHER")])
