@@ -47,13 +47,8 @@ def as_batch_work(nice: int = BATCH_NICE, *, idle: bool = True) -> None:
     has no such per-thread setting). Threads it starts afterwards inherit both; call it first thing in a
     worker process, never on a thread of a process that also serves. ``idle=False``: the nice value
     alone."""
-    lower_priority(threading.get_native_id(), nice, idle=idle)
-
-
-def lower_priority(tid: int, nice: int = BATCH_NICE, *, idle: bool = True) -> None:
-    """:func:`as_batch_work` for a thread (or a process's main thread, by its pid) of this user's; raising a
-    nice value and entering ``SCHED_IDLE`` need no privilege."""
-    with contextlib.suppress(OSError, AttributeError):  # never lowers: a process started nicer stays so
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError, AttributeError):  # never raised: a process started nicer stays so
         os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
     if idle:
         with contextlib.suppress(OSError, AttributeError):
@@ -61,20 +56,17 @@ def lower_priority(tid: int, nice: int = BATCH_NICE, *, idle: bool = True) -> No
 
 
 def run_batch_process(module: str, request: dict[str, Any],
-                      progress: Callable[[dict[str, Any]], None] | None = None, *,
-                      idle: bool = True) -> dict[str, Any]:
+                      progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run ``python -m module`` as batch work: it gets ``request`` as one JSON line on stdin and answers
     with JSON lines on stdout, ``{"progress": ...}`` any number of times (each handed to ``progress``), then
-    ``{"result": ...}`` or ``{"error": message, "bad_input": bool}``. Its priority is lowered as soon as it
-    exists (:func:`lower_priority`; ``idle=False``: nice alone), before its imports, and it exits when its
-    stdin closes, which this function does when it returns or raises, so no worker outlives its caller.
-    ValueError: the worker refused its input; RuntimeError: it failed or died without an answer. Secrets
-    stay out of its environment."""
+    ``{"result": ...}`` or ``{"error": message, "bad_input": bool}``. The module lowers its own priority
+    (:func:`as_batch_work`) and exits when its stdin closes, which this function does when it returns or
+    raises, so no worker outlives its caller. ValueError: the worker refused its input; RuntimeError: it
+    failed or died without an answer. Secrets stay out of its environment."""
     command = [sys.executable, "-m", module]
     with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                           env=child_environment()) as worker:
         assert worker.stdin is not None and worker.stdout is not None
-        lower_priority(worker.pid, idle=idle)  # its interpreter is still starting: its imports run low too
         try:
             worker.stdin.write(json.dumps(request) + "\n")
             worker.stdin.flush()

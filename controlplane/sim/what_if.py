@@ -143,7 +143,7 @@ def run_what_if_process(body: SimulateRequest, progress: Progress | None = None,
         if progress is not None:
             progress(float(message["fraction"]), str(message["policy"]))
 
-    return run_batch_process(WORKER, request, forward, idle=cpu_priority == "idle")
+    return run_batch_process(WORKER, request, forward)
 
 
 def _worker() -> int:
@@ -152,7 +152,7 @@ def _worker() -> int:
         idle = json.loads(line).get("cpu_priority", "idle") == "idle"
     except (ValueError, AttributeError):
         idle = True  # the request is refused below, at the lowest priority still
-    as_batch_work(idle=idle)  # its caller lowered it at start already; so does a worker started by hand
+    as_batch_work(idle=idle)  # before any work: every thread the process starts inherits it
     threading.Thread(target=_exit_when_stdin_closes, name="parent-watch", daemon=True).start()
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")  # the protocol's own channel ...
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # ... and whatever else prints goes to the log

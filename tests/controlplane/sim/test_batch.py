@@ -45,15 +45,6 @@ PROBE = textwrap.dedent("""
 """)
 
 
-# A worker that never lowers its own priority: the caller did, as soon as it started.
-BARE = textwrap.dedent("""
-    import json, os, sys
-    sys.stdin.readline()
-    print(json.dumps({"result": {"policy": os.sched_getscheduler(0), "nice": os.getpriority(
-        os.PRIO_PROCESS, 0)}}), flush=True)
-""")
-
-
 def priority() -> tuple[int, int]:
     tid = threading.get_native_id()
     return os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid)
@@ -62,7 +53,6 @@ def priority() -> tuple[int, int]:
 @pytest.fixture
 def probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     (tmp_path / "batch_probe.py").write_text(PROBE)
-    (tmp_path / "batch_bare.py").write_text(BARE)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.getcwd()]))
     return "batch_probe"
 
@@ -93,13 +83,6 @@ def test_a_worker_runs_at_idle_priority_without_the_callers_secrets_and_is_gone_
     assert result["secret"] is None
     assert not psutil.pid_exists(result["pid"]) or psutil.Process(result["pid"]).status() == "zombie"
     assert priority() == before  # the caller's own thread keeps its priority
-
-
-def test_the_caller_lowers_a_workers_priority_as_it_starts_before_the_worker_runs_a_line(probe: str) -> None:
-    idle = run_batch_process("batch_bare", {})
-    assert idle["policy"] == os.SCHED_IDLE and idle["nice"] >= BATCH_NICE
-    low = run_batch_process("batch_bare", {}, idle=False)
-    assert low["policy"] == os.SCHED_OTHER and low["nice"] >= BATCH_NICE
 
 
 def test_a_refusal_is_a_value_error_and_a_crash_or_death_a_runtime_error(probe: str) -> None:
