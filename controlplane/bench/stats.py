@@ -10,7 +10,7 @@ are neighbours in time: rounds 0 and 1, 3 and 2, 4 and 5. The resampling unit is
 crossover design: a slow swing of the machine moves both rounds of a pair alike and falls out of their
 difference, where drawing each route's rounds on their own would count it twice. In the runs of 2026-12-05
 the medians of a pair's two rounds correlated at 0.4-0.6 at 16 and 64 streams, and pairing narrowed the
-p50 interval at 64 streams by about a quarter.
+p50 interval at 64 streams by a quarter to a third.
 """
 
 from __future__ import annotations

@@ -20,6 +20,12 @@ machine, a normal thread woke 1.35 s late (p50, a 10 ms sleep and a little Pytho
 an idle-priority thread computing in the same process, against 0.10 ms without it: the control plane's
 loops and API would have stalled exactly when its host was saturated. Raising a nice value or entering
 ``SCHED_IDLE`` needs no privilege; leaving them would, so a worker is never reused.
+
+A worker lowers itself after its interpreter has started and its module is imported (about 0.25 s of
+normal priority), not from its first instruction. Lowered by its caller as soon as it existed, the gateway
+fared worse beside it: ``python -m controlplane.bench gateway --control-plane busy --levels 1 --requests
+1600``, alternating (2026-12-05), added P50 TTFT 1.51 and 1.46 ms against 0.48 and 0.64 ms, and 1.47 ms in
+a full run against 0.68-0.70 in three. The cause was not found; the measured order is kept.
 """
 
 from __future__ import annotations
