@@ -9,11 +9,12 @@ by the process stopping and is shown as ``interrupted``.
 
 A run changes nothing in the fleet, but it is CPU work on the control plane's host: starting one needs an
 operator token, is audited (``simulate.run`` for its outcome, ``simulate.start`` for a job's start), runs
-in a worker process at idle CPU priority (:mod:`controlplane.sim.what_if`: nothing serving waits for it,
-and it shares no interpreter lock with the API), one run at a time across both endpoints (a second one
-gets 409), on a bounded trace (at most ``MAX_REQUESTS`` requests and ``MAX_DURATION_S`` simulated
-seconds). The trace is the seeded synthetic bursty one, the Azure trace (``azure``: the one shipped with
-the load client, or ``$CONTROLPLANE_AZURE_TRACE`` on the server), or requests sent inline.
+in a worker process at batch CPU priority (:mod:`controlplane.sim.what_if`, ``[simulator] cpu_priority``:
+nothing serving waits for it, and it shares no interpreter lock with the API), one run at a time across
+both endpoints (a second one gets 409), on a bounded trace (at most ``MAX_REQUESTS`` requests and
+``MAX_DURATION_S`` simulated seconds). The trace is the seeded synthetic bursty one, the Azure trace
+(``azure``: the one shipped with the load client, or ``$CONTROLPLANE_AZURE_TRACE`` on the server), or
+requests sent inline.
 """
 
 from __future__ import annotations

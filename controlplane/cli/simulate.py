@@ -70,7 +70,7 @@ def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm  # type: ignore[import-untyped]
 
     from controlplane.autoscale.profile import describe, load_profile
-    from controlplane.sim.simulator import PolicySpec, SimSettings, Slo, compare, figure, format_table
+    from controlplane.sim.simulator import PolicySpec, SimSettings, compare, figure, format_table
     from controlplane.sim.trace import BurstyConfig, TraceShape, azure_trace, synthetic_bursty
 
     specs = [PolicySpec.parse(p) for p in [args.policy, *args.compare]]
@@ -86,12 +86,8 @@ def _run(args: argparse.Namespace) -> int:
         requests = azure_trace(args.trace, shape)
     if not requests:
         raise ValueError(f"--trace {args.trace}: no request in the selected window")
-    settings = SimSettings(
-        slo=Slo(args.ttft_slo, args.tpot_slo),
-        max_replicas=args.max_replicas,
-        initial_replicas=min(2, args.max_replicas),
-        crashes=tuple(args.crash_at),
-    )
+    settings = SimSettings.what_if(ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo,
+                                   max_replicas=args.max_replicas, crashes=args.crash_at)
     with tqdm(total=1000, desc="simulating", unit="‰", leave=False, file=sys.stderr) as bar:
 
         def progress(fraction: float) -> None:

@@ -133,6 +133,14 @@ class SimSettings:
         if not self.host_cpu_per_request_s >= 0:
             raise ValueError(f"host_cpu_per_request_s: must be >= 0, got {self.host_cpu_per_request_s!r}")
 
+    @classmethod
+    def what_if(cls, *, ttft_slo_s: float, tpot_slo_s: float, max_replicas: int,
+                crashes: Sequence[float] = ()) -> SimSettings:
+        """An operator's what-if (``controlplane simulate``, the REST API): two replicas at the start, or
+        fewer when the bound is lower."""
+        return cls(slo=Slo(ttft_slo_s, tpot_slo_s), max_replicas=max_replicas,
+                   initial_replicas=min(2, max_replicas), crashes=tuple(crashes))
+
 
 # ---- policies on the simulated fleet ----------------------------------------------------------
 def autoscaler_config(profile: ReplicaProfile, settings: SimSettings) -> AutoscalerConfig:

@@ -87,7 +87,7 @@ def run_what_if(body: SimulateRequest, progress: Progress | None = None, *,
     ``progress`` sees the fraction of all policies' runs done and the policy simulated now.
     """
     from controlplane.autoscale.profile import describe, load_profile
-    from controlplane.sim.simulator import PolicySpec, SimSettings, Slo, compare
+    from controlplane.sim.simulator import PolicySpec, SimSettings, compare
     from controlplane.sim.trace import BurstyConfig, TraceShape, azure_trace, shaped, synthetic_bursty
 
     specs = [PolicySpec.parse(p) for p in body.policies]
@@ -105,12 +105,8 @@ def run_what_if(body: SimulateRequest, progress: Progress | None = None, *,
         raise ValueError("trace: no request to simulate")
     if len(requests) > MAX_REQUESTS or max(r.arrival for r in requests) > MAX_DURATION_S:
         raise ValueError(f"trace: at most {MAX_REQUESTS} requests over {MAX_DURATION_S:g} simulated seconds")
-    settings = SimSettings(
-        slo=Slo(body.ttft_slo_s, body.tpot_slo_s),
-        max_replicas=body.max_replicas,
-        initial_replicas=min(2, body.max_replicas),
-        crashes=tuple(body.crashes),
-    )
+    settings = SimSettings.what_if(ttft_slo_s=body.ttft_slo_s, tpot_slo_s=body.tpot_slo_s,
+                                   max_replicas=body.max_replicas, crashes=body.crashes)
     hook = None
     if progress is not None:
         labels = [s.label for s in specs]
@@ -147,12 +143,9 @@ def run_what_if_process(body: SimulateRequest, progress: Progress | None = None,
 
 
 def _worker() -> int:
-    line = sys.stdin.readline()
-    try:
-        idle = json.loads(line).get("cpu_priority", "idle") == "idle"
-    except (ValueError, AttributeError):
-        idle = True  # the request is refused below, at the lowest priority still
-    as_batch_work(idle=idle)  # before any work: every thread the process starts inherits it
+    request = _read_request(sys.stdin.readline())  # None: refused below, at the lowest priority still
+    # before any work: every thread the process starts inherits it
+    as_batch_work(idle=request is None or request.get("cpu_priority", "idle") == "idle")
     threading.Thread(target=_exit_when_stdin_closes, name="parent-watch", daemon=True).start()
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")  # the protocol's own channel ...
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # ... and whatever else prints goes to the log
@@ -164,7 +157,8 @@ def _worker() -> int:
             answers.flush()
 
     try:
-        request = json.loads(line)
+        if request is None:
+            raise ValueError("the request is not a JSON object")
         body = SimulateRequest.model_validate(request["body"])
         result = run_what_if(body, lambda f, p: emit({"progress": {"fraction": f, "policy": p}}),
                              profile_path=str(request.get("profile_path", "")))
@@ -176,6 +170,14 @@ def _worker() -> int:
         return 1
     emit({"result": result})
     return 0
+
+
+def _read_request(line: str) -> dict[str, Any] | None:
+    try:
+        request = json.loads(line)
+    except ValueError:
+        return None
+    return request if isinstance(request, dict) else None
 
 
 def _exit_when_stdin_closes() -> None:
