@@ -51,6 +51,10 @@ DEVICE_MEMORY_TOTAL = f"{NAMESPACE}device_memory_total_bytes"
 DEVICE_UTILIZATION = f"{NAMESPACE}device_utilization_ratio"
 HTTP_REQUESTS = f"{NAMESPACE}http_requests"  # the page shows it with prometheus_client's ``_total``
 REJECTED_REQUESTS = f"{NAMESPACE}rejected_requests"
+# The sum of the squared prompt lengths of finished requests: with vllm:prompt_tokens and
+# vllm:request_success, the spread of prompt lengths (the autoscaler's M/G/c prefill queue), which the
+# 1-2-5 buckets of vllm:request_prompt_tokens are too coarse for.
+PROMPT_TOKENS_SQUARED = f"{NAMESPACE}prompt_tokens_squared"
 KV_BYTES_PER_TOKEN = f"{NAMESPACE}kv_cache_bytes_per_token"
 KV_CAPACITY_BYTES = f"{NAMESPACE}kv_cache_capacity_bytes"
 ENGINE_INFO = f"{NAMESPACE}engine_info"  # 1, labelled with how the engine runs (EngineInfo)
@@ -224,6 +228,8 @@ class ReplicaMetrics:
             return Histogram(name, doc, LABELS, buckets=buckets, registry=r)
 
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.prompt_tokens_squared = counter(PROMPT_TOKENS_SQUARED, "Sum of the squared prompt lengths, in "
+                                             "tokens, of the requests counted by vllm:prompt_tokens.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         self.request_success = counter("vllm:request_success", "Count of successfully processed requests.",
                                        ("finished_reason",))
@@ -294,11 +300,12 @@ class ReplicaMetrics:
     def _create_series(self) -> None:
         """Export every vLLM series at 0 from start-up, as vLLM does, so a quiet replica shows zeros."""
         lv = self.label_values
-        for metric in (self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.tpot,
-                       self.request_tpot, self.e2e, self.queue, self.prefill, self.decode, self.inference,
-                       self.request_prompt_tokens, self.request_generation_tokens, self.iteration_tokens,
-                       self.max_num_generation_tokens, self.params_n, self.params_max_tokens,
-                       self.engine_busy, self.engine_turn, self.engine_step_cpu):
+        for metric in (self.prompt_tokens, self.prompt_tokens_squared, self.generation_tokens, self.ttft,
+                       self.itl, self.tpot, self.request_tpot, self.e2e, self.queue, self.prefill,
+                       self.decode, self.inference, self.request_prompt_tokens,
+                       self.request_generation_tokens, self.iteration_tokens, self.max_num_generation_tokens,
+                       self.params_n, self.params_max_tokens, self.engine_busy, self.engine_turn,
+                       self.engine_step_cpu):
             metric.labels(*lv)
         for reason in FINISH_REASONS:
             self.request_success.labels(*lv, reason)
@@ -323,6 +330,7 @@ class ReplicaMetrics:
         m = out.metrics
         num_generated = len(out.output_token_ids)
         self.prompt_tokens.labels(*lv).inc(len(out.prompt_token_ids))
+        self.prompt_tokens_squared.labels(*lv).inc(len(out.prompt_token_ids) ** 2)
         self.generation_tokens.labels(*lv).inc(num_generated)
         self.request_success.labels(*lv, out.finish_reason or "unknown").inc()
         self.e2e.labels(*lv).observe(m.e2e_time)

@@ -12,7 +12,8 @@ what runs live.
 
 Our policy has one definition, :func:`ours_policy` with :func:`offered_work` and
 :func:`offered_engine_load`, both from the request rate and the mean prompt and output tokens of the
-requests that finished in the window, priced by the replica profile (:mod:`controlplane.autoscale.profile`):
+requests that finished in the window, priced by the replica profile (:mod:`controlplane.autoscale.profile`;
+the work at the steady load, :func:`steady_load`, which :func:`with_work` applies for both callers):
 the work's prefill, decode and KV terms (:mod:`controlplane.autoscale.work`) size the fleet (the ``work``
 proposal), checked against the fleet's own queue and TTFT (the ``backlog`` proposal); the offered engine
 load, in engine seconds per second, is panic mode's demand and, with sizing by work off, sizes the fleet
@@ -21,9 +22,11 @@ through target tracking.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from statistics import NormalDist
 from typing import Any
 
 from controlplane.autoscale.anomaly import AnomalyReading, AnomalySettings, AnomalyState
@@ -48,6 +51,14 @@ from controlplane.autoscale.work import WorkNeeds, cached_share, work_needs
 
 METRICS = AUTOSCALER_METRICS
 WORK_SUPERSEDES = ("engine_load_per_replica", "tokens_per_s_per_replica")  # guards when sizing by work
+# A steady Poisson load reads as a change of load (steady_load) this often, from its counting noise alone.
+# Each false change costs a few minutes of the fleet sized on one noisy window; a smaller rate delays the
+# detection of a real change of a few standard errors until the steady mean or trend follows it.
+FALSE_CHANGES_PER_DAY = 1.0
+DAY_S = 86_400.0
+# After a change, each window's own rate stands for this many windows' time: the level then counts that
+# many windows of arrivals after the change, half as noisy as one window.
+YOUNG = 4
 
 
 @dataclass(slots=True, frozen=True)
@@ -66,12 +77,37 @@ class Observation:
     panic_request_rate: float | None = None  # over the panic window
     mean_prompt_tokens: float | None = None  # of the requests finished in the metrics window
     mean_output_tokens: float | None = None
+    prompt_tokens_sd: float | None = None  # the spread of those prompts' lengths (None: unknown)
     work: WorkNeeds | None = None  # replicas the offered work needs (controlplane.autoscale.work)
     refused_rate: float | None = None  # of request_rate, refused at the gateways for want of capacity
     drift: ProfileDrift | None = None  # the replicas' engine time against the profile's (autoscale.drift)
     # of the prompt tokens the replicas admitted in the metrics window, the share their prefix caches held
     # (vllm:prefix_cache_hits over vllm:prefix_cache_queries); None: unknown or none admitted
     prefix_hit_share: float | None = None
+    rate_window_s: float | None = None  # what request_rate was measured over (None: unknown, no steady load)
+
+
+@dataclass(slots=True, frozen=True)
+class LoadSample:
+    """One tick's offered load, kept for the steady load (:func:`steady_load`)."""
+
+    at: float
+    rate: float
+    mean_prompt_tokens: float | None
+    mean_output_tokens: float | None
+    change: bool = False  # the load changed at this tick: the windows before it are not the load's
+
+
+@dataclass(slots=True, frozen=True)
+class SteadyLoad:
+    """The load the work is sized on: the mean of the ticks since the load last changed (at most the
+    stabilization window), or this tick's own when it changed."""
+
+    rate: float | None
+    mean_prompt_tokens: float | None
+    mean_output_tokens: float | None
+    changed: bool  # this tick's rate is a change: the samples before it are dropped
+    note: str
 
 
 @dataclass(slots=True, frozen=True)
@@ -82,6 +118,7 @@ class LoopState:
     panic: PanicState = field(default_factory=PanicState)  # panic mode's end, the last scale-down applied
     anomaly: AnomalyState | None = None  # None: the anomaly source is off
     waiting: float | None = None  # waiting_per_replica at the last tick (the backlog proposal's trend)
+    load: tuple[LoadSample, ...] = ()  # the ticks' offered load since it last changed (steady_load)
 
 
 @dataclass(slots=True, frozen=True)
@@ -137,15 +174,115 @@ def offered_engine_load(profile: ReplicaProfile, *, request_rate: float | None,
                                mean_prompt_tokens=max(computed, 1.0))
 
 
+def steady_load(obs: Observation, state: LoopState, cfg: AutoscalerConfig) -> SteadyLoad:
+    """The offered load to size the fleet on. A rate over a short window carries its counting noise
+    (about +-8% at 5 requests/s over 30 s), and the scale-down stabilization keeps the highest
+    recommendation of its window, so a fleet sized on each window's rate is sized on the noisiest reading
+    of the last five minutes. Instead: the level of the ticks' rates since the load last changed, over the
+    stabilization window at most (:func:`_level`: their mean, or their trend when they have one beyond
+    noise), with their requests' mean sizes weighted by rate. A window's rate further from that level than
+    :func:`change_z` Poisson standard errors, ``sqrt(level / window)``, is a change, taken at once; each
+    window's own rate then stands for ``YOUNG`` windows' time, and the level starts again from the windows
+    that lie wholly after the change. Arrivals burstier than Poisson read as changes more often, which
+    falls back to each window's own rate; so does a window over the level while the fleet shows it short
+    (queue and P95 TTFT over their targets). This tick's own load without a rate window or earlier ticks."""
+    rate, prompt, output, window = obs.request_rate, obs.mean_prompt_tokens, obs.mean_output_tokens, \
+        obs.rate_window_s
+    samples = [s for s in state.load if obs.now - s.at <= cfg.scale_down_stabilization_s]
+    if rate is None or not window or not samples:
+        return SteadyLoad(rate, prompt, output, changed=rate is not None, note="")
+    start = samples[0]
+    if start.change and obs.now - start.at < YOUNG * window:
+        return SteadyLoad(rate, prompt, output, changed=False,
+                          note=f"the load changed {obs.now - start.at:.0f}s ago: this window's {rate:.3g} "
+                               f"req/s until {YOUNG} windows' time after it")
+    ticks = [s for s in samples if not start.change or s.at >= start.at + window]
+    ticks.append(LoadSample(obs.now, rate, prompt, output))
+    z, fit = change_z(window), _level(ticks, window)
+    error = math.sqrt(max(fit.window, 1.0 / window) / window)
+    span = f"{len(ticks)} ticks over {obs.now - ticks[0].at:.0f}s"
+    if abs(rate - fit.window) > z * error:
+        return SteadyLoad(rate, prompt, output, changed=True,
+                          note=f"load changed: {rate:.3g} req/s against {fit.window:.3g} from the last "
+                               f"{span} ({abs(rate - fit.window) / error:.1f} standard errors, over {z:.2f})")
+    if rate > fit.now and (stressed := _stressed(obs, cfg)):
+        return SteadyLoad(rate, prompt, output, changed=False,
+                          note=f"this window's {rate:.3g} req/s over the steady {fit.now:.3g} while "
+                               f"{stressed}: taken as load, not noise")
+    how = f"the trend of {span} ({fit.slope * 60:+.3g} req/s a minute)" if fit.trend else \
+        f"the mean of {span}"
+    return SteadyLoad(max(fit.now, 0.0),
+                      _weighted(ticks, "mean_prompt_tokens") if prompt is not None else None,
+                      _weighted(ticks, "mean_output_tokens") if output is not None else None, changed=False,
+                      note=f"steady load: {fit.now:.3g} req/s, {how} (this window's {rate:.3g} within "
+                           f"{z:.2f} standard errors)")
+
+
+def change_z(window_s: float) -> float:
+    """Standard errors beyond which a window's rate is a change: the two-sided normal quantile at which a
+    steady Poisson load, read in disjoint windows of ``window_s``, reads as one ``FALSE_CHANGES_PER_DAY``
+    times a day (3.58 for 30 s windows)."""
+    windows_per_day = DAY_S / window_s
+    return NormalDist().inv_cdf(1 - FALSE_CHANGES_PER_DAY / (2 * windows_per_day))
+
+
+@dataclass(slots=True, frozen=True)
+class _Level:
+    window: float  # what the fit expects of the last tick's window
+    now: float  # the rate it gives for now
+    slope: float  # requests/s per second (0 without a trend)
+    trend: bool
+
+
+def _level(ticks: list[LoadSample], window_s: float) -> _Level:
+    """The load's level from the ticks' window rates: their mean, or their least-squares line when its
+    slope is further than :func:`change_z` standard errors from flat. Under Poisson arrivals at rate r over a
+    span T of arrivals (the ticks' spread plus one window), the slope's standard error is sqrt(12 r / T^3).
+    A window's rate is the mean over the window before its tick: the line gives the rate at the window's
+    middle, and now is half a window further."""
+    n = len(ticks)
+    mean = sum(s.rate for s in ticks) / n
+    mid = sum(s.at for s in ticks) / n
+    spread = sum((s.at - mid) ** 2 for s in ticks)
+    if n < 3 or spread <= 0:
+        return _Level(mean, mean, 0.0, False)
+    slope = sum((s.at - mid) * (s.rate - mean) for s in ticks) / spread
+    span = ticks[-1].at - ticks[0].at + window_s
+    error = math.sqrt(12 * max(mean, 1.0 / window_s) / span**3)
+    if abs(slope) <= change_z(window_s) * error:
+        return _Level(mean, mean, 0.0, False)
+    last = mean + slope * (ticks[-1].at - mid)
+    return _Level(last, last + slope * window_s / 2, slope, True)
+
+
+def _stressed(obs: Observation, cfg: AutoscalerConfig) -> str:
+    """What shows the fleet short of capacity now, or "": its queue over the target and P95 TTFT over the
+    SLO, both beyond the tolerance (as for the backlog proposal)."""
+    limit = 1 + cfg.tolerance
+    waiting, ttft = obs.metrics.get("waiting_per_replica"), obs.metrics.get("ttft_p95_s")
+    if waiting is None or ttft is None or waiting <= cfg.target_waiting_per_replica * limit \
+            or ttft <= cfg.ttft_slo_s * limit:
+        return ""
+    return f"{waiting:.3g} waiting per replica and P95 TTFT {ttft:.2f}s"
+
+
+def _weighted(ticks: list[LoadSample], field_name: str) -> float | None:
+    pairs = [(s.rate, v) for s in ticks if (v := getattr(s, field_name)) is not None and s.rate > 0]
+    total = sum(w for w, _ in pairs)
+    return sum(w * v for w, v in pairs) / total if total > 0 else None
+
+
 def offered_work(profile: ReplicaProfile, cfg: AutoscalerConfig, *, request_rate: float | None,
                  mean_prompt_tokens: float | None, mean_output_tokens: float | None,
-                 prefix_hit_share: float | None = None) -> WorkNeeds | None:
+                 prefix_hit_share: float | None = None,
+                 prompt_tokens_sd: float | None = None) -> WorkNeeds | None:
     """Replicas the offered work needs (:func:`controlplane.autoscale.work.work_needs`) at the SLOs, and
     (``with_margin``) at the rate plus the tolerance, which bounds a scale-down."""
     def needs(rate: float | None) -> WorkNeeds | None:
         return work_needs(profile, rate=rate, mean_prompt=mean_prompt_tokens, mean_output=mean_output_tokens,
                           ttft_slo_s=cfg.ttft_slo_s, tpot_slo_s=cfg.tpot_slo_s, quantile=cfg.slo_quantile,
-                          kv_headroom=cfg.target_kv_cache_usage, prefix_hit_share=prefix_hit_share)
+                          kv_headroom=cfg.target_kv_cache_usage, prefix_hit_share=prefix_hit_share,
+                          prompt_sd=prompt_tokens_sd)
 
     now = needs(request_rate)
     margin = needs(None if request_rate is None else request_rate * (1 + cfg.tolerance))
@@ -154,12 +291,25 @@ def offered_work(profile: ReplicaProfile, cfg: AutoscalerConfig, *, request_rate
     return replace(now, with_margin=margin.replicas)
 
 
+def with_work(obs: Observation, state: LoopState, cfg: AutoscalerConfig,
+              profile: ReplicaProfile) -> Observation:
+    """The observation with the work it offers (:func:`offered_work`) sized on its steady load
+    (:func:`steady_load`), whose note joins the observation's: what the live loop and the simulator hand
+    to :func:`decide`."""
+    steady = steady_load(obs, state, cfg)
+    work = offered_work(profile, cfg, request_rate=steady.rate, mean_prompt_tokens=steady.mean_prompt_tokens,
+                        mean_output_tokens=steady.mean_output_tokens, prefix_hit_share=obs.prefix_hit_share,
+                        prompt_tokens_sd=obs.prompt_tokens_sd)
+    return replace(obs, work=work, notes=(*obs.notes, steady.note) if steady.note else obs.notes)
+
+
 def backlog_proposal(obs: Observation, cfg: AutoscalerConfig, before: float | None) -> Proposal | None:
     """The work model checked against what the fleet shows: one replica more when every replica is ready,
-    the work sizes the fleet at no more than it has, and yet the queue is over its target beyond the
-    tolerance and still growing (``before``: the last tick's queue) while P95 TTFT misses the SLO beyond
-    the tolerance. Requests then wait for want of capacity the model does not see (replicas slower than
-    their profile, a host whose cores they share, requests unlike the window's means). One at a time,
+    the work sizes the fleet at no more than it has, and yet P95 TTFT misses the SLO beyond the tolerance
+    while the queue grows (``before``: the last tick's queue). Requests then wait for want of capacity the
+    model does not see (replicas slower than their profile, a host whose cores they share, requests unlike
+    the window's means, routing that is not one shared queue). The queue need not be over its target: at
+    0.3 s prefills two or three waiting per replica already take a request past a 1 s TTFT. One at a time,
     each measured once ready before the next: a replica still starting is capacity on its way, and a
     queue that shrinks is being served. None otherwise."""
     if obs.work is None or obs.starting or obs.ready < obs.current or obs.current < 1:
@@ -169,7 +319,7 @@ def backlog_proposal(obs: Observation, cfg: AutoscalerConfig, before: float | No
     limit = 1 + cfg.tolerance
     waiting, ttft = obs.metrics.get("waiting_per_replica"), obs.metrics.get("ttft_p95_s")
     if waiting is None or ttft is None or before is None or waiting <= before \
-            or waiting <= cfg.target_waiting_per_replica * limit or ttft <= cfg.ttft_slo_s * limit:
+            or ttft <= cfg.ttft_slo_s * limit:
         return None
     return Proposal("backlog", obs.current + 1,
                     f"{waiting:.3g} waiting per replica ({waiting / cfg.target_waiting_per_replica:.1f}x "
@@ -218,7 +368,24 @@ def decide(obs: Observation, state: LoopState, cfg: AutoscalerConfig,
     history = replace(state.history, window_s=cfg.scale_down_stabilization_s).added(obs.now,
                                                                                     decision.recommendation)
     waiting = obs.metrics.get("waiting_per_replica")
-    return _bounded(obs, decision, cfg, windows, reading), LoopState(history, panic, anomaly, waiting)
+    return _bounded(obs, decision, cfg, windows, reading), LoopState(history, panic, anomaly, waiting,
+                                                                     _load_after(obs, state, cfg))
+
+
+def _load_after(obs: Observation, state: LoopState, cfg: AutoscalerConfig) -> tuple[LoadSample, ...]:
+    """The load samples after this tick: this one added, those out of the stabilization window dropped;
+    at a change, all before it, and no window that straddles it is kept."""
+    if obs.request_rate is None:
+        return state.load
+    changed = steady_load(obs, state, cfg).changed
+    sample = LoadSample(obs.now, obs.request_rate, obs.mean_prompt_tokens, obs.mean_output_tokens,
+                        change=changed and bool(state.load))
+    if changed:
+        return (sample,)
+    kept = tuple(s for s in state.load if obs.now - s.at <= cfg.scale_down_stabilization_s)
+    if kept and kept[0].change and obs.rate_window_s and obs.now - kept[0].at < obs.rate_window_s:
+        return kept  # this window still counts arrivals from before the change
+    return (*kept, sample)
 
 
 def applied(state: LoopState, obs: Observation, plan: Plan) -> LoopState:
@@ -255,6 +422,7 @@ def record_body(obs: Observation, plan: Plan, *, tick: int, mode: str, applied: 
                    "panic_request_rate": _round(obs.panic_request_rate),
                    "mean_prompt_tokens": _round(obs.mean_prompt_tokens),
                    "mean_output_tokens": _round(obs.mean_output_tokens),
+                   "prompt_tokens_sd": _round(obs.prompt_tokens_sd),
                    "prefix_hit_share": _round(obs.prefix_hit_share), "notes": list(obs.notes),
                    "work": None if obs.work is None else {"prefill": obs.work.prefill,
                                                           "decode": obs.work.decode, "kv": obs.work.kv},

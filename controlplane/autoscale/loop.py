@@ -26,8 +26,8 @@ from controlplane.autoscale.decide import (
     applied,
     decide,
     new_state,
-    offered_work,
     record_body,
+    with_work,
 )
 from controlplane.autoscale.observe import observe_telemetry
 from controlplane.autoscale.policies import Recommendation
@@ -177,10 +177,7 @@ class Autoscaler:
                                       wall=self.wall(), current=current, window_s=window_s,
                                       profile=self.profile, panic_window_s=cfg.panic_window_s,
                                       refused=self.refused)
-        obs = dataclasses.replace(obs, work=offered_work(self.profile, cfg, request_rate=obs.request_rate,
-                                             mean_prompt_tokens=obs.mean_prompt_tokens,
-                                             mean_output_tokens=obs.mean_output_tokens,
-                                             prefix_hit_share=obs.prefix_hit_share))
+        obs = with_work(obs, self.state, cfg, self.profile)
         plan, self.state = await asyncio.to_thread(decide, obs, self.state, cfg, windows)
         body = self._apply(obs, plan, cfg)
         if body["applied"]:  # only a scale that happened starts a scale-down period

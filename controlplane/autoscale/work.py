@@ -10,10 +10,14 @@ requests that finished in the window into three replica counts, each from the re
   profile's step times over its chunks, each step also carrying the replica's decode batch; the share of
   prompt tokens the replicas' prefix caches served in the window is not prefilled, though its tokens
   still count as context for the rest); the gateway
-  routes to the least loaded replica, so the fleet is an M/M/c queue of prefills. The count is the
-  smallest ``c`` whose Erlang-C waiting time meets the TTFT SLO at the SLO quantile,
-  ``P(wait > T - S) <= 1 - q``, with ``P(wait > t) = C(c, a) exp(-(c - a) t / S)`` and ``a = rate x S``
-  (the classic staffing rule).
+  routes to the least loaded replica, so the fleet is a queue of prefills with ``c`` servers. The count is
+  the smallest ``c`` whose waiting time meets the TTFT SLO at the SLO quantile, ``P(wait > T - S) <= 1 -
+  q``, with ``P(wait > t) = C(c, a) exp(-(c - a) t / (k S))`` and ``a = rate x S``: Erlang C (the classic
+  staffing rule) with the Allen-Cunneen factor ``k = (1 + cs^2) / 2`` of an M/G/c queue, ``cs^2`` the
+  squared coefficient of variation of prefill times. Exponential prefill times (``cs^2 = 1``, and what is
+  assumed while the spread of prompt lengths is unknown) give M/M/c; prompts all of one length wait half
+  as long, and a long tail of prompts longer. ``cs^2`` comes from the prompts' standard deviation through the
+  prefill time's slope around the mean prompt (:func:`prefill_variability`).
 - **decode** (TPOT): the largest batch ``b`` whose step, at the requests' mean context, takes at most half
   the TPOT SLO (the other half is for the prefill chunks that share those steps); Little's law gives the
   sequences decoding at once, ``L = rate x output x step(b)``, and ``ceil(L / b)`` replicas hold them.
@@ -60,9 +64,12 @@ class WorkNeeds:
 
 def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: float | None,
                mean_output: float | None, ttft_slo_s: float, tpot_slo_s: float, quantile: float = 0.95,
-               kv_headroom: float = 0.8, prefix_hit_share: float | None = None) -> WorkNeeds | None:
+               kv_headroom: float = 0.8, prefix_hit_share: float | None = None,
+               prompt_sd: float | None = None) -> WorkNeeds | None:
     """Replicas the offered work needs per term; None when the rate or the request sizes are unknown.
-    ``prefix_hit_share``: of the prompt tokens, the share the replicas' prefix caches hold (None: none)."""
+    ``prefix_hit_share``: of the prompt tokens, the share the replicas' prefix caches hold (None: none).
+    ``prompt_sd``: the standard deviation of the prompts' lengths (None: unknown, prefill times are taken
+    as exponential)."""
     if rate is None or mean_prompt is None or mean_output is None:
         return None
     if rate <= 0:
@@ -80,14 +87,20 @@ def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: floa
     # A prefill longer than the TTFT SLO misses it on any fleet: more replicas cannot help that request,
     # so the queue is then held to a wait no longer than the prefill itself.
     budget = ttft_slo_s - service if service < ttft_slo_s else service
-    prefill = erlang_c_servers(rate * service, service, budget, quantile)
+    cs2 = None if prompt_sd is None else prefill_variability(profile, prompt, prompt_sd, decoding=carried,
+                                                             context=context)
+    variability = 1.0 if cs2 is None else (1 + cs2) / 2
+    prefill = erlang_c_servers(rate * service, service, budget, quantile, variability)
     kv = math.ceil(in_decode * context / (kv_headroom * profile.kv_capacity_tokens))
     within = (f"{ttft_slo_s:g}s TTFT" if service < ttft_slo_s else
               f"the prefill's own {service:.2f}s (it alone is over the {ttft_slo_s:g}s TTFT SLO)")
     tokens = f"{prompt:.0f} tokens" + (f", {cached} of them cached ({hit:.0%} prefix hits)" if cached > 0
                                        else "")
+    spread = ("prefill times taken as exponential" if cs2 is None else
+              f"prompts' sd {prompt_sd:.0f} tokens, prefill times' cs^2 {cs2:.2f}, "
+              f"Allen-Cunneen x{variability:.2f}")
     prefill_note = (f"{prefill} (Erlang C: {rate:.3g} req/s x {service * 1e3:.0f} ms prefill of {tokens}, "
-                    f"P{quantile * 100:g} wait within {within})")
+                    f"{spread}, P{quantile * 100:g} wait within {within})")
     reason = (f"prefill {prefill_note}; decode {decode} ({in_decode:.1f} sequences of {output:.0f} tokens "
               f"at batch {batch}, {step * 1e3:.0f} ms steps within {tpot_slo_s:g}s TPOT / 2); KV {kv} "
               f"({in_decode * context:,.0f} tokens held, {kv_headroom:.0%} of {profile.kv_capacity_tokens:,} "
@@ -130,14 +143,31 @@ def prefill_seconds(profile: ReplicaProfile, prompt: float, *, decoding: int, co
     return seconds
 
 
-def erlang_c_servers(offered: float, service_s: float, wait_budget_s: float, quantile: float) -> int:
-    """The fewest servers of an M/M/c queue with ``offered`` Erlangs (arrival rate x ``service_s``) whose
-    waiting time stays within ``wait_budget_s`` at ``quantile``; MAX_REPLICAS_CONSIDERED when none does."""
+def prefill_variability(profile: ReplicaProfile, mean_prompt: float, prompt_sd: float, *, decoding: int,
+                        context: float) -> float:
+    """The squared coefficient of variation of prefill times for prompts of ``mean_prompt`` tokens on
+    average, ``prompt_sd`` apart: the prefill time's slope around the mean (over one deviation either side,
+    or as far down as a one-token prompt) times the deviation, over the mean prompt's prefill time."""
+    reach = min(prompt_sd, mean_prompt - 1.0)
+    mean = prefill_seconds(profile, mean_prompt, decoding=decoding, context=context)
+    if reach <= 0 or mean <= 0:
+        return 0.0
+    low = prefill_seconds(profile, mean_prompt - reach, decoding=decoding, context=context)
+    high = prefill_seconds(profile, mean_prompt + reach, decoding=decoding, context=context)
+    return ((high - low) / (2 * reach) * prompt_sd / mean) ** 2
+
+
+def erlang_c_servers(offered: float, service_s: float, wait_budget_s: float, quantile: float,
+                     variability: float = 1.0) -> int:
+    """The fewest servers of a queue with ``offered`` Erlangs (arrival rate x ``service_s``) whose waiting
+    time stays within ``wait_budget_s`` at ``quantile``; MAX_REPLICAS_CONSIDERED when none does. M/M/c at
+    ``variability`` 1; otherwise the waits scaled by it (Allen-Cunneen's ``(ca^2 + cs^2) / 2``)."""
     if wait_budget_s <= 0:
         return MAX_REPLICAS_CONSIDERED
     c = max(1, math.floor(offered) + 1)
     while c < MAX_REPLICAS_CONSIDERED:
-        if erlang_c(c, offered) * math.exp(-(c - offered) * wait_budget_s / service_s) <= 1 - quantile:
+        tail = math.exp(-(c - offered) * wait_budget_s / (service_s * variability))
+        if erlang_c(c, offered) * tail <= 1 - quantile:
             return c
         c += 1
     return MAX_REPLICAS_CONSIDERED

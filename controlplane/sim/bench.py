@@ -25,7 +25,7 @@ from pathlib import Path
 
 from controlplane.autoscale.profile import ReplicaProfile, load_profile, load_reference_profile
 from controlplane.sim.evalset import NAMES as EVALSET_NAMES
-from controlplane.sim.evalset import load_evalset
+from controlplane.sim.evalset import evalset_trace, load_evalset
 from controlplane.sim.simulator import (
     PolicyReport,
     PolicySpec,
@@ -86,6 +86,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="azure: the Azure trace and bursty seeds, eval: the evaluation set (default azure)")
     p.add_argument("--only", action="append", choices=EVALSET_NAMES, default=[],
                    help="--set eval: only this trace (repeatable; default all seven)")
+    p.add_argument("--draw", type=int, default=0,
+                   help="--set eval: regenerate each recipe with this draw of its random numbers instead of "
+                        "the kept files (draw 0): traffic of the same shapes no policy was run on")
     p.add_argument("--duration-s", type=float, default=None,
                    help="--set eval: seconds of each trace kept, from its start (default: the hour)")
     p.add_argument("--trace", default=DEFAULT_TRACE,
@@ -172,13 +175,15 @@ def run_eval(args: argparse.Namespace) -> int:
     """The evaluation set: ours, hpa and static:ceil(HPA's mean replicas) on each trace; one table."""
     from tqdm import tqdm
 
+    if args.draw < 0:
+        raise SystemExit(f"--draw: must be >= 0, got {args.draw}")
     profile = bench_profile(args.profile)
     settings = SimSettings(slo=Slo())
     compress = EVAL_COMPRESS if args.compress is None else args.compress
     shape = replace(shape_for(compress, args.token_scale, profile.max_model_len), duration_s=args.duration_s)
     rows: list[EvalRow] = []
     for name in args.only or EVALSET_NAMES:
-        requests = load_evalset(name, shape)
+        requests = evalset_trace(name, shape, args.draw) if args.draw else load_evalset(name, shape)
         with tqdm(total=1000, desc=name, unit="‰", leave=False) as bar:
 
             def progress(f: float, bar: tqdm = bar) -> None:
@@ -187,9 +192,11 @@ def run_eval(args: argparse.Namespace) -> int:
             rows.append(eval_row(name, requests, profile=profile, settings=settings, progress=progress))
     print(f"profile: {profile.source}")
     window = "the hour" if args.duration_s is None else f"the first {args.duration_s:g}s"
+    drawn = f"draw {args.draw} of the recipes" if args.draw else "the kept traces"
     print(
-        f"evaluation set ({window} of each trace; compress {compress:g}, token scale {args.token_scale:g}, "
-        f"prompts <= {shape.max_prompt_len} and outputs <= {shape.max_output_len} tokens)"
+        f"evaluation set, {drawn} ({window} of each trace; compress {compress:g}, token scale "
+        f"{args.token_scale:g}, prompts <= {shape.max_prompt_len} and outputs <= {shape.max_output_len} "
+        "tokens)"
     )
     print(format_eval_table(rows, settings.slo))
     return 0 if all(r.verdict.is_met for r in rows) else 1

@@ -59,7 +59,7 @@ SUFFIX_RANGE: tuple[int, int] = (8, 480)
 
 
 # ---- the recipes ---------------------------------------------------------------------------
-def long_prompt() -> list[Row]:
+def long_prompt(draw: int = 0) -> list[Row]:
     """Document question answering (RAG, summarisation): long prompts, short answers.
 
     Arrivals: Poisson, rate ``4 * (1 + 0.3 sin(2 pi t / 90 min))`` requests/s, a slow drift between
@@ -69,7 +69,7 @@ def long_prompt() -> list[Row]:
     paragraph). Shaped (token scale 0.25) a prompt is 1,000-2,000 tokens, capped at 1,536: one or two
     prefill chunks of 0.2-0.33 s each, so prefill, not decode, sizes this fleet (2-4 replicas).
     """
-    rng = _rng("long-prompt")
+    rng = _rng("long-prompt", draw)
     rate = lambda t: 4.0 * (1.0 + 0.3 * math.sin(2 * math.pi * t / 5400.0))  # noqa: E731
     return [
         (t, round(math.exp(rng.uniform(math.log(4000), math.log(8000)))), _lognormal(rng, 150, 0.6, 16, 600))
@@ -77,7 +77,7 @@ def long_prompt() -> list[Row]:
     ]
 
 
-def code_completion() -> list[Row]:
+def code_completion(draw: int = 0) -> list[Row]:
     """Editor code completion: a context window of code, a few tokens back, many requests.
 
     Arrivals: Poisson with a working-day ramp compressed into the hour: 3 requests/s for the first 10
@@ -87,7 +87,7 @@ def code_completion() -> list[Row]:
     it). Outputs: log-normal, median 20 tokens, sigma 0.7, clipped to 1-100 (a line or a short block).
     Shaped, a request is ~0.1 engine-seconds, nearly all prefill: 2-3 replicas at the plateau.
     """
-    rng = _rng("code-completion")
+    rng = _rng("code-completion", draw)
     ramp = _piecewise(((0, 3.0), (600, 3.0), (1500, 14.0), (3000, 14.0), (3600, 5.0)))
     return [
         (t, round(min(2500.0, max(1500.0, rng.gauss(2000, 250)))), _lognormal(rng, 20, 0.7, 1, 100))
@@ -95,7 +95,7 @@ def code_completion() -> list[Row]:
     ]
 
 
-def long_output() -> list[Row]:
+def long_output(draw: int = 0) -> list[Row]:
     """Reasoning-style generation: short questions, long chains of thought.
 
     Arrivals: Poisson, a steady 3 requests/s (low: each request holds a decode slot for minutes of
@@ -103,23 +103,24 @@ def long_output() -> list[Row]:
     median 1,200 tokens, sigma 0.5, clipped to 100-4,000. Shaped, an output is ~300 tokens (capped at 512,
     a quarter of the replica's context), so decode and concurrency, not prefill, size the fleet.
     """
-    rng = _rng("long-output")
+    rng = _rng("long-output", draw)
     return [
         (t, _lognormal(rng, 300, 0.6, 32, 2000), _lognormal(rng, 1200, 0.5, 100, 4000))
         for t in _poisson(rng, lambda t: 3.0, peak=3.0)
     ]
 
 
-def bursty() -> list[Row]:
-    """The synthetic bursty trace of :func:`controlplane.sim.trace.synthetic_bursty`, seed 0, unchanged.
+def bursty(draw: int = 0) -> list[Row]:
+    """The synthetic bursty trace of :func:`controlplane.sim.trace.synthetic_bursty`, seed 0 (the draw),
+    unchanged.
 
     A three-state Markov-modulated Poisson process (idle 0.5, steady 4, burst 14 requests/s; exponential
     dwells of 120, 300 and 60 s), conversation lengths (log-normal medians 1,020 and 129 tokens).
     """
-    return [(r.arrival, r.prompt_len, r.output_len) for r in synthetic_bursty(BurstyConfig(seed=0))]
+    return [(r.arrival, r.prompt_len, r.output_len) for r in synthetic_bursty(BurstyConfig(seed=draw))]
 
 
-def diurnal() -> list[Row]:
+def diurnal(draw: int = 0) -> list[Row]:
     """A day's load compressed into the hour: one sinusoidal period, trough at the start and the end.
 
     Arrivals: Poisson, rate ``16 * (0.6 - 0.4 cos(2 pi t / 1 h))`` requests/s: 3.2 requests/s (20% of
@@ -127,12 +128,12 @@ def diurnal() -> list[Row]:
     (:class:`~controlplane.sim.trace.BurstyConfig`'s log-normals, medians 1,020 and 129 tokens), so only
     the rate's shape differs from it. Shaped, 1 replica at night and 3-4 at the peak.
     """
-    rng = _rng("diurnal")
+    rng = _rng("diurnal", draw)
     rate = lambda t: 16.0 * (0.6 - 0.4 * math.cos(2 * math.pi * t / HOUR_S))  # noqa: E731
     return [(t, *_conversation(rng)) for t in _poisson(rng, rate, peak=16.0)]
 
 
-def flash_crowd() -> list[Row]:
+def flash_crowd(draw: int = 0) -> list[Row]:
     """A flash crowd: a steady low rate, then a step to 8x for a few minutes, then back.
 
     Arrivals: Poisson at 2.5 requests/s; at a time drawn uniformly in minutes 15-40 the rate rises
@@ -140,7 +141,7 @@ def flash_crowd() -> list[Row]:
     (drawn uniformly), and falls back over 30 s. Lengths: conversation (as ``diurnal``). Shaped, 1 replica
     before and after, 3-4 during the crowd, which arrives faster than a replica starts.
     """
-    rng = _rng("flash-crowd")
+    rng = _rng("flash-crowd", draw)
     start, hold = rng.uniform(900.0, 2400.0), rng.uniform(120.0, 300.0)
     base, crowd = 2.5, 20.0
     rate = _piecewise(
@@ -150,7 +151,7 @@ def flash_crowd() -> list[Row]:
     return [(t, *_conversation(rng)) for t in _poisson(rng, rate, peak=crowd)]
 
 
-def shared_prefix() -> list[Row]:
+def shared_prefix(draw: int = 0) -> list[Row]:
     """Chat or agent traffic behind a few long system prompts: prompts share long common prefixes.
 
     Arrivals: Poisson, rate ``48 * (0.6 - 0.4 cos(2 pi t / 1 h))`` requests/s, a day in the hour as in
@@ -166,7 +167,7 @@ def shared_prefix() -> list[Row]:
     prices prefill by what the replicas compute. (Until 2026-12-04 this recipe ran at 6 requests/s and the
     simulator had no prefix cache; every policy sat at one replica all hour.)
     """
-    rng = _rng("shared-prefix")
+    rng = _rng("shared-prefix", draw)
     rate = lambda t: 48.0 * (0.6 - 0.4 * math.cos(2 * math.pi * t / HOUR_S))  # noqa: E731
     rows: list[Row] = []
     for t in _poisson(rng, rate, peak=48.0):
@@ -176,7 +177,7 @@ def shared_prefix() -> list[Row]:
     return rows
 
 
-RECIPES: dict[str, Callable[[], list[Row]]] = {
+RECIPES: dict[str, Callable[[int], list[Row]]] = {
     "long-prompt": long_prompt,
     "code-completion": code_completion,
     "long-output": long_output,
@@ -189,14 +190,16 @@ NAMES: tuple[str, ...] = tuple(RECIPES)
 
 
 # ---- traces: regenerated or kept -------------------------------------------------------------
-def evalset_rows(name: str) -> list[Row]:
-    """The rows of recipe ``name`` as kept in its file: arrivals rounded to milliseconds."""
-    return [_rounded(row) for row in _recipe(name)()]
+def evalset_rows(name: str, draw: int = 0) -> list[Row]:
+    """The rows of recipe ``name`` as kept in its file (draw 0; another draw: the same recipe with other
+    random numbers, traffic no policy was ever run on): arrivals rounded to milliseconds."""
+    return [_rounded(row) for row in _recipe(name)(draw)]
 
 
-def evalset_trace(name: str, shape: TraceShape = UNSHAPED) -> list[SimRequest]:
-    """Recipe ``name`` regenerated, fitted to the fleet by ``shape``."""
-    return shaped(evalset_rows(name), shape)
+def evalset_trace(name: str, shape: TraceShape = UNSHAPED, draw: int = 0) -> list[SimRequest]:
+    """Recipe ``name`` regenerated (``draw``: as for :func:`evalset_rows`), fitted to the fleet by
+    ``shape``."""
+    return shaped(evalset_rows(name, draw), shape)
 
 
 def load_evalset(name: str, shape: TraceShape = UNSHAPED) -> list[SimRequest]:
@@ -277,14 +280,15 @@ def _rounded(row: Row) -> Row:
     return (round(row[0], 3), row[1], row[2])
 
 
-def _recipe(name: str) -> Callable[[], list[Row]]:
+def _recipe(name: str) -> Callable[[int], list[Row]]:
     if name not in RECIPES:
         raise ValueError(f"evalset: unknown trace {name!r}; expected one of {', '.join(NAMES)}")
     return RECIPES[name]
 
 
-def _rng(name: str) -> random.Random:
-    return random.Random(f"evalset:{name}")
+def _rng(name: str, draw: int = 0) -> random.Random:
+    """The recipe's random numbers: draw 0 is the kept file's."""
+    return random.Random(f"evalset:{name}" if draw == 0 else f"evalset:{name}:{draw}")
 
 
 def _poisson(rng: random.Random, rate: Rate, *, peak: float, duration_s: float = HOUR_S) -> Iterator[float]:

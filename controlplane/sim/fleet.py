@@ -74,6 +74,8 @@ class Observation:
     # vllm:request_prompt_tokens and vllm:request_generation_tokens histograms give); None: none finished
     mean_prompt_tokens: float | None = None
     mean_output_tokens: float | None = None
+    prompt_tokens_sd: float | None = None  # their spread (the replicas' squared-prompt-tokens counter)
+    rate_window_s: float | None = None  # what arrivals_per_s was counted over (shorter early in a run)
 
 
 @dataclass(slots=True, frozen=True)
@@ -462,9 +464,11 @@ class FleetSim:
             prompt_tokens_per_s=sum(n for _, n in self._prompt_tokens) / window,
             busy_share=min(sum(b for _, b in self._busy) / (window * len(ready)), 1.0) if ready else None,
             arrivals_per_s=len(self._arrivals) / window,
+            rate_window_s=window,
             arrivals_per_s_short=num_short / short,
             mean_prompt_tokens=_mean(p for _, p, _ in self._finished),
             mean_output_tokens=_mean(o for _, _, o in self._finished),
+            prompt_tokens_sd=_sd([p for _, p, _ in self._finished]),
             prefix_hit_share=_share(self._prefix),
         )
 
@@ -505,3 +509,11 @@ def _share(admitted: Iterable[tuple[float, int, int]]) -> float | None:
     for _, q, h in admitted:
         queried, hits = queried + q, hits + h
     return hits / queried if queried else None
+
+
+def _sd(values: list[float]) -> float | None:
+    """The population standard deviation (what a sum, a sum of squares and a count give); None when empty."""
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    return math.sqrt(max(sum(v * v for v in values) / len(values) - mean * mean, 0.0))

@@ -43,9 +43,9 @@ from controlplane.autoscale.decide import (
     LoopState,
     applied,
     offered_engine_load,
-    offered_work,
     ours_policy,
     per_replica,
+    with_work,
 )
 from controlplane.autoscale.decide import Observation as LiveObservation
 from controlplane.autoscale.decide import decide as live_decide
@@ -236,12 +236,11 @@ class LivePolicy:
             panic_request_rate=obs.arrivals_per_s_short,
             mean_prompt_tokens=obs.mean_prompt_tokens,
             mean_output_tokens=obs.mean_output_tokens,
-            work=offered_work(self.profile, self.config, request_rate=obs.arrivals_per_s,
-                              mean_prompt_tokens=obs.mean_prompt_tokens,
-                              mean_output_tokens=obs.mean_output_tokens,
-                              prefix_hit_share=obs.prefix_hit_share),
             prefix_hit_share=obs.prefix_hit_share,
+            prompt_tokens_sd=obs.prompt_tokens_sd,
+            rate_window_s=obs.rate_window_s,
         )
+        live = with_work(live, self.state, self.config, self.profile)
         plan, state = live_decide(live, self.state, self.config, [])
         self.state = applied(state, live, plan)
         return plan.replicas, _reason(plan.decision.proposals, plan.clamps)

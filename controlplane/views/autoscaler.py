@@ -33,6 +33,7 @@ class DecisionInputs:
     panic_request_rate: float | None = None
     mean_prompt_tokens: float | None = None
     mean_output_tokens: float | None = None
+    prompt_tokens_sd: float | None = None
     notes: tuple[str, ...] = ()
     refused_rate: float | None = None  # refused at the gateways for want of capacity, per second
     prefix_hit_share: float | None = None  # of the prompt tokens admitted, the share prefix caches held

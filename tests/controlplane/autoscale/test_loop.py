@@ -21,7 +21,13 @@ from controlplane.auth import Auditor, Role, TokenAuthority
 from controlplane.autoscale.config import AutoscalerConfig, ScheduleWindowConfig
 from controlplane.autoscale.decide import Observation, Plan, applied, decide, new_state, ours_policy
 from controlplane.autoscale.loop import COLLECTION, Autoscaler
-from controlplane.autoscale.observe import PREFIX_HITS, PREFIX_QUERIES, PROMPT_TOKENS, observe_telemetry
+from controlplane.autoscale.observe import (
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    PROMPT_TOKENS,
+    PROMPT_TOKENS_SQUARED,
+    observe_telemetry,
+)
 from controlplane.autoscale.policies import MetricTarget
 from controlplane.autoscale.profile import ReplicaProfile
 from controlplane.autoscale.windows import parse_window
@@ -299,6 +305,16 @@ def test_observation_averages_over_ready_replicas_and_sizes_the_offered_engine_l
                          "ttft_p95_s": 0.7, "tokens_per_s_per_replica": 32.0, "engine_load_per_replica": 1.25}
     assert (o.mean_prompt_tokens, o.mean_output_tokens) == (128.0, 256.0)
     assert o.request_rate == 4.0 and o.demand == 2.5 and o.notes == ()
+    assert o.prompt_tokens_sd is None  # replicas without the sum of squares: the spread is unknown
+
+
+def test_the_spread_of_prompt_lengths_comes_from_the_rate_of_their_squares() -> None:
+    telemetry = busy_telemetry()
+    # 0.25 requests/s finished, 32 prompt tokens/s: a mean of 128; squares at 0.25 x (128^2 + 48^2) a second
+    squares = 0.25 * (128.0**2 + 48.0**2)
+    telemetry.rate_values = {**telemetry.rate_values, PROMPT_TOKENS_SQUARED: {(): squares}}
+    o = observe(telemetry, [endpoint("r1"), endpoint("r2")], 2)
+    assert o.mean_prompt_tokens == 128.0 and o.prompt_tokens_sd == pytest.approx(48.0)
 
 
 def test_prompt_tokens_the_prefix_caches_held_are_not_counted_as_prefill_work() -> None:

@@ -12,7 +12,13 @@ import pytest
 from controlplane.autoscale.config import AutoscalerConfig
 from controlplane.autoscale.decide import Observation, decide, new_state, offered_work
 from controlplane.autoscale.profile import ReplicaProfile
-from controlplane.autoscale.work import erlang_c, erlang_c_servers, prefill_seconds, work_needs
+from controlplane.autoscale.work import (
+    erlang_c,
+    erlang_c_servers,
+    prefill_seconds,
+    prefill_variability,
+    work_needs,
+)
 
 PROFILE = ReplicaProfile(step_base_s=0.005, per_seq_s=0.0004, per_prefill_token_s=0.00015,
                          per_context_token_s=2e-7, per_prefill_pair_s=6e-8, start_s=3.0)
@@ -38,6 +44,33 @@ def test_erlang_c_matches_the_textbook() -> None:
     assert erlang_c(3, 3.0) == 1.0  # unstable: everyone waits
     # one server at rho 0.5 and a 1 s service: P(wait > t) = 0.5 exp(-0.5 t) <= 5% needs t >= 4.6 s
     assert erlang_c_servers(0.5, 1.0, 4.7, 0.95) == 1 and erlang_c_servers(0.5, 1.0, 4.5, 0.95) == 2
+
+
+def test_prefill_times_of_one_length_wait_half_as_long_as_exponential_ones() -> None:
+    """Allen-Cunneen: an M/G/c queue waits (1 + cs^2) / 2 times as long as M/M/c. At 1.4 Erlangs of 0.3 s
+    prefills and a 0.7 s wait budget, M/M/c needs 3 servers; prefills all of one length need 2."""
+    assert erlang_c_servers(1.4, 0.3, 0.7, 0.95) == 3 == erlang_c_servers(1.4, 0.3, 0.7, 0.95, 1.0)
+    assert erlang_c_servers(1.4, 0.3, 0.7, 0.95, 0.5) == 2
+    assert erlang_c_servers(1.4, 0.3, 0.7, 0.95, 3.0) > 3  # a long tail of prompts waits longer
+
+
+def test_the_spread_of_prompt_lengths_sizes_the_prefill_queue() -> None:
+    assert prefill_variability(PROFILE, 1500, 0, decoding=0, context=0) == 0.0
+    narrow = prefill_variability(PROFILE, 1500, 150, decoding=0, context=0)
+    wide = prefill_variability(PROFILE, 1500, 1500, decoding=0, context=0)
+    assert 0 < narrow < 0.05 < 0.5 < wide
+
+    def prefill(sd: float | None) -> tuple[int, str]:
+        needs = work_needs(PROFILE, rate=4.0, mean_prompt=1500, mean_output=50, ttft_slo_s=1.0,
+                           tpot_slo_s=0.1, prompt_sd=sd)
+        assert needs is not None
+        return needs.prefill, needs.reason
+
+    unknown, reason = prefill(None)
+    assert "prefill times taken as exponential" in reason
+    same, reason = prefill(0.0)
+    assert same < unknown and "cs^2 0.00, Allen-Cunneen x0.50" in reason
+    assert prefill(3000.0)[0] > unknown  # prompts from 1 to several thousand tokens
 
 
 def test_prefill_in_chunks_costs_what_one_chunk_would_plus_the_extra_steps() -> None:
@@ -145,10 +178,15 @@ def test_a_growing_queue_over_the_slo_adds_a_replica_the_work_model_does_not_see
     assert "P95 TTFT 3.00s (3.0x SLO)" in grown[1] and "the work sizes 1" in grown[1]
 
 
+def test_a_queue_under_its_target_that_grows_past_the_slo_adds_a_replica() -> None:
+    # long prompts: two waiting per replica already take a request past the SLO, well under the target of 4
+    assert backlog_plan([1.0, 2.0], ttft=1.4)[-1][0] == 2
+
+
 @pytest.mark.parametrize(("waitings", "ttft", "starting", "why"), [
     ([40.0, 20.0], 3.0, 0, "a queue that shrinks is being served"),
     ([40.0, 40.0], 3.0, 0, "a queue that holds is not a growing backlog"),
-    ([2.0, 4.2], 3.0, 0, "a queue within the tolerance of its target"),
+    ([0.0, 0.0], 3.0, 0, "no queue: TTFT is the prompts' own prefill, not waiting"),
     ([20.0, 40.0], 1.05, 0, "TTFT within the tolerance of the SLO: long prompts, not a backlog"),
     ([20.0, 40.0], 3.0, 1, "a replica still starting is capacity on its way"),
 ])

@@ -148,8 +148,8 @@ def test_counting_prefix_cache_hits_keeps_the_shared_prefix_fleet_to_what_it_com
 ) -> None:
     """Ten minutes around the peak (48 requests/s): ours, fed the simulated replicas' prefix hit share,
     against ours priced on whole prompts, as it was before the share was read."""
+    from controlplane.autoscale import decide
     from controlplane.autoscale.profile import load_reference_profile
-    from controlplane.sim import simulator
     from controlplane.sim.bench import shape_for
     from controlplane.sim.simulator import OURS, PolicySpec, simulate
 
@@ -157,8 +157,8 @@ def test_counting_prefix_cache_hits_keeps_the_shared_prefix_fleet_to_what_it_com
     shape = replace(shape_for(1.0, 0.25, profile.max_model_len), start_s=1500.0, duration_s=600.0)
     requests = load_evalset("shared-prefix", shape)
     counted = simulate(requests, PolicySpec(OURS), profile=profile, settings=SimSettings())
-    offered_work = simulator.offered_work
-    monkeypatch.setattr(simulator, "offered_work",
+    offered_work = decide.offered_work
+    monkeypatch.setattr(decide, "offered_work",
                         lambda *a, **k: offered_work(*a, **{**k, "prefix_hit_share": None}))
     whole = simulate(requests, PolicySpec(OURS), profile=profile, settings=SimSettings())
     assert counted.slo_attainment >= 0.99 and whole.slo_attainment >= 0.99
@@ -203,6 +203,24 @@ def test_bench_on_the_eval_set_prints_every_policy_for_each_trace(capsys: pytest
         assert all(cell.count("%") == 1 for cell in cells[1:4])
         assert cells[4].split()[-1] == "MET" or cells[4].strip().endswith("NOT MET")
     assert "target met on" in out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_another_draw_is_the_same_shape_with_other_traffic(name: str) -> None:
+    """Draw 0 is the kept file; draws 1 and up give other arrivals and lengths of the same recipe, each the
+    same every time (``bench --set eval --draw N``: traffic no policy was run on)."""
+    drawn = evalset_rows(name, 1)
+    assert drawn == evalset_rows(name, 1) and drawn != rows(name) and evalset_rows(name, 0) == rows(name)
+    # the same rates: a similar count of requests (bursty's states dwell for random times: within 2x)
+    assert 0.5 < len(drawn) / len(rows(name)) < 2.0
+
+
+def test_bench_on_a_draw_says_so_and_a_negative_draw_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--set", "eval", "--duration-s", "300", "--only", "long-output", "--draw", "2"]
+    assert main(argv) in (0, 1)
+    assert "evaluation set, draw 2 of the recipes" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--draw: must be >= 0, got -1"):
+        main([*argv[:-1], "-1"])
 
 
 def test_evalset_command_finds_the_kept_files_equal_to_their_recipes(

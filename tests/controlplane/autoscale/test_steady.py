@@ -1,0 +1,134 @@
+"""The steady load (``controlplane.autoscale.decide.steady_load``): the rate the work is sized on.
+
+Ticks go through the same ``with_work`` and ``decide`` the live loop and the simulator call, each tick's
+rate being what a 30 s window counted: Poisson noise around a steady rate is averaged away, a step is
+taken at once, a ramp is followed by its trend, and a fleet that shows itself short is believed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+
+from controlplane.autoscale.decide import (
+    LoopState,
+    Observation,
+    SteadyLoad,
+    change_z,
+    decide,
+    new_state,
+    steady_load,
+    with_work,
+)
+from tests.controlplane.autoscale.test_work import CONFIG, PROFILE, QUIET
+
+SHORT = {**QUIET, "waiting_per_replica": 9.0, "ttft_p95_s": 1.4}  # queue and TTFT over their targets
+WINDOW_S, TICK_S = 30.0, 5.0
+
+
+def observation(now: float, rate: float, metrics: dict[str, float] = QUIET,
+                window_s: float | None = WINDOW_S) -> Observation:
+    return Observation(now=now, wall=now, current=2, ready=2, starting=0, metrics=metrics, request_rate=rate,
+                       mean_prompt_tokens=1400.0, mean_output_tokens=150.0, rate_window_s=window_s)
+
+
+Metrics = Callable[[float], dict[str, float]]
+
+
+def run(rates: Callable[[float], float], until_s: float,
+        metrics: Metrics = lambda _: QUIET) -> list[tuple[float, float, SteadyLoad]]:
+    """(now, the window's rate, the steady load) per tick, the state carried by ``decide``."""
+    state: LoopState = new_state(CONFIG)
+    seen = []
+    now = TICK_S
+    while now <= until_s:
+        obs = observation(now, rates(now), metrics(now))
+        seen.append((now, obs.request_rate or 0.0, steady_load(obs, state, CONFIG)))
+        _, state = decide(with_work(obs, state, CONFIG, PROFILE), state, CONFIG, [])
+        now += TICK_S
+    return seen
+
+
+def window_rates(arrivals: list[float]) -> Callable[[float], float]:
+    """The rate a 30 s window ending at ``now`` counts."""
+    return lambda now: sum(1 for a in arrivals if now - WINDOW_S < a <= now) / WINDOW_S
+
+
+def window_mean(rate: Callable[[float], float]) -> Callable[[float], float]:
+    """The exact mean of ``rate`` over the 30 s window ending at ``now`` (no counting noise)."""
+    return lambda now: sum(rate(now - WINDOW_S + (i + 0.5) * 0.5) for i in range(60)) / 60
+
+
+def test_the_change_threshold_makes_one_false_change_a_day() -> None:
+    assert change_z(30.0) == pytest.approx(3.58, abs=0.01)  # 2,880 disjoint 30 s windows a day
+    assert change_z(60.0) < change_z(30.0)  # fewer windows, fewer chances to read noise as a change
+
+
+def test_counting_noise_of_a_steady_load_is_averaged_away_not_its_noisiest_window_kept() -> None:
+    """Poisson arrivals at 4.8 requests/s: 30 s windows read about +-8% around it (one standard error) and
+    here up to 19% off; the steady load, past its first five minutes, stays within 2.5 standard errors of
+    a five-minute mean (6%), less than half the windows' widest miss, and never reads a change."""
+    rng = random.Random(7)
+    arrivals, t = [], -WINDOW_S  # the load was there before the first tick's window
+    while t < 1200.0:
+        t += rng.expovariate(4.8)
+        arrivals.append(t)
+    seen = run(window_rates(arrivals), 1200.0)
+    settled = [(raw, s) for now, raw, s in seen if now >= 330.0]
+    raw_miss = max(abs(r - 4.8) for r, _ in settled) / 4.8
+    steady_miss = max(abs((s.rate or 0.0) - 4.8) for _, s in settled) / 4.8
+    assert raw_miss > 0.15 and steady_miss < 0.06 and steady_miss < raw_miss / 2
+    assert not any(s.changed for _, s in settled)
+    assert all(s.note.startswith("steady load: ") for _, s in settled)
+
+
+def test_a_step_is_taken_at_once_and_the_level_starts_again_after_it() -> None:
+    """From 4 to 8 requests/s at 600 s: the first window that reads the step beyond the threshold is a change
+    and stands as it is, each window's own rate stands until four windows lie after the change, then the
+    level is the new rate's."""
+    seen = run(window_mean(lambda t: 4.0 if t < 600.0 else 8.0), 1200.0)
+    change = next((now, s) for now, _, s in seen if s.changed and now > 600.0)
+    assert 600.0 < change[0] <= 615.0 and "load changed" in change[1].note
+    after = [(now, raw, s) for now, raw, s in seen if change[0] < now < change[0] + 4 * WINDOW_S]
+    assert after and all(s.rate == raw and "the load changed" in s.note for _, raw, s in after)
+    late = [s for now, _, s in seen if now >= change[0] + 4 * WINDOW_S]
+    assert all(s.rate == pytest.approx(8.0) and not s.changed for s in late)
+
+
+def test_a_ramp_is_followed_by_its_trend_not_lagged_by_a_mean() -> None:
+    """3 to 14 requests/s over 15 minutes (a working day's start): the steady load keeps within 5% of the
+    rate at each tick, where the mean of the last five minutes lags it by a sixth or more."""
+    def rate(t: float) -> float:
+        return 3.0 + 11.0 * min(max(t - 300.0, 0.0) / 900.0, 1.0)
+
+    seen = run(window_mean(rate), 1200.0)
+    ramp = [(now, s) for now, _, s in seen if 660.0 <= now <= 1200.0]
+    assert all(abs(s.rate - rate(now)) / rate(now) < 0.05 for now, s in ramp if s.rate is not None)
+    assert any("the trend of" in s.note for _, s in ramp)
+    lagged_mean = sum(rate(t) for t in range(500, 800)) / 300  # five minutes up to 800 s
+    assert (rate(800.0) - lagged_mean) / rate(800.0) > 0.15
+
+
+def test_a_window_over_the_level_while_the_fleet_shows_itself_short_is_load_not_noise() -> None:
+    """A window 6% over a steady 20 requests/s is within its noise; with the queue and P95 TTFT over their
+    targets it is the rate the work is sized on."""
+    def rates(now: float) -> float:
+        return 20.0 if now < 600.0 else 21.2
+
+    quiet = run(rates, 620.0)[-1][2]
+    short = run(rates, 620.0, metrics=lambda now: QUIET if now < 600.0 else SHORT)[-1][2]
+    assert quiet.rate == pytest.approx(20.0, abs=0.2) and not quiet.changed
+    assert short.rate == 21.2 and "taken as load, not noise" in short.note
+
+
+def test_without_a_rate_window_or_earlier_ticks_each_window_stands_and_the_note_joins_the_record() -> None:
+    state = new_state(CONFIG)
+    first = steady_load(observation(5.0, 4.0), state, CONFIG)
+    assert first.rate == 4.0 and first.note == ""
+    _, state = decide(with_work(observation(5.0, 4.0), state, CONFIG, PROFILE), state, CONFIG, [])
+    unknown_window = steady_load(observation(10.0, 4.4, window_s=None), state, CONFIG)
+    assert unknown_window.rate == 4.4
+    sized = with_work(observation(10.0, 4.4), state, CONFIG, PROFILE)
+    assert sized.work is not None and any(n.startswith("steady load: ") for n in sized.notes)
