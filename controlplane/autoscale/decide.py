@@ -257,7 +257,8 @@ def _level(ticks: list[LoadSample], window_s: float) -> _Level:
 
 def _stressed(obs: Observation, cfg: AutoscalerConfig) -> str:
     """What shows the fleet short of capacity now, or "": its queue over the target and P95 TTFT over the
-    SLO, both beyond the tolerance (as for the backlog proposal)."""
+    SLO, both beyond the tolerance (then the window's rate is not read as noise; the backlog proposal,
+    which adds a replica, asks less of the queue: that it grows)."""
     limit = 1 + cfg.tolerance
     waiting, ttft = obs.metrics.get("waiting_per_replica"), obs.metrics.get("ttft_p95_s")
     if waiting is None or ttft is None or waiting <= cfg.target_waiting_per_replica * limit \
