@@ -16,8 +16,9 @@ requests that finished in the window into three replica counts, each from the re
   staffing rule) with the Allen-Cunneen factor ``k = (1 + cs^2) / 2`` of an M/G/c queue, ``cs^2`` the
   squared coefficient of variation of prefill times. Exponential prefill times (``cs^2 = 1``, and what is
   assumed while the spread of prompt lengths is unknown) give M/M/c; prompts all of one length wait half
-  as long, and a long tail of prompts longer. ``cs^2`` comes from the prompts' standard deviation through the
-  prefill time's slope around the mean prompt (:func:`prefill_variability`).
+  as long, and a long tail of prompts longer. ``cs^2`` comes from the prompts' standard deviation through
+  the prefill time's slope around the mean prompt (:func:`prefill_variability`); with prefix hits the
+  spread of what is computed is unknown, and M/M/c stands.
 - **decode** (TPOT): the largest batch ``b`` whose step, at the requests' mean context, takes at most half
   the TPOT SLO (the other half is for the prefill chunks that share those steps); Little's law gives the
   sequences decoding at once, ``L = rate x output x step(b)``, and ``ceil(L / b)`` replicas hold them.
@@ -87,8 +88,10 @@ def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: floa
     # A prefill longer than the TTFT SLO misses it on any fleet: more replicas cannot help that request,
     # so the queue is then held to a wait no longer than the prefill itself.
     budget = ttft_slo_s - service if service < ttft_slo_s else service
-    cs2 = None if prompt_sd is None else prefill_variability(profile, prompt, prompt_sd, decoding=carried,
-                                                             context=context)
+    # the spread is of whole prompts: where prefix caches hold part of them, what is computed spreads
+    # differently (a shared system prompt plus a unique suffix), and M/M/c stands
+    cs2 = None if prompt_sd is None or cached > 0 else prefill_variability(profile, prompt, prompt_sd,
+                                                                           decoding=carried, context=context)
     variability = 1.0 if cs2 is None else (1 + cs2) / 2
     prefill = erlang_c_servers(rate * service, service, budget, quantile, variability)
     kv = math.ceil(in_decode * context / (kv_headroom * profile.kv_capacity_tokens))
@@ -96,9 +99,13 @@ def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: floa
               f"the prefill's own {service:.2f}s (it alone is over the {ttft_slo_s:g}s TTFT SLO)")
     tokens = f"{prompt:.0f} tokens" + (f", {cached} of them cached ({hit:.0%} prefix hits)" if cached > 0
                                        else "")
-    spread = ("prefill times taken as exponential" if cs2 is None else
-              f"prompts' sd {prompt_sd:.0f} tokens, prefill times' cs^2 {cs2:.2f}, "
-              f"Allen-Cunneen x{variability:.2f}")
+    if cs2 is not None:
+        spread = (f"prompts' sd {prompt_sd:.0f} tokens, prefill times' cs^2 {cs2:.2f}, "
+                  f"Allen-Cunneen x{variability:.2f}")
+    elif prompt_sd is not None:
+        spread = "prefill times taken as exponential (the spread of the uncached part is unknown)"
+    else:
+        spread = "prefill times taken as exponential"
     prefill_note = (f"{prefill} (Erlang C: {rate:.3g} req/s x {service * 1e3:.0f} ms prefill of {tokens}, "
                     f"{spread}, P{quantile * 100:g} wait within {within})")
     reason = (f"prefill {prefill_note}; decode {decode} ({in_decode:.1f} sequences of {output:.0f} tokens "

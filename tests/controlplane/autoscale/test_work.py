@@ -103,6 +103,21 @@ def test_prompt_tokens_a_prefix_cache_holds_cost_no_prefill_but_still_count_as_c
     assert every is not None and "1499 of them cached" in every.reason  # one token is always computed
 
 
+def test_with_prefix_hits_the_spread_of_whole_prompts_does_not_narrow_the_prefill_queue() -> None:
+    """Whole prompts all of one length (a system prompt) say nothing of the uncached suffixes' spread:
+    M/M/c stands where the prefix caches hold part of the prompts."""
+    def needs(hits: float | None, sd: float | None) -> tuple[int, str]:
+        found = work_needs(PROFILE, rate=30.0, mean_prompt=1500, mean_output=50, ttft_slo_s=1.0,
+                           tpot_slo_s=0.1, prefix_hit_share=hits, prompt_sd=sd)
+        assert found is not None
+        return found.prefill, found.reason
+
+    cached_mmc, _ = needs(0.8, None)
+    cached_sd, reason = needs(0.8, 0.0)
+    assert cached_sd == cached_mmc and "the spread of the uncached part is unknown" in reason
+    assert needs(None, 0.0)[0] < needs(None, None)[0]  # without hits the spread still counts
+
+
 def test_long_outputs_scale_up_by_the_decode_slots_they_hold() -> None:
     short, _ = plan_for(3.0, prompt=200, output=20)
     long, reason = plan_for(3.0, prompt=200, output=2000)
