@@ -100,8 +100,8 @@ class LoadSample:
 
 @dataclass(slots=True, frozen=True)
 class SteadyLoad:
-    """The load the work is sized on: the mean of the ticks since the load last changed (at most the
-    stabilization window), or this tick's own when it changed."""
+    """The load the work is sized on (:func:`steady_load`): the level of the ticks since the load last
+    changed, at most the stabilization window, or this tick's own, with the note that says which."""
 
     rate: float | None
     mean_prompt_tokens: float | None
@@ -222,7 +222,7 @@ def change_z(window_s: float) -> float:
     """Standard errors beyond which a window's rate is a change: the two-sided normal quantile at which a
     steady Poisson load, read in disjoint windows of ``window_s``, reads as one ``FALSE_CHANGES_PER_DAY``
     times a day (3.58 for 30 s windows)."""
-    windows_per_day = DAY_S / window_s
+    windows_per_day = max(DAY_S / window_s, FALSE_CHANGES_PER_DAY)  # a day-long window: every one a change
     return NormalDist().inv_cdf(1 - FALSE_CHANGES_PER_DAY / (2 * windows_per_day))
 
 

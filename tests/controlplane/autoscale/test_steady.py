@@ -64,6 +64,7 @@ def window_mean(rate: Callable[[float], float]) -> Callable[[float], float]:
 def test_the_change_threshold_makes_one_false_change_a_day() -> None:
     assert change_z(30.0) == pytest.approx(3.58, abs=0.01)  # 2,880 disjoint 30 s windows a day
     assert change_z(60.0) < change_z(30.0)  # fewer windows, fewer chances to read noise as a change
+    assert change_z(2 * 86_400.0) == 0.0  # a window over a day: every window a change, each its own rate
 
 
 def test_counting_noise_of_a_steady_load_is_averaged_away_not_its_noisiest_window_kept() -> None:
