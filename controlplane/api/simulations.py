@@ -71,7 +71,7 @@ class SimulationJobs:
 
         ValueError: a bad policy (checked before anything runs); Conflict: a run is going on.
         """
-        from controlplane.sim.simulator import PolicySpec
+        from controlplane.sim.settings import PolicySpec
 
         labels = [PolicySpec.parse(p).label for p in body.policies]
         if not self.lock.acquire(blocking=False):

@@ -10,7 +10,7 @@ which is off by as much as the host's speed has moved since it was measured):
 - live: a real ``controlplane up`` (its own state folder under a temporary folder, free loopback ports, the
   built default model linked in, Prometheus, alerts and console off: the in-process scraper feeds the
   autoscaler; the gateway routes, queues and waits as the simulator's does), 1 replica at start,
-  ``[autoscaler]`` written field by field from :func:`controlplane.sim.simulator.autoscaler_config` and
+  ``[autoscaler]`` written field by field from :func:`controlplane.sim.policies.autoscaler_config` and
   read back to check that the control plane runs exactly the simulator's configuration. The load client
   (``python -m inference.bench serve``) replays the slice against the gateway; the fleet is read every
   second through ``/api/v1/fleet`` (replicas paid for: starting, ready, draining or ejected, as the
@@ -25,7 +25,7 @@ which is off by as much as the host's speed has moved since it was measured):
   the probe's figure (the processes beside the replicas take that from those cores).
 
 Both sides are measured over the same span, from the load's start to the slice's last arrival: SLO
-attainment (:class:`~controlplane.sim.simulator.Slo`; a failed request is a miss), P95 TTFT and TPOT,
+attainment (:class:`~controlplane.sim.settings.Slo`; a failed request is a miss), P95 TTFT and TPOT,
 replica-seconds, scale events; and how far the live replicas ran from the profile both sides price their
 steps with (:mod:`controlplane.autoscale.drift`, over the run's decision records:
 :mod:`controlplane.bench.live_speed`), and, not judged, the simulator again with its replicas at the
@@ -71,7 +71,9 @@ from controlplane.bench.sim_vs_live_report import (
 from controlplane.client import ControlPlaneClient
 from controlplane.config import load_config
 from controlplane.errors import ControlPlaneError
-from controlplane.sim.simulator import PolicySpec, SimSettings, autoscaler_config, simulate
+from controlplane.sim.policies import autoscaler_config
+from controlplane.sim.settings import PolicySpec, SimSettings
+from controlplane.sim.simulator import simulate
 from controlplane.sim.trace import SimRequest, TraceShape, azure_trace, trace_duration
 from controlplane.telemetry.base import DEFAULT_WINDOW_S
 from inference.bench.datasets import AZURE_TRACE

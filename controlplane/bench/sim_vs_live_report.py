@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controlplane.sim.replica import RequestOutcome
-from controlplane.sim.simulator import PolicyReport, Slo, p95
+from controlplane.sim.settings import Slo
+from controlplane.sim.simulator import PolicyReport, p95
 from inference.bench.report import RequestRecord
 
 TARGETS = {"attainment_points": 5.0, "replica_seconds": 0.15, "ttft_p95": 0.25}

@@ -70,7 +70,8 @@ def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm  # type: ignore[import-untyped]
 
     from controlplane.autoscale.profile import describe, load_profile
-    from controlplane.sim.simulator import PolicySpec, SimSettings, compare, figure, format_table
+    from controlplane.sim.settings import PolicySpec, SimSettings
+    from controlplane.sim.simulator import compare, figure, format_table
     from controlplane.sim.trace import BurstyConfig, TraceShape, azure_trace, synthetic_bursty
 
     specs = [PolicySpec.parse(p) for p in [args.policy, *args.compare]]

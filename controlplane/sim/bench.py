@@ -26,17 +26,8 @@ from pathlib import Path
 from controlplane.autoscale.profile import ReplicaProfile, load_profile, load_reference_profile
 from controlplane.sim.evalset import NAMES as EVALSET_NAMES
 from controlplane.sim.evalset import evalset_trace, load_evalset
-from controlplane.sim.simulator import (
-    PolicyReport,
-    PolicySpec,
-    Progress,
-    SimSettings,
-    Slo,
-    compare,
-    figure,
-    format_table,
-    simulate,
-)
+from controlplane.sim.settings import PolicySpec, SimSettings, Slo
+from controlplane.sim.simulator import PolicyReport, Progress, compare, figure, format_table, simulate
 from controlplane.sim.trace import BurstyConfig, SimRequest, TraceShape, azure_trace, synthetic_bursty
 from controlplane.vocabulary import HPA, OURS, STATIC
 from inference.bench.datasets import AZURE_TRACE

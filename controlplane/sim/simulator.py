@@ -23,7 +23,9 @@ defaults, every 5 s. It is LLM-aware in three ways, each a rule in ``controlplan
   rate limit, as Knative's KPA does (``PolicyConfig.panic_skips_rate_limit``); scale-down is gradual, one
   replica per 60 s (``PolicyConfig.scale_down_period_s``), so a burst that comes back finds capacity there.
 
-A report per policy: SLO attainment
+The policies' adapters to the simulated fleet are in ``controlplane.sim.policies``, the SLO, policy spec
+and fleet settings in ``controlplane.sim.settings``; this module runs them and reports. A report per
+policy: SLO attainment
 (share of requests with TTFT and TPOT within the SLO), replica-seconds, scale events, direction reversals
 within the stabilization window, and a timeline (load, replicas, P95 TTFT) that :func:`figure` draws.
 
@@ -35,282 +37,19 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from controlplane.autoscale.config import AutoscalerConfig
-from controlplane.autoscale.decide import (
-    LoopState,
-    applied,
-    offered_engine_load,
-    ours_policy,
-    per_replica,
-    with_work,
-)
-from controlplane.autoscale.decide import Observation as LiveObservation
-from controlplane.autoscale.decide import decide as live_decide
-from controlplane.autoscale.policies import (
-    History,
-    PanicState,
-    PolicyConfig,
-    Proposal,
-    Recommendation,
-    Snapshot,
-    decide,
-)
-from controlplane.autoscale.policies import applied as applied_policy
 from controlplane.autoscale.profile import ReplicaProfile, load_profile
-from controlplane.sim.fleet import FleetSim, Observation, ScaleEvent
-from controlplane.sim.replica import RequestOutcome
+from controlplane.sim.fleet import FleetSim, ScaleEvent
+from controlplane.sim.policies import make_policy
+from controlplane.sim.settings import PolicySpec, SimSettings, Slo
 from controlplane.sim.trace import SimRequest
-from controlplane.vocabulary import HPA, OURS, STATIC, static_policy
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 Progress = Callable[[float], None]  # fraction of simulated time done, 0..1
-
-
-@dataclass(slots=True, frozen=True)
-class Slo:
-    ttft_s: float = 1.0
-    tpot_s: float = 0.1
-
-    def __post_init__(self) -> None:
-        if not (self.ttft_s > 0 and self.tpot_s > 0):
-            raise ValueError(f"slo: ttft_s and tpot_s must be > 0, got {self.ttft_s}/{self.tpot_s}")
-
-    def is_met(self, outcome: RequestOutcome) -> bool:
-        ttft, tpot = outcome.ttft, outcome.tpot
-        return ttft is not None and tpot is not None and ttft <= self.ttft_s and tpot <= self.tpot_s
-
-
-@dataclass(slots=True, frozen=True)
-class PolicySpec:
-    """``ours``, ``hpa`` or ``static:N``."""
-
-    kind: str
-    replicas: int = 0
-
-    @classmethod
-    def parse(cls, text: str) -> PolicySpec:
-        name, _, count = text.strip().partition(":")
-        if name in (OURS, HPA) and not count:
-            return cls(name)
-        if name == STATIC and count.isdigit() and int(count) >= 1:
-            return cls(STATIC, int(count))
-        raise ValueError(f"policy: expected ours, hpa or static:N (N >= 1), got {text!r}")
-
-    @property
-    def label(self) -> str:
-        return static_policy(self.replicas) if self.kind == STATIC else self.kind
-
-
-@dataclass(slots=True, frozen=True)
-class SimSettings:
-    slo: Slo = Slo()
-    min_replicas: int = 1
-    max_replicas: int = 12
-    initial_replicas: int = 2
-    ours_tick_s: float = 5.0
-    hpa_tick_s: float = 15.0
-    stabilization_s: float = 300.0  # both policies' scale-down window, and the reversal window
-    crashes: tuple[float, ...] = ()  # simulated times at which the busiest ready replica dies
-    sample_s: float = 10.0
-    # None: every replica has cores of its own; N: the replicas share N cores (steps stretch, see fleet.py)
-    host_cores: int | None = None
-    # with host_cores: core-seconds per request the host's other processes spend (gateway, a co-located
-    # load client), which the replicas then do not have (fleet.py)
-    host_cpu_per_request_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_replicas <= self.initial_replicas <= self.max_replicas:
-            raise ValueError("need 1 <= min_replicas <= initial_replicas <= max_replicas")
-        if self.ours_tick_s <= 0 or self.hpa_tick_s <= 0 or self.sample_s <= 0:
-            raise ValueError("ticks and sample_s: must be > 0")
-        if self.host_cores is not None and self.host_cores < 1:
-            raise ValueError(f"host_cores: must be >= 1 or None, got {self.host_cores}")
-        if not self.host_cpu_per_request_s >= 0:
-            raise ValueError(f"host_cpu_per_request_s: must be >= 0, got {self.host_cpu_per_request_s!r}")
-
-    @classmethod
-    def what_if(cls, *, ttft_slo_s: float, tpot_slo_s: float, max_replicas: int,
-                crashes: Sequence[float] = ()) -> SimSettings:
-        """An operator's what-if (``controlplane simulate``, the REST API): two replicas at the start, or
-        fewer when the bound is lower."""
-        return cls(slo=Slo(ttft_slo_s, tpot_slo_s), max_replicas=max_replicas,
-                   initial_replicas=min(2, max_replicas), crashes=tuple(crashes))
-
-
-# ---- policies on the simulated fleet ----------------------------------------------------------
-def autoscaler_config(profile: ReplicaProfile, settings: SimSettings) -> AutoscalerConfig:
-    """The live loop's configuration for this fleet: its defaults (our policy's knobs included), with the
-    tokens/s target from the profile.
-
-    The anomaly source stays off: it learns seasons of wall-clock time, which a compressed trace has not.
-    """
-    capacity = concurrency_capacity(profile, settings.slo)
-    tokens = TOKENS_TARGET_SHARE * profile.decode_tokens_per_s(round(capacity), REFERENCE_CONTEXT)
-    return AutoscalerConfig(
-        tick_s=settings.ours_tick_s,
-        min_replicas=settings.min_replicas,
-        max_replicas=settings.max_replicas,
-        ttft_slo_s=settings.slo.ttft_s,
-        tpot_slo_s=settings.slo.tpot_s,
-        target_tokens_per_s_per_replica=round(tokens, 1),
-        tolerance=0.1,
-        scale_down_stabilization_s=settings.stabilization_s,
-        anomaly_enabled=False,
-    )
-
-
-REFERENCE_CONTEXT = 512  # tokens of context per sequence when sizing decode capacity
-TOKENS_TARGET_SHARE = 0.6  # of the decode throughput at the capacity batch
-
-
-def concurrency_capacity(profile: ReplicaProfile, slo: Slo) -> float:
-    """Sequences one replica decodes together within half the TPOT SLO (the rest is prefill headroom)."""
-    best = 1
-    for batch in range(1, profile.max_num_seqs + 1):
-        step = profile.step_time(
-            num_decode=batch, num_prefill_tokens=0, context_tokens=batch * REFERENCE_CONTEXT
-        )
-        if step <= slo.tpot_s / 2:
-            best = batch
-    return float(best)
-
-
-def metrics_of(obs: Observation, profile: ReplicaProfile) -> dict[str, float | None]:
-    """The live loop's metrics (``controlplane.autoscale.decide.METRICS``) read off the simulated fleet."""
-    ready = max(obs.ready, 1)
-    idle = obs.arrivals_per_s == 0 and obs.waiting == 0 and obs.running == 0
-    return {
-        "waiting_per_replica": obs.waiting / ready,
-        "kv_cache_usage": obs.kv_cache_usage,
-        # no first token in the window: idle counts as 0 (as the live loop does), a queue as unknown
-        "ttft_p95_s": obs.ttft_p95_s if obs.ttft_p95_s is not None else (0.0 if idle else None),
-        "tokens_per_s_per_replica": obs.tokens_per_s / ready,
-        "engine_load_per_replica": per_replica(offered_load(obs, profile), obs.ready),
-    }
-
-
-def offered_load(obs: Observation, profile: ReplicaProfile, *, short: bool = False) -> float | None:
-    """The live loop's offered engine load (:func:`controlplane.autoscale.decide.offered_engine_load`) on the
-    simulated fleet: arrivals over the metrics window (``short``: panic mode's window) times the mean tokens
-    of the requests finished in the metrics window; None while requests arrive but none finished."""
-    return offered_engine_load(
-        profile,
-        request_rate=obs.arrivals_per_s_short if short else obs.arrivals_per_s,
-        mean_prompt_tokens=obs.mean_prompt_tokens,
-        mean_output_tokens=obs.mean_output_tokens,
-        prefix_hit_share=obs.prefix_hit_share,
-    )
-
-
-@dataclass(slots=True)
-class LivePolicy:
-    """``ours``: ``controlplane.autoscale.decide.decide`` on every tick, as the live loop calls it, with no
-    anomaly source and no schedule window. The simulated fleet takes every count it is given, so each plan
-    is applied."""
-
-    config: AutoscalerConfig
-    initial: int
-    profile: ReplicaProfile
-    state: LoopState = field(init=False)
-
-    def __post_init__(self) -> None:
-        # the fleet has been running at its initial size: that is the first recommendation in the window
-        first = Recommendation(0.0, self.initial)
-        self.state = LoopState(History(self.config.scale_down_stabilization_s, (first,)))
-
-    def __call__(self, obs: Observation) -> tuple[int, str]:
-        live = LiveObservation(
-            now=obs.now,
-            wall=obs.now,
-            current=obs.desired,
-            ready=obs.ready,
-            starting=obs.starting,
-            metrics=metrics_of(obs, self.profile),
-            demand=offered_load(obs, self.profile, short=True),
-            request_rate=obs.arrivals_per_s,
-            panic_request_rate=obs.arrivals_per_s_short,
-            mean_prompt_tokens=obs.mean_prompt_tokens,
-            mean_output_tokens=obs.mean_output_tokens,
-            prefix_hit_share=obs.prefix_hit_share,
-            prompt_tokens_sd=obs.prompt_tokens_sd,
-            rate_window_s=obs.rate_window_s,
-        )
-        live = with_work(live, self.state, self.config, self.profile)
-        plan, state = live_decide(live, self.state, self.config, [])
-        self.state = applied(state, live, plan)
-        return plan.replicas, _reason(plan.decision.proposals, plan.clamps)
-
-
-@dataclass(slots=True)
-class HpaPolicy:
-    """The Kubernetes HPA baseline: target tracking over the same metric targets, no panic mode."""
-
-    config: PolicyConfig
-    initial: int
-    profile: ReplicaProfile
-    history: History = field(init=False)
-    state: PanicState = field(default_factory=PanicState)
-
-    def __post_init__(self) -> None:
-        self.history = History(self.config.scale_down_stabilization_s, (Recommendation(0.0, self.initial),))
-
-    def __call__(self, obs: Observation) -> tuple[int, str]:
-        snap = Snapshot(
-            now=obs.now,
-            current=obs.desired,
-            ready=obs.ready,
-            starting=obs.starting,
-            metrics=metrics_of(obs, self.profile),
-        )  # no demand: no panic mode
-        decision, state = decide(snap, self.config, self.history.items, self.state)
-        self.history = self.history.added(obs.now, decision.recommendation)
-        self.state = applied_policy(state, current=decision.current, replicas=decision.replicas, now=obs.now)
-        return decision.replicas, _reason(decision.proposals, decision.clamps)
-
-
-def _reason(proposals: Sequence[Proposal], clamps: Sequence[str]) -> str:
-    return "; ".join([*(f"{p.source}: {p.reason}" for p in proposals), *clamps])
-
-
-def hpa_config(live: AutoscalerConfig, settings: SimSettings) -> PolicyConfig:
-    """HPA's behaviour on the live loop's targets (waiting, KV cache, P95 TTFT, tokens/s, all sizing; no
-    engine load): up by max(4 pods, 100%) per 15 s, down by 100% per period once the 300 s window allows
-    it, tolerance 0.1, no panic."""
-    ours = ours_policy(live)
-    targets = tuple(replace(t, guard=False) for t in ours.targets if t.name != "engine_load_per_replica")
-    return replace(
-        ours,
-        targets=targets,
-        scale_down_period_s=0.0,
-        panic_skips_rate_limit=False,
-        tolerance=0.1,
-        scale_down_stabilization_s=settings.stabilization_s,
-        scale_up_max_step=4,
-        scale_up_max_percent=100.0,
-        scale_down_max_step=settings.max_replicas,
-    )
-
-
-def make_policy(
-    spec: PolicySpec, profile: ReplicaProfile, settings: SimSettings
-) -> tuple[Callable[[Observation], tuple[int, str]] | None, float, int]:
-    """(policy, tick, initial replicas) of ``spec``."""
-    if spec.kind == STATIC:
-        return None, settings.hpa_tick_s, spec.replicas
-    live = autoscaler_config(profile, settings)
-    if spec.kind == HPA:
-        return (
-            HpaPolicy(hpa_config(live, settings), settings.initial_replicas, profile),
-            settings.hpa_tick_s,
-            settings.initial_replicas,
-        )
-    policy = LivePolicy(live, settings.initial_replicas, profile)
-    return policy, settings.ours_tick_s, settings.initial_replicas
 
 
 # ---- reports ---------------------------------------------------------------------------------

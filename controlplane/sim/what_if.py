@@ -87,7 +87,8 @@ def run_what_if(body: SimulateRequest, progress: Progress | None = None, *,
     ``progress`` sees the fraction of all policies' runs done and the policy simulated now.
     """
     from controlplane.autoscale.profile import describe, load_profile
-    from controlplane.sim.simulator import PolicySpec, SimSettings, compare
+    from controlplane.sim.settings import PolicySpec, SimSettings
+    from controlplane.sim.simulator import compare
     from controlplane.sim.trace import BurstyConfig, TraceShape, azure_trace, shaped, synthetic_bursty
 
     specs = [PolicySpec.parse(p) for p in body.policies]

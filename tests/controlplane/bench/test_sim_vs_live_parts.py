@@ -19,7 +19,9 @@ from controlplane.bench.sim_vs_live import profile_path, write_config
 from controlplane.bench.sim_vs_live_report import Side, format_report, integrate, live_side, outcome, verdicts
 from controlplane.client import Decision, DecisionInputs
 from controlplane.config import load_config
-from controlplane.sim.simulator import PolicySpec, SimSettings, Slo, autoscaler_config, p95, simulate
+from controlplane.sim.policies import autoscaler_config
+from controlplane.sim.settings import PolicySpec, SimSettings, Slo
+from controlplane.sim.simulator import p95, simulate
 from controlplane.sim.trace import SimRequest
 from inference.bench.report import RequestRecord
 

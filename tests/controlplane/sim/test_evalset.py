@@ -27,7 +27,8 @@ from controlplane.sim.evalset import (
     load_evalset,
     minute_counts,
 )
-from controlplane.sim.simulator import PolicyReport, SimSettings, Timeline
+from controlplane.sim.settings import SimSettings
+from controlplane.sim.simulator import PolicyReport, Timeline
 from controlplane.sim.trace import BurstyConfig, TraceShape, synthetic_bursty
 
 
@@ -151,7 +152,9 @@ def test_counting_prefix_cache_hits_keeps_the_shared_prefix_fleet_to_what_it_com
     from controlplane.autoscale import decide
     from controlplane.autoscale.profile import load_reference_profile
     from controlplane.sim.bench import shape_for
-    from controlplane.sim.simulator import OURS, PolicySpec, simulate
+    from controlplane.sim.settings import PolicySpec
+    from controlplane.sim.simulator import simulate
+    from controlplane.vocabulary import OURS
 
     profile = load_reference_profile()  # the replica the set's traffic is sized for
     shape = replace(shape_for(1.0, 0.25, profile.max_model_len), start_s=1500.0, duration_s=600.0)

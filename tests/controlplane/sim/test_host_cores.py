@@ -7,7 +7,8 @@ import pytest
 
 from controlplane.autoscale.profile import ReplicaProfile
 from controlplane.sim.fleet import FleetSim
-from controlplane.sim.simulator import PolicySpec, SimSettings, simulate
+from controlplane.sim.settings import PolicySpec, SimSettings
+from controlplane.sim.simulator import simulate
 from controlplane.sim.trace import SimRequest
 
 STEP = 0.01

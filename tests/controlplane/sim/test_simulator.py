@@ -40,14 +40,8 @@ from controlplane.config import load_config
 from controlplane.fleet.reconcile import Fleet
 from controlplane.sim.batch import BATCH_NICE
 from controlplane.sim.fleet import FleetSim, ScaleEvent
-from controlplane.sim.simulator import (
-    PolicySpec,
-    SimSettings,
-    count_reversals,
-    figure,
-    format_table,
-    simulate,
-)
+from controlplane.sim.settings import PolicySpec, SimSettings
+from controlplane.sim.simulator import count_reversals, figure, format_table, simulate
 from controlplane.sim.trace import (
     BurstyConfig,
     SimRequest,
@@ -207,7 +201,7 @@ def test_ours_scales_up_within_its_tick_and_down_only_after_the_window() -> None
 
 
 def _events(requests: list[SimRequest], policy: str) -> list[ScaleEvent]:
-    from controlplane.sim.simulator import make_policy
+    from controlplane.sim.policies import make_policy
 
     profile, settings = load_profile(), SimSettings()
     fn, tick, initial = make_policy(PolicySpec.parse(policy), profile, settings)
@@ -286,7 +280,7 @@ def sim_observation(**changes: Any) -> Any:
 
 
 def test_offered_load_is_linear_in_the_request_rate_and_unknown_until_a_request_finishes() -> None:
-    from controlplane.sim.simulator import offered_load
+    from controlplane.sim.policies import offered_load
 
     profile = fixed()
     base = sim_observation()
@@ -304,7 +298,7 @@ def test_ours_is_the_live_loops_decision_on_the_live_loops_defaults() -> None:
     from controlplane.autoscale.decide import Observation as LiveObservation
     from controlplane.autoscale.decide import decide as live_decide
     from controlplane.autoscale.decide import new_state, ours_policy
-    from controlplane.sim.simulator import LivePolicy, hpa_config, make_policy, metrics_of, offered_load
+    from controlplane.sim.policies import LivePolicy, hpa_config, make_policy, metrics_of, offered_load
 
     profile, settings = load_profile(), SimSettings()
     policy, tick, _ = make_policy(PolicySpec.parse("ours"), profile, settings)
