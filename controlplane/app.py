@@ -298,6 +298,11 @@ async def _start(cp: ControlPlane, running: _Running, api_socket: socket.socket)
         cfg.autoscaler.replica_profile, cfg.state_path, cpu_decode_kernel=cfg.fleet.cpu_decode_kernel))
     services.autoscaler = running.autoscaler = Autoscaler(scaling, cp.fleet, cp.telemetry, cp.store,
                                                           refused=cp.gateways.refusals.rate)
+    if (measured := services.autoscaler.profile.cpu_limit) != cfg.fleet.replica_cpu_limit:
+        logger.warning("the replica profile was measured with CPU limit %s, the fleet runs its replicas "
+                       "with %s: the autoscaler sizes for replicas of another speed (calibrate again)",
+                       "none" if measured is None else f"{measured:g}",
+                       "none" if cfg.fleet.replica_cpu_limit is None else f"{cfg.fleet.replica_cpu_limit:g}")
     if cp.slices is not None:  # canary releases: the version registry and the controller
         services.versions = VersionRegistry(cp.store)
         services.canary = running.canary = CanaryController(cp.fleet, services.versions, cp.slices)

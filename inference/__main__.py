@@ -74,6 +74,22 @@ def _generate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     if args.cpus:  # before torch starts a thread: every thread inherits the main thread's CPUs
         os.sched_setaffinity(0, args.cpus)
+    limit = None
+    if args.cpu_limit is not None:  # likewise: a thread started before joining would run unlimited
+        from inference.cpu_limit import CpuLimitUnavailable, join
+        try:
+            limit = join(args.cpu_limit)
+        except CpuLimitUnavailable as exc:
+            print(f"error: --cpu-limit: unavailable: {exc}", file=sys.stderr)
+            return 2
+    try:
+        return _run_replica(args)
+    finally:
+        if limit is not None:
+            limit.leave()
+
+
+def _run_replica(args: argparse.Namespace) -> int:
     from inference.replica import run
     api_key = secret_option(value=args.api_key, file=args.api_key_file, env=os.environ,
                             env_name=API_KEY_ENV, option="--api-key")
@@ -130,6 +146,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help="share of new traces sampled; a request with a traceparent follows its parent")
     p.add_argument("--cpus", type=cpu_list, default=None,
                    help="run on these CPUs only, e.g. 2-3 or 0,4 (default: wherever the scheduler puts it)")
+    p.add_argument("--cpu-limit", type=float, default=None, metavar="CORES",
+                   help="at most this much CPU time per second, e.g. 0.75 (a cgroup's CFS quota, as a "
+                        "container's CPU limit; needs root or a delegated cgroup; default: no limit)")
 
 
 def cpu_list(text: str) -> set[int]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from inference.cpu_limit import sweep
 from inference.environment import child_environment
 
 
@@ -108,3 +109,4 @@ class ReplicaProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+        sweep()  # the CPU limit's group of a replica that had to be killed (``--cpu-limit``)

@@ -56,12 +56,15 @@ class CalibrationPlan:
     repeats: int = 3  # rounds over every point; each keeps its median round (decode: of its median steps)
     num_threads: int = 1  # as the control plane starts replicas on a shared 2-core machine
     cpu_decode_kernel: bool | None = None  # the replica's C++ decode kernel ([fleet] cpu_decode_kernel)
+    cpu_limit: float | None = None  # the replica's CPU limit in cores ([fleet] replica_cpu_limit)
 
     def __post_init__(self) -> None:
         if len(self.prefill_lens) + len(self.decodes) < 5:
             raise ValueError("a calibration needs at least 5 points for the model's 5 coefficients")
         if self.repeats < 1 or self.decode_tokens < 4 or self.num_threads < 1:
             raise ValueError("repeats and num_threads: >= 1; decode_tokens: >= 4")
+        if self.cpu_limit is not None and not self.cpu_limit > 0:
+            raise ValueError(f"cpu_limit: must be > 0 cores, got {self.cpu_limit!r}")
 
     @property
     def num_points(self) -> int:
@@ -94,15 +97,16 @@ def calibrate(plan: CalibrationPlan = CalibrationPlan(), *,
     replica = ReplicaProcess(free_port(), replica_id="calibrate-0", extra_args=replica_args(plan))
     started = time.monotonic()
     with replica:
-        replica.wait_ready(timeout=180)
+        replica.wait_ready(timeout=180)  # a replica that could not have its CPU limit exits: said here
         start_s = time.monotonic() - started
         say(0, plan.num_measurements, f"replica ready after {start_s:.2f}s")
         points, held_out, limits = asyncio.run(_measure(replica.base_url, plan, say))
     kernel = limits.pop("cpu_decode_kernel", 0)
     source = (f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.node()} "
               f"({platform.processor() or platform.machine()}), default model, {plan.num_threads} torch "
-              f"thread(s){', CPU decode kernel' if kernel else ''}")
-    return fit(points, held_out, start_s=round(start_s, 3), source=source, **limits)
+              f"thread(s){', CPU decode kernel' if kernel else ''}"
+              f"{'' if plan.cpu_limit is None else f', CPU limit {plan.cpu_limit:g} cores'}")
+    return fit(points, held_out, start_s=round(start_s, 3), source=source, cpu_limit=plan.cpu_limit, **limits)
 
 
 def kernel_build_command(plan: CalibrationPlan) -> list[str] | None:
@@ -112,9 +116,10 @@ def kernel_build_command(plan: CalibrationPlan) -> list[str] | None:
 
 
 def replica_args(plan: CalibrationPlan) -> list[str]:
-    """The calibrated replica's flags: the fleet's thread count and engine switches."""
+    """The calibrated replica's flags: the fleet's thread count, engine switches and CPU limit."""
     kernel = switch_args("--cpu-decode-kernel", plan.cpu_decode_kernel)
-    return ["--num-threads", str(plan.num_threads), *kernel]
+    limit = [] if plan.cpu_limit is None else ["--cpu-limit", f"{plan.cpu_limit:g}"]
+    return ["--num-threads", str(plan.num_threads), *kernel, *limit]
 
 
 def calibrate_with_bar(plan: CalibrationPlan = CalibrationPlan()) -> ReplicaProfile:

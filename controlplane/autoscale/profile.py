@@ -104,6 +104,10 @@ class ReplicaProfile:
     points: tuple[ProfilePoint, ...] = field(default_factory=tuple)
     per_prefill_pair_s: float = 0.0
     held_out: tuple[ProfilePoint, ...] = field(default_factory=tuple)
+    # the CPU limit (cores) the replica was measured under (``controlplane calibrate --cpu-limit``); None:
+    # none, the replica had whatever the host gave it. The simulator counts a busy replica as this much of
+    # a core when replicas share the host's cores.
+    cpu_limit: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("step_base_s", "per_seq_s", "per_prefill_token_s", "per_context_token_s", "start_s",
@@ -116,6 +120,8 @@ class ReplicaProfile:
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_capacity_tokens", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)!r}")
+        if self.cpu_limit is not None and not self.cpu_limit > 0:
+            raise ValueError(f"cpu_limit: must be > 0 or null, got {self.cpu_limit!r}")
 
     def step_time(self, *, num_decode: int, num_prefill_tokens: int, context_tokens: int,
                   prefill_pairs: int | None = None) -> float:

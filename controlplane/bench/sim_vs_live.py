@@ -55,7 +55,7 @@ from typing import Any
 
 import httpx
 
-from controlplane.autoscale.calibrate import calibrate_with_bar
+from controlplane.autoscale.calibrate import CalibrationPlan, calibrate_with_bar
 from controlplane.autoscale.config import AutoscalerConfig
 from controlplane.autoscale.profile import DEFAULT_PROFILE, HELD_OUT_BOUND, load_profile, resolve_profile_path
 from controlplane.bench.host_cpu import CpuMeter, DataPathProbe
@@ -156,23 +156,29 @@ def autoscaler_table(config: AutoscalerConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_config(workdir: Path, autoscaler: AutoscalerConfig, *,
-                 observe_only: bool = False) -> tuple[Path, str, str]:
+def write_config(workdir: Path, autoscaler: AutoscalerConfig, *, observe_only: bool = False,
+                 cpu_limit: float | None = None) -> tuple[Path, str, str]:
     """The live run's TOML (free loopback ports, 1 replica, the simulator's autoscaler, observing only
-    until the probe is done when ``observe_only``): (path, API URL, gateway URL). The file is read back as
-    ``controlplane up`` reads it: its autoscaler must be the one given."""
+    until the probe is done when ``observe_only``, replicas under the CPU limit the profile was measured
+    under): (path, API URL, gateway URL). The file is read back as ``controlplane up`` reads it: its
+    autoscaler must be the one given."""
     autoscaler = dataclasses.replace(autoscaler, observe_only=observe_only)
     api, gateway = free_port(), free_port()
     config = workdir / "controlplane.toml"
     config.write_text(f'state_dir = "{workdir / "state"}"\n[api]\nport = {api}\n[gateway]\nport = {gateway}\n'
                       + "".join(f"{k} = {toml_value(v)}\n" for k, v in GATEWAY_AS_SIMULATED.items())
                       + f"[fleet]\nreplicas = 1\nbase_port = {free_port() + 100}\n"
+                      + ("" if cpu_limit is None else f"replica_cpu_limit = {cpu_limit!r}\n")
                       + '[prometheus]\nenabled = "off"\n'
                       + "[alerts]\nenabled = false\n[console]\nenabled = false\n"
                       + autoscaler_table(autoscaler))
-    live = load_config(config).autoscaler
-    if live != autoscaler:
-        raise SimVsLiveError(f"the live autoscaler config is not the simulator's:\n{live}\n{autoscaler}")
+    loaded = load_config(config)
+    if loaded.autoscaler != autoscaler:
+        raise SimVsLiveError(f"the live autoscaler config is not the simulator's:\n{loaded.autoscaler}\n"
+                             f"{autoscaler}")
+    if loaded.fleet.replica_cpu_limit != cpu_limit:
+        raise SimVsLiveError(f"the live replicas' CPU limit {loaded.fleet.replica_cpu_limit} is not the "
+                             f"profile's {cpu_limit}")
     return config, f"http://127.0.0.1:{api}", f"http://127.0.0.1:{gateway}"
 
 
@@ -191,9 +197,10 @@ def run_folder(given: str | None) -> Path:
     return workdir
 
 
-def calibrate_here(workdir: Path) -> str:
-    """``controlplane calibrate`` in this run: this host's profile as it is now, written to the workdir."""
-    profile = calibrate_with_bar()
+def calibrate_here(workdir: Path, cpu_limit: float | None = None) -> str:
+    """``controlplane calibrate`` in this run: this host's profile as it is now (its replica under
+    ``cpu_limit``, as the live ones will be), written to the workdir."""
+    profile = calibrate_with_bar(CalibrationPlan(cpu_limit=cpu_limit))
     error = profile.fit_error()
     out = workdir / "replica_profile.json"
     out.write_text(json.dumps(profile.to_json(), indent=1) + "\n")
@@ -295,11 +302,11 @@ class LiveRun:
 
 
 def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_state: Path,
-             probe_s: float = 0.0) -> LiveRun:
+             probe_s: float = 0.0, cpu_limit: float | None = None) -> LiveRun:
     models = ensure_default_model(source_state).parent  # built before the control plane starts
     (workdir / "state").mkdir(parents=True, exist_ok=True)
     (workdir / "state" / "models").symlink_to(models, target_is_directory=True)
-    config, api, gateway = write_config(workdir, autoscaler, observe_only=probe_s > 0)
+    config, api, gateway = write_config(workdir, autoscaler, observe_only=probe_s > 0, cpu_limit=cpu_limit)
     token = secrets.token_urlsafe(16)
     with control_plane(config, workdir, token) as process, ControlPlaneClient(api, token) as client:
         wait_ready(process, client, gateway, workdir / "up.log")
@@ -381,6 +388,10 @@ def add_sim_vs_live_arguments(p: argparse.ArgumentParser) -> None:
                    "(`controlplane calibrate`, about 2 minutes) and run both sides on that profile, "
                    "written to the workdir: a profile from another day is off by as much as the host's "
                    "speed moved since")
+    p.add_argument("--cpu-limit", type=float, default=None, metavar="CORES",
+                   help="with --calibrate: measure the replica under this CPU limit, and run the live "
+                   "replicas under it ([fleet] replica_cpu_limit); a --profile's own limit applies "
+                   "otherwise (default: none)")
     p.add_argument("--probe", type=float, default=PROBE_S, metavar="SECONDS",
                    help="seconds of the slice's start replayed first to measure the CPU the gateway, the "
                    "load client and the control plane spend per request, which the simulator's replicas "
@@ -401,7 +412,9 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
         raise ValueError("--calibrate measures the profile: give --profile or --calibrate, not both")
     source_state = Path(args.state_dir).expanduser() if args.state_dir else load_config(None).state_path
     workdir = run_folder(args.workdir) if args.calibrate else None  # the calibrated profile is kept there
-    path = calibrate_here(workdir) if workdir else profile_path(args.profile, source_state)
+    if args.cpu_limit is not None and not args.calibrate:
+        raise ValueError("--cpu-limit is what --calibrate measures under (a --profile carries its own limit)")
+    path = calibrate_here(workdir, args.cpu_limit) if workdir else profile_path(args.profile, source_state)
     profile = load_profile(path)
     cut = Slice(args.trace_start, args.duration, args.compress, args.token_scale,
                 profile.max_model_len * 3 // 4, profile.max_model_len // 4)
@@ -415,9 +428,11 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
     print(f"slice: {len(requests)} requests from {cut.trace_start_s:g}s of the Azure trace, compressed "
           f"{cut.compress:g}x ({cut.duration_s:g}s of replay), tokens x{cut.token_scale:g}, prompts <= "
           f"{cut.max_prompt_len}, outputs <= {cut.max_output_len}; profile {path} ({profile.source}); "
-          f"host cores {settings.host_cores}; replicas 1..{args.max_replicas}", flush=True)
+          f"host cores {settings.host_cores}; replicas 1..{args.max_replicas}"
+          + ("" if profile.cpu_limit is None else f", each limited to {profile.cpu_limit:g} of a core"),
+          flush=True)
     workdir = workdir or run_folder(args.workdir)
-    run = run_live(cut, autoscaler, workdir, source_state, args.probe)
+    run = run_live(cut, autoscaler, workdir, source_state, args.probe, profile.cpu_limit)
     check_same_requests(requests, run.records)
     beside = dataclasses.replace(settings, host_cpu_per_request_s=run.probe.cpu_per_request_s
                                  if run.probe else 0.0)
@@ -460,6 +475,7 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
             "slice": dataclasses.asdict(cut), "profile": path, "span_s": span, "workdir": str(workdir),
             "profile_source": profile.source, "profile_fit_error": dataclasses.asdict(profile.fit_error()),
             "autoscaler": dataclasses.asdict(autoscaler), "host_cores": settings.host_cores,
+            "cpu_limit": profile.cpu_limit,
             "host_cpu_per_request_s": beside.host_cpu_per_request_s,
             "probe": None if run.probe is None else dataclasses.asdict(run.probe),
             "live": dataclasses.asdict(live), "sim": dataclasses.asdict(sim), "cpu": run.cpu,

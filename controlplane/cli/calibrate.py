@@ -36,6 +36,9 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--cpu-decode-kernel", action=argparse.BooleanOptionalAction, default=None,
                      help="the replica decodes with the C++ kernel, or not (default: as the --config file's "
                           "[fleet] cpu_decode_kernel says, else on where it applies)")
+    cmd.add_argument("--cpu-limit", type=float, default=None, metavar="CORES",
+                     help="measure the replica under this CPU limit, as the fleet runs it (default: as the "
+                          "--config file's [fleet] replica_cpu_limit says, else none)")
     cmd.add_argument("--quick", action="store_true", help="fewer points, two rounds (about 30 s)")
     cmd.add_argument("--force", action="store_true", help=f"install the profile even if its held-out "
                                                           f"error is over {HELD_OUT_BOUND:.0%}%")
@@ -50,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads < 1:
         raise UsageError("calibrate: --threads must be >= 1")
+    if args.cpu_limit is not None and not args.cpu_limit >= 0.1:
+        raise UsageError("calibrate: --cpu-limit must be at least 0.1 (cores)")
     config = load_config(args.config)
     if args.out:
         out = Path(args.out)
@@ -59,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"calibrate: {out.parent} is not a folder")
     plan = replace(QUICK_PLAN if args.quick else CalibrationPlan(), num_threads=args.threads,
                    cpu_decode_kernel=(config.fleet.cpu_decode_kernel if args.cpu_decode_kernel is None
-                                      else args.cpu_decode_kernel))
+                                      else args.cpu_decode_kernel),
+                   cpu_limit=config.fleet.replica_cpu_limit if args.cpu_limit is None else args.cpu_limit)
     started = time.monotonic()
     profile = calibrate_with_bar(plan)
     print(report(profile))

@@ -22,6 +22,12 @@ class FleetConfig:
     # applies and builds; false: the torch path (the replica profile should then be calibrated without it,
     # `controlplane calibrate --no-cpu-decode-kernel`).
     cpu_decode_kernel: bool | None = None
+    # Each replica's CPU limit in cores (a cgroup's CFS quota, as a container's limits.cpu: `inference serve
+    # --cpu-limit`); unset: none. A limited replica runs at the speed a profile calibrated under the same
+    # limit measured (`controlplane calibrate --cpu-limit`) whatever else the host runs, as long as the
+    # limits and the host's other work fit its cores. Needs root or a delegated cgroup: a replica that
+    # cannot have its limit refuses to start, and the fleet reports it as crashing.
+    replica_cpu_limit: float | None = None
     ready_timeout_s: float = 120.0
     drain_timeout_s: float = 30.0
     restart_backoff_s: float = 0.5
@@ -64,6 +70,8 @@ def fleet_problems(cfg: FleetConfig) -> list[tuple[str, str]]:
         ("ray_address", cfg.ray_address in ("auto", "local") or _is_ray_url(cfg.ray_address),
          "must be auto, local or ray://host:port"),
         ("ray_connect_timeout_s", cfg.ray_connect_timeout_s > 0, "must be > 0"),
+        ("replica_cpu_limit", cfg.replica_cpu_limit is None or cfg.replica_cpu_limit >= 0.1,
+         "must be at least 0.1 (cores) or unset"),
         ("ray_num_cpus", cfg.ray_num_cpus >= 0, "must be >= 0"),
         ("ray_num_gpus", cfg.ray_num_gpus >= 0, "must be >= 0"),
         ("ray_num_npus", cfg.ray_num_npus >= 0, "must be >= 0"),

@@ -437,7 +437,8 @@ class Fleet:
         return ReplicaSpec(replica_id, zone, host, port or self._free_port(), model, generation,
                            self.admin_token(replica_id), self.config.replica_threads,
                            self.config.max_num_seqs, self.config.drain_timeout_s, self.tracing, version,
-                           served, cpu_decode_kernel=self.config.cpu_decode_kernel)
+                           served, cpu_decode_kernel=self.config.cpu_decode_kernel,
+                           cpu_limit=self.config.replica_cpu_limit)
 
     def _free_port(self) -> int:
         used = {r.spec.port for r in self.replicas.values()} | self.reserved_ports

@@ -23,12 +23,13 @@ token. Within a segment the step time uses the batch's mean context (exact when 
 Shared cores (``host_cores``): by default each replica has a core of its own. Given ``host_cores``, the
 replicas share that many cores (as local replica processes of one torch thread each share a host): a
 segment's step time is stretched by ``max(1, busy / host_cores)``, ``busy`` counting the replicas running a
-segment when it starts, itself included. The stretch is fixed for the segment; a replica that starts or
-stops stepping later does not change it. Other processes on those cores (the gateway relaying the streams,
-a load client on the same host, the control plane) take ``host_cpu_per_request_s`` core-seconds per
-request: at the arrival rate of the last ``short_window_s`` that many cores fewer are left to the
-replicas (at least a quarter of the host's), so a step stretches by ``busy / (host_cores - other)`` once
-the busy replicas want more than what is left.
+segment when it starts, itself included; by ``max(1, busy * limit / host_cores)`` for replicas measured
+under a CPU limit of ``limit`` cores (``profile.cpu_limit``), whose profile already runs at that share.
+The stretch is fixed for the segment; a replica that starts or stops stepping later does not change it.
+Other processes on those cores (the gateway relaying the streams, a load client on the same host, the
+control plane) take ``host_cpu_per_request_s`` core-seconds per request: at the arrival rate of the last
+``short_window_s`` that many cores fewer are left to the replicas (at least a quarter of the host's), so a
+step stretches by ``busy / (host_cores - other)`` once the busy replicas want more than what is left.
 
 The host's speed (``speed``): a function of simulated time that multiplies every step time, read when a
 segment starts; none by default (the profile's speed throughout). ``python -m controlplane.bench
@@ -307,12 +308,15 @@ class FleetSim:
         self.clock.push(self.now + steps * dt, "step", replica, replica.version)
 
     def _core_share(self) -> float:
-        """How much slower a step runs on shared cores: busy replicas (this one included) per core left to
-        them by the host's other processes, >= 1."""
+        """How much slower a step runs on shared cores: the cores busy replicas (this one included) want
+        over the cores the host's other processes leave them, >= 1. A replica wants a core, or its CPU limit
+        where the profile was measured under one (a limited replica runs at the profile's speed until the
+        limits no longer fit)."""
         if self.host_cores is None:
             return 1.0
         busy = sum(r.busy for r in self.replicas)
-        return max(1.0, busy / self._cores_left())
+        per_replica = min(1.0, self.profile.cpu_limit or 1.0)
+        return max(1.0, busy * per_replica / self._cores_left())
 
     def _cores_left(self) -> float:
         """The host's cores less what its other processes take at the recent arrival rate."""

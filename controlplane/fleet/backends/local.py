@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 
 from controlplane.fleet.backends.base import NodeState, ReplicaHandle, ReplicaLocation, ReplicaSpec
+from inference.cpu_limit import sweep
 from inference.launcher import replica_environment
 
 logger = logging.getLogger(__name__)
@@ -74,12 +75,14 @@ class LocalProcessBackend:
                 child.wait(5)
             except subprocess.TimeoutExpired:
                 logger.error("[%s] pid %d did not exit after SIGKILL", handle.replica_id, handle.pid)
+        sweep()  # a killed replica leaves its CPU limit's group ([fleet] replica_cpu_limit)
 
     def forget(self, handle: ReplicaHandle) -> None:
         """Reap an exited child so that no zombie is left."""
         child = self._children.pop(handle.pid, None) if handle.pid is not None else None
         if child is not None:
             child.poll()
+        sweep()  # a crashed replica leaves its CPU limit's group
 
     def adopt(self, spec: ReplicaSpec, pid: int | None) -> ReplicaHandle | None:
         if pid is None or not _pid_alive(pid):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.autoscale.calibrate import CalibrationPlan
 from controlplane.autoscale.profile import (
     HELD_OUT_BOUND,
     ProfilePoint,
@@ -131,21 +132,27 @@ def test_a_fleet_without_the_kernel_falls_back_on_the_torch_paths_profile(tmp_pa
     assert resolve_profile_path("", tmp_path, cpu_decode_kernel=False) == str(calibrated)  # the host's wins
 
 
-def test_calibrate_measures_the_replica_the_config_runs(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def plans(monkeypatch: pytest.MonkeyPatch) -> list[CalibrationPlan]:
+    """The plans ``controlplane calibrate`` would measure, each stopped before it starts a replica."""
+    from controlplane.autoscale import calibrate as calibration
+
+    seen: list[CalibrationPlan] = []
+
+    def stop_at_the_plan(plan: CalibrationPlan) -> None:
+        seen.append(plan)
+        raise SystemExit(9)
+
+    monkeypatch.setattr(calibration, "calibrate_with_bar", stop_at_the_plan)
+    return seen
+
+
+def test_calibrate_measures_the_replica_the_config_runs(tmp_path: Path, plans: list[CalibrationPlan]) -> None:
     """``controlplane calibrate --config FILE`` starts its replica as that file's fleet would: with
     ``[fleet] cpu_decode_kernel = true``, the C++ decode kernel (or with ``--cpu-decode-kernel``); with
     ``false`` (or ``--no-cpu-decode-kernel``), the torch path; unset, the replica's default."""
     from controlplane.autoscale import calibrate as calibration
     from controlplane.cli.main import main
-
-    plans: list[calibration.CalibrationPlan] = []
-
-    def stop_at_the_plan(plan: calibration.CalibrationPlan) -> None:
-        plans.append(plan)
-        raise SystemExit(9)
-
-    monkeypatch.setattr(calibration, "calibrate_with_bar", stop_at_the_plan)
     config = tmp_path / "c.toml"
     config.write_text(f'state_dir = "{tmp_path / "state"}"\n[fleet]\ncpu_decode_kernel = true\n')
     plain = tmp_path / "plain.toml"
@@ -165,3 +172,28 @@ def test_calibrate_measures_the_replica_the_config_runs(tmp_path: Path,
     # the kernel is built (or found built) before the replica's start is timed, unless it is not run
     build = [sys.executable, "-m", "inference", "kernel"]
     assert [calibration.kernel_build_command(p) for p in plans] == [build, build, build, None, None]
+
+
+def test_calibrate_measures_under_the_fleets_cpu_limit_and_the_profile_keeps_it(
+        tmp_path: Path, plans: list[CalibrationPlan]) -> None:
+    """``[fleet] replica_cpu_limit`` (or ``--cpu-limit``) reaches the calibrated replica's flags, and the
+    profile says what it was measured under, through its JSON; a limit under 0.1 is a one-line refusal."""
+    from controlplane.autoscale import calibrate as calibration
+    from controlplane.cli.main import main
+    limited = tmp_path / "limited.toml"
+    limited.write_text(f'state_dir = "{tmp_path / "state"}"\n[fleet]\nreplica_cpu_limit = 0.75\n')
+    plain = tmp_path / "plain.toml"
+    plain.write_text(f'state_dir = "{tmp_path / "state"}"\n')
+    for args in (["--config", str(limited)], ["--config", str(plain), "--cpu-limit", "0.5"],
+                 ["--config", str(plain)]):
+        with pytest.raises(SystemExit):
+            main(["calibrate", "--quick", *args])
+    assert [p.cpu_limit for p in plans] == [0.75, 0.5, None]
+    assert calibration.replica_args(plans[0])[-2:] == ["--cpu-limit", "0.75"]
+    assert "--cpu-limit" not in calibration.replica_args(plans[2])
+    assert main(["calibrate", "--config", str(plain), "--cpu-limit", "0.05"]) == 2
+    assert len(plans) == 3  # refused before measuring
+    measured = replace(TRUE, cpu_limit=0.75)
+    assert ReplicaProfile.from_json(json.loads(json.dumps(measured.to_json()))).cpu_limit == 0.75
+    older = {k: v for k, v in TRUE.to_json().items() if k != "cpu_limit"}  # profiles from before the field
+    assert ReplicaProfile.from_json(older).cpu_limit is None

@@ -29,6 +29,19 @@ def flag(args: list[str], name: str) -> str | None:
     return args[args.index(name) + 1] if name in args else None
 
 
+def commands(tmp_path: Path, config: FleetConfig) -> list[list[str]]:
+    """The command lines both backends would start the replicas of ``config``'s fleet with."""
+    tmp_path.mkdir()
+    backend = SimBackend()
+    with Store(tmp_path / "cp.db") as store:
+        fleet = Fleet(config, backend, store, secret=b"s" * 32,  # type: ignore[arg-type]
+                      ready_probe=lambda _: asyncio.sleep(0, True))
+        asyncio.run(fleet.reconcile())
+    assert len(backend.spawned) == config.replicas
+    local = LocalProcessBackend(log_dir=tmp_path / "logs", state_dir=tmp_path)
+    return [args for spawned in backend.spawned for args in (local.command(spawned), _serve_args(spawned))]
+
+
 def test_spawned_replicas_carry_the_gateways_trace_settings(tmp_path: Path) -> None:
     gateway = GatewayConfig(otlp_traces_endpoint=URL, otlp_sample_ratio=0.25)
     backend = SimBackend()
@@ -50,15 +63,23 @@ def test_with_tracing_off_replicas_get_no_trace_flags(tmp_path: Path) -> None:
 
 
 def test_fleet_cpu_decode_kernel_reaches_every_replica_command_on_either_backend(tmp_path: Path) -> None:
-    local = LocalProcessBackend(log_dir=tmp_path / "logs", state_dir=tmp_path)
     for on in (True, False, None):
-        backend = SimBackend()
-        with Store(tmp_path / f"cp-{on}.db") as store:
-            fleet = Fleet(FleetConfig(replicas=2, base_port=18311, cpu_decode_kernel=on), backend,  # type: ignore[arg-type]
-                          store, secret=b"s" * 32, ready_probe=lambda _: asyncio.sleep(0, True))
-            asyncio.run(fleet.reconcile())
-        assert len(backend.spawned) == 2
-        for spawned in backend.spawned:
-            for args in (local.command(spawned), _serve_args(spawned)):
-                assert ("--cpu-decode-kernel" in args) == (on is True), args
-                assert ("--no-cpu-decode-kernel" in args) == (on is False), args
+        config = FleetConfig(replicas=2, base_port=18311, cpu_decode_kernel=on)
+        for args in commands(tmp_path / f"on-{on}", config):
+            assert ("--cpu-decode-kernel" in args) == (on is True), args
+            assert ("--no-cpu-decode-kernel" in args) == (on is False), args
+
+
+def test_fleet_replica_cpu_limit_reaches_every_replica_command_on_either_backend(tmp_path: Path) -> None:
+    for limit in (0.75, None):
+        for args in commands(tmp_path / f"limit-{limit}", FleetConfig(replicas=2, base_port=18321,
+                                                                      replica_cpu_limit=limit)):
+            assert flag(args, "--cpu-limit") == (None if limit is None else "0.75"), args
+
+
+def test_a_cpu_limit_under_a_tenth_of_a_core_is_a_config_problem() -> None:
+    from controlplane.fleet.config import fleet_problems
+
+    assert fleet_problems(FleetConfig(replica_cpu_limit=0.5)) == []
+    assert fleet_problems(FleetConfig(replica_cpu_limit=0.05)) == [
+        ("fleet.replica_cpu_limit", "must be at least 0.1 (cores) or unset")]

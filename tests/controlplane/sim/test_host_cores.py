@@ -1,7 +1,10 @@
 """Replicas sharing a host's cores (``SimSettings.host_cores``): steps stretch by busy replicas per core,
-less the cores the host's other processes take per request arriving (``host_cpu_per_request_s``)."""
+less the cores the host's other processes take per request arriving (``host_cpu_per_request_s``); replicas
+measured under a CPU limit (``ReplicaProfile.cpu_limit``) want that share of a core, not a whole one."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -24,8 +27,9 @@ def two_at_once() -> list[SimRequest]:
     return [SimRequest(0, 0.0, 100, 5), SimRequest(1, 0.0, 100, 5)]  # one on each of two replicas
 
 
-def finishes(host_cores: int | None, cpu_per_request_s: float = 0.0) -> list[float | None]:
-    sim = FleetSim(fixed(), two_at_once(), initial_replicas=2, policy=None, tick_s=15.0,
+def finishes(host_cores: int | None, cpu_per_request_s: float = 0.0,
+             profile: ReplicaProfile | None = None) -> list[float | None]:
+    sim = FleetSim(profile or fixed(), two_at_once(), initial_replicas=2, policy=None, tick_s=15.0,
                    host_cores=host_cores, host_cpu_per_request_s=cpu_per_request_s).run()
     assert [r.step for r in sim.replicas] == [5, 5]  # each replica served one request in 5 steps
     return [o.finish for o in sim.outcomes]
@@ -81,3 +85,16 @@ def test_settings_carry_the_other_processes_cpu_to_the_fleet() -> None:
     assert taken.tpot_p95_s == pytest.approx(2 * STEP)
     with pytest.raises(ValueError, match="host_cpu_per_request_s"):
         SimSettings(host_cpu_per_request_s=-1.0)
+
+
+def test_limited_replicas_run_at_their_profile_while_their_limits_fit_the_cores() -> None:
+    # measured under half a core each, two busy replicas fit one core: the profile's speed, as two
+    # containers with 0.5-core limits run on one core; two 0.75-core replicas want 1.5 cores of one
+    half, three_quarters = (dataclasses.replace(fixed(), cpu_limit=c) for c in (0.5, 0.75))
+    assert finishes(1, profile=half) == pytest.approx([5 * STEP, 5 * STEP])
+    assert finishes(1, profile=three_quarters) == pytest.approx([7.5 * STEP, 7.5 * STEP])
+    # a limit over a core is a core (one torch thread), and no host_cores is a core per replica
+    assert finishes(1, profile=dataclasses.replace(fixed(), cpu_limit=2.0)) == finishes(1)
+    assert finishes(None, profile=half) == finishes(None)
+    with pytest.raises(ValueError, match="cpu_limit"):
+        dataclasses.replace(fixed(), cpu_limit=0.0)
