@@ -154,7 +154,8 @@ async def _measure(url: str, plan: CalibrationPlan,
         for _ in range(plan.repeats):
             for i, step in enumerate(steps):
                 if isinstance(step, Decode):
-                    median, tokens = await _decode_once(client, rng, step, plan.decode_tokens)
+                    median, tokens = await _decode_once(client, rng, step, plan.decode_tokens,
+                                                        limited=plan.cpu_limit is not None)
                     seconds[i].append(median)
                     generated[i].extend(tokens)
                     what = f"decode batch {step.batch} at context {step.context}: {median * 1e3:.1f} ms/step"
@@ -183,11 +184,14 @@ class CalibrationFailed(Unavailable):
     batch run whole); the same command may succeed when the host is quieter."""
 
 
-async def _decode_once(client: httpx.AsyncClient, rng: random.Random, d: Decode,
-                       steady_tokens: int) -> tuple[float, list[int]]:
-    """One repetition of a decode point: the median step while the whole batch decodes, and for each of
-    those steps the tokens its sequence had generated. A try in which the batch never decoded whole (a
-    host so busy that the first streams finished before the last were admitted) is tried again."""
+async def _decode_once(client: httpx.AsyncClient, rng: random.Random, d: Decode, steady_tokens: int, *,
+                       limited: bool = False) -> tuple[float, list[int]]:
+    """One repetition of a decode point: the median step while the whole batch decodes (the mean under a
+    CPU limit), and for each of those steps the tokens its sequence had generated. A try in which the batch
+    never decoded whole (a host so busy that the first streams finished before the last were admitted) is
+    tried again. Under a CPU limit the quota's waits fall on some steps and not others (a 3 ms step runs
+    whole in most 10 ms periods and waits at the rest), so the median step reads the unthrottled ones and
+    misses the share of time the quota takes; the mean counts it."""
     # Streams are admitted one prefill at a time: the first has ~batch tokens by the time the last has its
     # first. Each asks for enough tokens that all are still decoding for `steady_tokens` steps.
     tokens = d.batch + steady_tokens
@@ -195,7 +199,8 @@ async def _decode_once(client: httpx.AsyncClient, rng: random.Random, d: Decode,
         runs = await asyncio.gather(*(_stream(client, _prompt(rng, d.context), tokens)
                                       for _ in range(d.batch)))
         if gaps := _steady_gaps(runs):
-            return statistics.median(g for g, _ in gaps), [i for _, i in gaps]
+            typical = statistics.fmean if limited else statistics.median
+            return typical(g for g, _ in gaps), [i for _, i in gaps]
     raise CalibrationFailed(f"decode batch {d.batch} at context {d.context}: no step with the whole batch "
                             f"decoding in {DECODE_TRIES} tries (the replica admitted fewer at once; a busy "
                             "host?)")

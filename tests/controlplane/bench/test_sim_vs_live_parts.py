@@ -41,6 +41,10 @@ def test_the_live_config_runs_the_simulators_autoscaler_on_the_same_profile(tmp_
     # while the probe runs the autoscaler only observes; nothing else differs
     config, _, _ = write_config(tmp_path, wanted, observe_only=True)
     assert load_config(config).autoscaler == dataclasses.replace(wanted, observe_only=True)
+    assert load_config(config).fleet.replica_cpu_limit is None
+    # a profile measured under a CPU limit: the live replicas run under the same one
+    config, _, _ = write_config(tmp_path, wanted, cpu_limit=0.75)
+    assert load_config(config).fleet.replica_cpu_limit == 0.75
 
 
 def test_the_probe_counts_what_runs_beside_the_replicas_per_request() -> None:
