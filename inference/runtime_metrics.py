@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from inference.cpu_limit import current
+
 # The project's own metrics (everything not named by vLLM) carry this prefix, so that they never collide
 # with another exporter's names in a shared Prometheus (vLLM's own ``http_requests_total``, for one).
 NAMESPACE = "llmsre_"
@@ -45,8 +47,6 @@ class CpuLimitMetrics(Collector):
     Throttled time that grows with load says the limit, not the host, sets the replica's speed."""
 
     def collect(self) -> Iterable[Metric]:
-        from inference.cpu_limit import current
-
         limit = current()
         if limit is None:
             return

@@ -20,16 +20,10 @@ its next sequence finishes, or until an arrival it could admit), so the cost is 
 token. Within a segment the step time uses the batch's mean context (exact when the model's
 ``per_context_token_s`` is 0).
 
-Shared cores (``host_cores``): by default each replica has a core of its own. Given ``host_cores``, the
-replicas share that many cores (as local replica processes of one torch thread each share a host): a
-segment's step time is stretched by ``max(1, busy / host_cores)``, ``busy`` counting the replicas running a
-segment when it starts, itself included; by ``max(1, busy * limit / host_cores)`` for replicas measured
-under a CPU limit of ``limit`` cores (``profile.cpu_limit``), whose profile already runs at that share.
-The stretch is fixed for the segment; a replica that starts or stops stepping later does not change it.
-Other processes on those cores (the gateway relaying the streams, a load client on the same host, the
-control plane) take ``host_cpu_per_request_s`` core-seconds per request: at the arrival rate of the last
-``short_window_s`` that many cores fewer are left to the replicas (at least a quarter of the host's), so a
-step stretches by ``busy / (host_cores - other)`` once the busy replicas want more than what is left.
+Shared cores (``host_cores``): by default each replica has a core of its own; given ``host_cores``, a
+segment's step time is stretched by :class:`~controlplane.sim.host.SharedCores` (busy replicas, or their
+CPU limits, over the cores the host's other processes leave them). The stretch is fixed for the segment;
+a replica that starts or stops stepping later does not change it.
 
 The host's speed (``speed``): a function of simulated time that multiplies every step time, read when a
 segment starts; none by default (the profile's speed throughout). ``python -m controlplane.bench
@@ -47,6 +41,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from controlplane.autoscale.profile import ReplicaProfile, attention_pairs
+from controlplane.sim.host import SharedCores
 from controlplane.sim.replica import Replica, ReplicaPhase, RequestOutcome, SimSequence
 from controlplane.sim.trace import SimRequest
 
@@ -135,14 +130,12 @@ class FleetSim:
     ) -> None:
         if initial_replicas < 0 or tick_s <= 0 or sample_s <= 0:
             raise ValueError("initial_replicas must be >= 0, tick_s and sample_s > 0")
-        if host_cores is not None and host_cores < 1:
-            raise ValueError(f"host_cores: must be >= 1 or None, got {host_cores}")
-        if not host_cpu_per_request_s >= 0:
+        if host_cores is None and not host_cpu_per_request_s >= 0:  # SharedCores checks its own
             raise ValueError(f"host_cpu_per_request_s: must be >= 0, got {host_cpu_per_request_s!r}")
         self.profile = profile
-        self.host_cores = host_cores
-        self.host_cpu_per_request_s = host_cpu_per_request_s
-        self._recent: deque[float] = deque()  # arrivals of the last short_window_s (the host's other CPU)
+        self.host = None if host_cores is None else SharedCores(
+            host_cores, cpu_per_request_s=host_cpu_per_request_s, window_s=short_window_s,
+            replica_cpu_limit=profile.cpu_limit)
         self.speed = speed
         self.short_window_s = short_window_s
         self.requests = sorted(requests, key=lambda r: r.arrival)
@@ -229,8 +222,8 @@ class FleetSim:
         self.outcomes.append(outcome)
         self._unfinished += 1
         self._arrivals.append(self.now)
-        if self.host_cpu_per_request_s:
-            self._recent.append(self.now)
+        if self.host is not None:
+            self.host.arrived(self.now)
         self._route(SimSequence(outcome, prompt, output, prefix_id=request.prefix_id,
                                 prefix_len=min(request.prefix_len, prompt)))
 
@@ -302,31 +295,11 @@ class FleetSim:
             self._maybe_stop(replica)
             return
         replica.busy = True
-        dt *= self._core_share() * (1.0 if self.speed is None else self.speed(self.now))
+        shared = 1.0 if self.host is None else self.host.stretch(sum(r.busy for r in self.replicas), self.now)
+        dt *= shared * (1.0 if self.speed is None else self.speed(self.now))
         replica.seg_start, replica.seg_dt, replica.seg_steps = self.now, dt, steps
         replica.version += 1
         self.clock.push(self.now + steps * dt, "step", replica, replica.version)
-
-    def _core_share(self) -> float:
-        """How much slower a step runs on shared cores: the cores busy replicas (this one included) want
-        over the cores the host's other processes leave them, >= 1. A replica wants a core, or its CPU limit
-        where the profile was measured under one (a limited replica runs at the profile's speed until the
-        limits no longer fit)."""
-        if self.host_cores is None:
-            return 1.0
-        busy = sum(r.busy for r in self.replicas)
-        per_replica = min(1.0, self.profile.cpu_limit or 1.0)
-        return max(1.0, busy * per_replica / self._cores_left())
-
-    def _cores_left(self) -> float:
-        """The host's cores less what its other processes take at the recent arrival rate."""
-        assert self.host_cores is not None
-        if not self.host_cpu_per_request_s:
-            return float(self.host_cores)
-        while self._recent and self._recent[0] < self.now - self.short_window_s:
-            self._recent.popleft()
-        rate = len(self._recent) / self.short_window_s  # early in a run, the window's share of it
-        return max(self.host_cores - rate * self.host_cpu_per_request_s, self.host_cores / 4)
 
     def _end_segment(self, replica: Replica) -> None:
         steps = replica.seg_steps
