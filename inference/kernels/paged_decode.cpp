@@ -7,6 +7,7 @@
 // among torch's intra-op threads as each becomes free.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
@@ -309,8 +310,13 @@ void decode(const T* q, const T* k, const T* v, const int64_t* tables, const int
 
 }  // namespace
 
-torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                           const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale) {
+namespace {
+
+// paged_decode's work into ``out``: B x H x D values of q's dtype, contiguous (a fused layer passes the first
+// rows of its padded buffer).
+void paged_decode_into(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                       const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale,
+                       void* out) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
               "paged_decode: q must be [B, H, D] and the caches [blocks, block_size, KV, D]");
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu(), "paged_decode: CPU tensors only");
@@ -326,20 +332,28 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
   TORCH_CHECK(tables.dim() == 2 && tables.size(0) == batch && lens.numel() == batch,
               "paged_decode: one block table row and one length per sequence");
   const auto query = q.contiguous();
-  auto out = torch::empty_like(query);
   const float s = static_cast<float>(scale);
   if (q.scalar_type() == torch::kFloat) {
     decode<float>(query.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-                  tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), out.data_ptr<float>(), batch, heads,
+                  tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), static_cast<float*>(out), batch, heads,
                   kv_heads, dim, block_size, tables.size(1), s);
   } else if (q.scalar_type() == torch::kBFloat16) {
     using bf16 = c10::BFloat16;
     decode<bf16>(query.data_ptr<bf16>(), k_cache.data_ptr<bf16>(), v_cache.data_ptr<bf16>(),
-                 tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), out.data_ptr<bf16>(), batch, heads,
+                 tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), static_cast<bf16*>(out), batch, heads,
                  kv_heads, dim, block_size, tables.size(1), s);
   } else {
     TORCH_CHECK(false, "paged_decode: float32 or bfloat16 only, got ", q.scalar_type());
   }
+}
+
+}  // namespace
+
+torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                           const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale) {
+  TORCH_CHECK(q.dim() == 3, "paged_decode: q must be [B, H, D] and the caches [blocks, block_size, KV, D]");
+  auto out = torch::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+  paged_decode_into(q, k_cache, v_cache, block_tables, context_lens, scale, out.data_ptr());
   return out;
 }
 
@@ -484,6 +498,27 @@ void rotate_and_store(const T* qkv, const T* cos, const T* sin, T* q, T* k_cache
   }
 }
 
+// A linear layer's product over x [R, K] (contiguous): through ATen for a plain weight; for a weight packed
+// once for oneDNN (inference/packed_linear.py, an opaque oneDNN tensor) through oneDNN's linear, the call
+// PackedLinear makes, at R rows, which the caller pads to that layer's row bucket so that oneDNN builds
+// its primitives for the same bounded set of row counts.
+torch::Tensor project(const torch::Tensor& x, const torch::Tensor& weight, const c10::optional<torch::Tensor>& bias) {
+  if (!weight.is_mkldnn()) return at::linear(x, weight, bias);
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  std::vector<c10::IValue> stack{x, weight, bias ? c10::IValue(*bias) : c10::IValue(), c10::IValue("none"),
+                                 c10::IValue(c10::List<c10::optional<at::Scalar>>()), c10::IValue()};
+  op.callBoxed(&stack);
+  return std::move(stack[0]).toTensor();
+}
+
+// A [rows, n] buffer whose rows past ``tokens`` (the padding of a packed linear's input) are zero.
+torch::Tensor padded_rows(int64_t rows, int64_t tokens, int64_t n, const torch::TensorOptions& options) {
+  auto buffer = torch::empty({rows, n}, options);
+  if (rows > tokens) buffer.narrow(0, tokens, rows - tokens).zero_();
+  return buffer;
+}
+
 template <typename T>
 torch::Tensor decode_layer(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                            const torch::Tensor& input_norm, double input_eps, const torch::Tensor& qkv_weight,
@@ -492,31 +527,33 @@ torch::Tensor decode_layer(const torch::Tensor& x, const torch::Tensor& cos, con
                            double post_eps, const torch::Tensor& gate_up_weight, const torch::Tensor& down_weight,
                            const torch::Tensor& k_cache, const torch::Tensor& v_cache, const torch::Tensor& slots,
                            const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale,
-                           int64_t heads, int64_t kv_heads, int64_t dim) {
+                           int64_t heads, int64_t kv_heads, int64_t dim, int64_t rows) {
+  // the linears run at ``rows`` rows (the tokens, or a packed layer's bucket), every other part at the tokens'
   const int64_t tokens = x.size(0), hidden = x.size(1), inter = down_weight.size(1);
   const auto in_norm = input_norm.contiguous(), out_norm = post_norm.contiguous();
   const auto cos_t = cos.contiguous(), sin_t = sin.contiguous(), slot_ids = slots.to(torch::kLong).contiguous();
-  auto normed = torch::empty_like(x);
+  auto normed = padded_rows(rows, tokens, hidden, x.options());
   rms_norm_parallel(x.data_ptr<T>(), in_norm.data_ptr<T>(), normed.data_ptr<T>(), tokens, hidden,
                     static_cast<float>(input_eps));
-  const auto qkv = at::linear(normed, qkv_weight, qkv_bias).contiguous();
+  const auto qkv = project(normed, qkv_weight, qkv_bias).contiguous();
   auto q = torch::empty({tokens, heads, dim}, x.options());
   rotate_and_store(qkv.data_ptr<T>(), cos_t.data_ptr<T>(), sin_t.data_ptr<T>(), q.data_ptr<T>(), k_cache.data_ptr<T>(),
                    v_cache.data_ptr<T>(), slot_ids.data_ptr<int64_t>(), tokens, heads, kv_heads, dim);
-  const auto attended = paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale);
-  auto h = at::linear(attended.view({tokens, heads * dim}), o_weight, o_bias);
+  auto attended = padded_rows(rows, tokens, heads * dim, x.options());
+  paged_decode_into(q, k_cache, v_cache, block_tables, context_lens, scale, attended.data_ptr());
+  auto h = project(attended, o_weight, o_bias).narrow(0, 0, tokens);
   h.add_(x);
   rms_norm_parallel(h.data_ptr<T>(), out_norm.data_ptr<T>(), normed.data_ptr<T>(), tokens, hidden,
                     static_cast<float>(post_eps));
-  const auto gate_up = at::linear(normed, gate_up_weight).contiguous();
+  const auto gate_up = project(normed, gate_up_weight, c10::nullopt).contiguous();
 #if defined(__AVX512F__)
-  auto act = torch::empty({tokens, inter}, x.options());
-  silu_mul_parallel(gate_up.data_ptr<T>(), act.data_ptr<T>(), tokens, inter);
+  auto act = torch::empty({rows, inter}, x.options());
+  silu_mul_parallel(gate_up.data_ptr<T>(), act.data_ptr<T>(), rows, inter);  // the padding's rows: silu(0) * 0
 #else  // ATen's SiLU is vectorized, the portable loop calls expf: about 45 us a layer slower
   auto act = at::silu(gate_up.narrow(1, 0, inter));
   act.mul_(gate_up.narrow(1, inter, inter));
 #endif
-  auto out = at::linear(act, down_weight);
+  auto out = project(act.contiguous(), down_weight, c10::nullopt).narrow(0, 0, tokens);
   out.add_(h);
   return out;
 }
@@ -525,10 +562,12 @@ torch::Tensor decode_layer(const torch::Tensor& x, const torch::Tensor& cos, con
 
 // One Llama decoder layer for a step of decoding sequences only (one query token each), as
 // LlamaDecoderLayer.forward computes it in Python with the kernel above for its attention: the linear
-// layers and SiLU through ATen, the norms, rotary and the cache writes as loops of their own, each token's
-// key and value written straight into its slot. What goes is about fifty operator calls a layer (each a
-// few microseconds at a decode batch) and their temporaries. x [T, hidden]; cos, sin [T, 1, D/2]; the
-// caches and tables as for paged_decode; slots [T] where each token's key and value go.
+// layers through ATen (or oneDNN, for weights packed at load), the norms, rotary, SiLU and the cache writes
+// as loops of their own, each token's key and value written straight into its slot. What goes is about
+// fifty operator calls a layer (each a few microseconds at a decode batch) and their temporaries.
+// x [T, hidden]; cos, sin [T, 1, D/2]; the caches and tables as for paged_decode; slots [T] where each
+// token's key and value go; rows: the row count the linears run at, T or, with packed weights, T's bucket
+// (inference/packed_linear.py, row_bucket).
 torch::Tensor llama_decode_layer(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                                  const torch::Tensor& input_norm, double input_eps, const torch::Tensor& qkv_weight,
                                  const c10::optional<torch::Tensor>& qkv_bias, const torch::Tensor& o_weight,
@@ -537,7 +576,7 @@ torch::Tensor llama_decode_layer(const torch::Tensor& x, const torch::Tensor& co
                                  const torch::Tensor& down_weight, const torch::Tensor& k_cache,
                                  const torch::Tensor& v_cache, const torch::Tensor& slots,
                                  const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale,
-                                 int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
+                                 int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t rows) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == k_cache.scalar_type() &&
                   input_norm.scalar_type() == x.scalar_type() && post_norm.scalar_type() == x.scalar_type() &&
                   cos.scalar_type() == x.scalar_type() && k_cache.is_contiguous() && v_cache.is_contiguous(),
@@ -547,14 +586,15 @@ torch::Tensor llama_decode_layer(const torch::Tensor& x, const torch::Tensor& co
               "llama_decode_layer: the projection, the heads and the cache do not match");
   TORCH_CHECK(cos.numel() == x.size(0) * head_dim / 2 && sin.numel() == cos.numel() && slots.numel() == x.size(0),
               "llama_decode_layer: one rotary row and one slot per token");
+  TORCH_CHECK(rows >= x.size(0), "llama_decode_layer: the linears' rows cannot be fewer than the tokens");
   if (x.scalar_type() == torch::kFloat)
     return decode_layer<float>(x, cos, sin, input_norm, input_eps, qkv_weight, qkv_bias, o_weight, o_bias,
                                post_norm, post_eps, gate_up_weight, down_weight, k_cache, v_cache, slots,
-                               block_tables, context_lens, scale, num_heads, num_kv_heads, head_dim);
+                               block_tables, context_lens, scale, num_heads, num_kv_heads, head_dim, rows);
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "llama_decode_layer: float32 or bfloat16 only");
   return decode_layer<c10::BFloat16>(x, cos, sin, input_norm, input_eps, qkv_weight, qkv_bias, o_weight, o_bias,
                                      post_norm, post_eps, gate_up_weight, down_weight, k_cache, v_cache, slots,
-                                     block_tables, context_lens, scale, num_heads, num_kv_heads, head_dim);
+                                     block_tables, context_lens, scale, num_heads, num_kv_heads, head_dim, rows);
 }
 
 namespace {

@@ -26,6 +26,7 @@ from inference.attention import Attention, AttentionContext, get_context
 from inference.kv_quant import KVCacheStore
 from inference.models.config import ModelConfig
 from inference.models.rope import RotaryEmbedding, apply_rotary
+from inference.packed_linear import PackedLinear, row_bucket
 
 # A decoder layer's decode step in one call (the CPU decode kernel's ``llama_decode_layer``): the layer's
 # input, cos, sin, then its weights and the attention's cache and tables, as LlamaDecoderLayer passes them.
@@ -116,6 +117,7 @@ class LlamaDecoderLayer(nn.Module):
         # once instead of through the modules' attributes at every step (21 -> 6 us a layer under cProfile)
         self._fused_weights: tuple[object, ...] = ()
         self._fused_sizes: tuple[object, ...] = ()
+        self._fused_rows: Callable[[int], int] = int  # the linears' row count for a step's tokens
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.fused_decode is not None and (ctx := get_context()) is not None and _decode_only(ctx, x):
@@ -125,11 +127,13 @@ class LlamaDecoderLayer(nn.Module):
         return out
 
     def fusable(self) -> bool:
-        """Whether :meth:`_fused` can run this layer: plain linear layers (not packed), a float cache (not
-        INT8) that the kernel reads, and one dtype for the norms, the projections and the cache."""
+        """Whether :meth:`_fused` can run this layer: linear layers all plain or all packed for oneDNN, a
+        float cache (not INT8) that the kernel reads, and one dtype for the norms, the projections and the
+        cache."""
         attn = self.self_attn.attn
         linears = (self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
-        if not (all(type(m) is nn.Linear for m in linears) and type(attn.cache) is KVCacheStore
+        kinds = {type(m) for m in linears}
+        if not (kinds in ({nn.Linear}, {PackedLinear}) and type(attn.cache) is KVCacheStore
                 and self.mlp.gate_up_proj.bias is None and self.mlp.down_proj.bias is None):
             return False
         dtypes = {self.input_layernorm.weight.dtype, self.post_attention_layernorm.weight.dtype,
@@ -143,7 +147,7 @@ class LlamaDecoderLayer(nn.Module):
             self._bind_fused()
         step_profile.lap(step_profile.MODEL_REST)
         out = fn(x, cos, sin, *self._fused_weights, ctx.slot_mapping, group.block_tables, group.context_lens,
-                 *self._fused_sizes)
+                 *self._fused_sizes, self._fused_rows(x.shape[0]))
         step_profile.lap(step_profile.DECODE_LAYERS)
         return out
 
@@ -156,6 +160,8 @@ class LlamaDecoderLayer(nn.Module):
             self.post_attention_layernorm.eps, self.mlp.gate_up_proj.weight, self.mlp.down_proj.weight,
             attn.cache.k, attn.cache.v)
         self._fused_sizes = (attn.scale, attn.num_heads, attn.num_kv_heads, attn.head_dim)
+        # packed linears run at their row buckets, whose oneDNN primitives the engine built at load
+        self._fused_rows = row_bucket if isinstance(a.qkv_proj, PackedLinear) else int
 
 
 def _decode_only(ctx: AttentionContext, x: torch.Tensor) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from inference.attention import AttentionContext, DecodeKernel, attention_context, decode_group
 from inference.config import EngineConfig
@@ -23,6 +24,7 @@ from inference.cpu_attention import CpuDecodeKernel, load_cpu_decode_kernel
 from inference.engine import LLMEngine
 from inference.kv_quant import KVCacheStore
 from inference.models.llama import LlamaDecoderLayer, RMSNorm
+from inference.packed_linear import row_bucket
 from inference.sampling_params import SamplingParams
 
 BLOCK_SIZE = 16
@@ -142,12 +144,15 @@ def test_by_default_a_cpu_engine_runs_the_kernel_where_it_applies(tiny_llama_dir
     assert int8.cpu_decode_kernel == "unavailable: the INT8 KV cache" and int8.runner.fused_layers == 0
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_decoder_layer_in_one_call_matches_the_layer_in_python(tiny_llama_dir: Path, dtype: str) -> None:
+def test_a_decoder_layer_in_one_call_matches_the_layer_in_python(tiny_llama_dir: Path, dtype: str,
+                                                                 packed: bool) -> None:
     """A pure decode step through ``llama_decode_layer`` gives the Python layer's output and writes its
-    cache, within the dtype's rounding."""
+    cache, within the dtype's rounding; with weights packed for oneDNN too, whose linears run at a row
+    bucket (9 sequences: 10 rows, one of padding)."""
     engine = LLMEngine(str(tiny_llama_dir), EngineConfig(device="cpu", dtype=dtype, cpu_decode_kernel=True,
-                                                         num_kv_blocks=64))
+                                                         num_kv_blocks=64, pack_linear_weights=packed))
     assert engine.runner.fused_layers == len(engine.model.layers) > 0
     layer = engine.model.layers[0]
     attn = layer.self_attn.attn
@@ -156,7 +161,8 @@ def test_a_decoder_layer_in_one_call_matches_the_layer_in_python(tiny_llama_dir:
     gen = torch.Generator().manual_seed(3)
     cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
     cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
-    lengths = [1, 17, 40, 33, 5]
+    lengths = [1, 17, 40, 33, 5, 12, 2, 29, 8]
+    assert row_bucket(len(lengths)) > len(lengths)
     order = random.Random(3).sample(range(1, 64), sum(-(-n // BLOCK_SIZE) for n in lengths))
     width = max(-(-n // BLOCK_SIZE) for n in lengths)
     tables, slots = [], []
@@ -252,6 +258,11 @@ def test_the_engine_runs_every_step_s_norms_and_activation_in_the_kernel(tiny_ll
 def test_layers_the_call_cannot_run_stay_in_python(tiny_llama_dir: Path) -> None:
     config = EngineConfig(device="cpu", cpu_decode_kernel=True, num_kv_blocks=64, pack_linear_weights=True)
     packed = LLMEngine(str(tiny_llama_dir), config)
-    assert packed.cpu_decode_kernel == "on" and packed.runner.fused_layers == 0
+    assert packed.cpu_decode_kernel == "on" and packed.runner.fused_layers == len(packed.model.layers)
+    layer = packed.model.layers[0]
+    assert isinstance(layer, LlamaDecoderLayer)
+    layer.mlp.down_proj = nn.Linear(layer.mlp.down_proj.in_features, layer.mlp.down_proj.out_features,
+                                    bias=False)
+    assert not layer.fusable()  # one plain linear among packed ones
     plain = LLMEngine(str(tiny_llama_dir), TORCH_PATH)
     assert plain.runner.fused_layers == 0
