@@ -295,7 +295,8 @@ async def _start(cp: ControlPlane, running: _Running, api_socket: socket.socket)
                         what_if_priority=cfg.simulator.cpu_priority)
     # the profile `controlplane calibrate` measured on this host, unless the config names one
     scaling = replace(cfg.autoscaler, replica_profile=resolve_profile_path(
-        cfg.autoscaler.replica_profile, cfg.state_path, cpu_decode_kernel=cfg.fleet.cpu_decode_kernel))
+        cfg.autoscaler.replica_profile, cfg.state_path, cpu_decode_kernel=cfg.fleet.cpu_decode_kernel,
+        packed_weights=cfg.fleet.packed_weights))
     services.autoscaler = running.autoscaler = Autoscaler(scaling, cp.fleet, cp.telemetry, cp.store,
                                                           refused=cp.gateways.refusals.rate)
     if (measured := services.autoscaler.profile.cpu_limit) != cfg.fleet.replica_cpu_limit:

@@ -37,13 +37,17 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="on a CPU, decode attention by the C++ paged kernel, built once per machine on first "
                         "use (20-40 s); where it cannot run, a logged reason and the torch path (default: "
                         "on where it applies)")
+    p.add_argument("--packed-weights", action=argparse.BooleanOptionalAction, default=None,
+                   help="on a CPU, the linear weights laid out once at load for oneDNN (float32 or "
+                        "bfloat16); where they cannot be, a logged reason and torch's linear (default: on "
+                        "where it applies)")
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                         num_threads=getattr(args, "num_threads", 0), decode_graphs=args.decode_graphs,
-                        cpu_decode_kernel=args.cpu_decode_kernel)
+                        cpu_decode_kernel=args.cpu_decode_kernel, pack_linear_weights=args.packed_weights)
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -28,9 +28,11 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA/NPU
     num_threads: int = 0  # 0: torch's default
-    # CPU: linear weights reordered once for oneDNN at load (inference/packed_linear.py). Off by default: a
-    # soak measured a replica's RSS growing 11.5% in 112 s with it (oneDNN keeps a primitive per batch shape)
-    pack_linear_weights: bool = False
+    # CPU: linear weights reordered once for oneDNN at load (inference/packed_linear.py), with oneDNN's
+    # primitives for every row count a step can run built at load too (memory flat from then on). None: on
+    # where it applies (a CPU, float32 or bfloat16, a torch with oneDNN's linear; engine.packed_weights
+    # says why not); True: the same, with a warning where it cannot; False: torch's linear.
+    pack_linear_weights: bool | None = None
     # CPU: pure-decode attention (and, built with AVX-512, the Llama layers' norm and activation) by a C++
     # extension that reads keys and values in place from the paged cache (inference/cpu_attention.py),
     # built once per machine on first use. None: on where it applies (a CPU, float32 or bfloat16, no INT8

@@ -30,7 +30,7 @@ from inference.models.default_moe import ensure_default_moe_model
 from inference.models.loader import load_model
 from inference.npu_attention import make_npu_decode_kernel
 from inference.output import Clock, RequestMetrics, RequestOutput, TextAssembler, TokenLogprob
-from inference.packed_linear import pack_linears
+from inference.packed_linear import pack_linears, unavailable_reason
 from inference.sampler import SamplingRow
 from inference.sampling_params import InvalidParameterError, SamplingParams
 from inference.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -113,9 +113,7 @@ class LLMEngine:
         self.model, self.model_config = load_model(
             self.model_path, device=self.device.torch_device, dtype=self.dtype,
             max_positions=config.max_model_len or None)
-        if config.pack_linear_weights:
-            pack_linears(self.model, device=self.device.torch_device, dtype=self.dtype,
-                         max_rows=config.max_num_seqs)
+        self.packed_weights = self._pack_weights(config)  # "on" or "unavailable: <why>"; None: off
         self.tokenizer = Tokenizer.from_folder(self.model_path)
         mc = self.model_config
         layout = plan_cache(memory_bytes=config.kv_cache_memory_bytes, num_blocks=config.num_kv_blocks,
@@ -148,6 +146,23 @@ class LLMEngine:
         logger.info("engine ready: model=%s device=%s dtype=%s kv_blocks=%d block_size=%d max_model_len=%d",
                     self.model_path, self.device.torch_device, self.dtype, layout.num_blocks,
                     layout.block_size, self.max_model_len)
+
+    def _pack_weights(self, config: EngineConfig) -> str | None:
+        """Pack the linear weights for oneDNN where asked and possible: "on", "unavailable: <why>", or None
+        when turned off, or left to the default on a device other than a CPU. Every row count a step runs
+        its linears at (up to the larger of the sequence and token budgets) gets its primitive now."""
+        asked = config.pack_linear_weights
+        if asked is False or (asked is None and self.device.kind != "cpu"):
+            return None
+        why = unavailable_reason(self.device.torch_device, self.dtype)
+        if why is None and not pack_linears(self.model, device=self.device.torch_device, dtype=self.dtype,
+                                            max_rows=max(config.max_num_seqs, config.max_num_batched_tokens)):
+            why = "the model has no linear layer of its dtype to pack"
+        if why is not None:
+            log = logger.warning if asked else logger.info
+            log("packed weights unavailable: %s; the linear layers run on torch's", why)
+            return f"unavailable: {why}"
+        return "on"
 
     def _cpu_decode_kernel(self, config: EngineConfig) -> str | None:
         """Whether the C++ paged decode kernel serves this engine: "on", "unavailable: <why>", or None

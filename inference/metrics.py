@@ -111,16 +111,18 @@ class CacheConfigInfo:
 @dataclass(slots=True, frozen=True)
 class EngineInfo:
     """How the replica's engine runs, as labels of ``llmsre_engine_info``: the device kind, the model's
-    dtype, and the CPU decode kernel's state ("on", "off", or "unavailable" with the reason in the
-    replica's log; "off" also where the device is not a CPU)."""
+    dtype, and the states of the CPU decode kernel and of the packed linear weights ("on", "off", or
+    "unavailable" with the reason in the replica's log; "off" also where the device is not a CPU)."""
 
     device: str = "cpu"
     dtype: str = "float32"
     cpu_decode_kernel: str = "off"
+    packed_weights: str = "off"
 
     @staticmethod
     def kernel_state(engine_state: str | None) -> str:
-        """The label for ``LLMEngine.cpu_decode_kernel`` ("on", "unavailable: <why>" or None)."""
+        """The label for ``LLMEngine.cpu_decode_kernel`` or ``packed_weights`` ("on", "unavailable: <why>"
+        or None)."""
         return "off" if engine_state is None else engine_state.split(":", 1)[0]
 
 
@@ -198,9 +200,9 @@ class _EngineCollector(Collector):
     def _engine_info(self) -> GaugeMetricFamily:
         e = self.engine_info
         m = GaugeMetricFamily(ENGINE_INFO, "How the engine runs: device kind, model dtype, CPU decode kernel "
-                              "(on, off or unavailable).", labels=[*LABELS, "device", "dtype",
-                                                                   "cpu_decode_kernel"])
-        m.add_metric([*self.labels, e.device, e.dtype, e.cpu_decode_kernel], 1.0)
+                              "and packed linear weights (on, off or unavailable).",
+                              labels=[*LABELS, "device", "dtype", "cpu_decode_kernel", "packed_weights"])
+        m.add_metric([*self.labels, e.device, e.dtype, e.cpu_decode_kernel, e.packed_weights], 1.0)
         return m
 
 

@@ -35,7 +35,8 @@ def build_replica(model: str, engine_config: EngineConfig, server_config: Server
                            engine_config.kv_cache_dtype, engine_config.enable_prefix_caching,
                            engine.runner.layout.bytes_per_token)
     how = EngineInfo(engine.device.kind, str(engine.dtype).removeprefix("torch."),
-                     EngineInfo.kernel_state(engine.cpu_decode_kernel))
+                     EngineInfo.kernel_state(engine.cpu_decode_kernel),
+                     EngineInfo.kernel_state(engine.packed_weights))
     metrics = ReplicaMetrics(model_name=name, replica=server_config.replica_id, zone=server_config.zone,
                              max_model_len=engine.max_model_len, engine_info=how,
                              read_engine=engine_gauges(aengine, engine.device), cache_info=info)

@@ -56,6 +56,7 @@ class CalibrationPlan:
     repeats: int = 3  # rounds over every point; each keeps its median round (decode: of its median steps)
     num_threads: int = 1  # as the control plane starts replicas on a shared 2-core machine
     cpu_decode_kernel: bool | None = None  # the replica's C++ decode kernel ([fleet] cpu_decode_kernel)
+    packed_weights: bool | None = None  # the replica's packed linear weights ([fleet] packed_weights)
     cpu_limit: float | None = None  # the replica's CPU limit in cores ([fleet] replica_cpu_limit)
 
     def __post_init__(self) -> None:
@@ -101,10 +102,10 @@ def calibrate(plan: CalibrationPlan = CalibrationPlan(), *,
         start_s = time.monotonic() - started
         say(0, plan.num_measurements, f"replica ready after {start_s:.2f}s")
         points, held_out, limits = asyncio.run(_measure(replica.base_url, plan, say))
-    kernel = limits.pop("cpu_decode_kernel", 0)
+    kernel, packed = limits.pop("cpu_decode_kernel", 0), limits.pop("packed_weights", 0)
     source = (f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.node()} "
               f"({platform.processor() or platform.machine()}), default model, {plan.num_threads} torch "
-              f"thread(s){', CPU decode kernel' if kernel else ''}"
+              f"thread(s){', CPU decode kernel' if kernel else ''}{', packed weights' if packed else ''}"
               f"{'' if plan.cpu_limit is None else f', CPU limit {plan.cpu_limit:g} cores'}")
     return fit(points, held_out, start_s=round(start_s, 3), source=source, cpu_limit=plan.cpu_limit, **limits)
 
@@ -118,8 +119,9 @@ def kernel_build_command(plan: CalibrationPlan) -> list[str] | None:
 def replica_args(plan: CalibrationPlan) -> list[str]:
     """The calibrated replica's flags: the fleet's thread count, engine switches and CPU limit."""
     kernel = switch_args("--cpu-decode-kernel", plan.cpu_decode_kernel)
+    packed = switch_args("--packed-weights", plan.packed_weights)
     limit = [] if plan.cpu_limit is None else ["--cpu-limit", f"{plan.cpu_limit:g}"]
-    return ["--num-threads", str(plan.num_threads), *kernel, *limit]
+    return ["--num-threads", str(plan.num_threads), *kernel, *packed, *limit]
 
 
 def calibrate_with_bar(plan: CalibrationPlan = CalibrationPlan()) -> ReplicaProfile:
@@ -208,7 +210,8 @@ async def _decode_once(client: httpx.AsyncClient, rng: random.Random, d: Decode,
 
 async def _limits(client: httpx.AsyncClient) -> dict[str, int]:
     """KV capacity from the replica's ``vllm:cache_config_info``; other limits are the engine defaults.
-    ``cpu_decode_kernel``: 1 when the replica's ``llmsre_engine_info`` says its CPU decode kernel is on."""
+    ``cpu_decode_kernel``, ``packed_weights``: 1 when the replica's ``llmsre_engine_info`` says its CPU
+    decode kernel, or its packed linear weights, are on."""
     from inference.config import EngineConfig
 
     defaults = EngineConfig()
@@ -223,6 +226,7 @@ async def _limits(client: httpx.AsyncClient) -> dict[str, int]:
             limits["kv_capacity_tokens"] = blocks * int(labels["block_size"].strip('"'))
         elif line.startswith(f"{ENGINE_INFO}{{"):
             limits["cpu_decode_kernel"] = int('cpu_decode_kernel="on"' in line)
+            limits["packed_weights"] = int('packed_weights="on"' in line)
     return limits
 
 

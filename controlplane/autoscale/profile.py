@@ -214,18 +214,19 @@ def _parsed(text: str, where: str) -> ReplicaProfile:
 
 
 def resolve_profile_path(configured: str, state_dir: str | Path, *,
-                         cpu_decode_kernel: bool | None = None) -> str:
+                         cpu_decode_kernel: bool | None = None, packed_weights: bool | None = None) -> str:
     """Which profile the control plane runs on: the configured file, else the one ``controlplane calibrate``
-    wrote for this host into the state folder, else "" (the shipped one, a kernel replica's) or, for a fleet
-    whose replicas run without the CPU decode kernel (``[fleet] cpu_decode_kernel = false``), the shipped
-    reference, which is the torch path's: the kernel's profile would size that fleet for replicas 1.3-2x
-    faster than it runs, too few of them."""
+    wrote for this host into the state folder, else "" (the shipped one, a default replica's: the CPU
+    decode kernel and packed weights) or, for a fleet whose replicas run without the CPU decode kernel or
+    without packed weights (``[fleet] cpu_decode_kernel = false``, ``packed_weights = false``), the shipped
+    reference, which is the torch path's: the default replica's profile would size that fleet for replicas
+    1.2-2x faster than it runs, too few of them (the reference errs the other way, too many)."""
     if configured:
         return configured
     calibrated = Path(state_dir) / CALIBRATED_PROFILE
     if calibrated.is_file():
         return str(calibrated)
-    if cpu_decode_kernel is False:
+    if cpu_decode_kernel is False or packed_weights is False:
         return str(resources.files("controlplane.data").joinpath(REFERENCE_PROFILE))
     return ""
 

@@ -36,6 +36,9 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--cpu-decode-kernel", action=argparse.BooleanOptionalAction, default=None,
                      help="the replica decodes with the C++ kernel, or not (default: as the --config file's "
                           "[fleet] cpu_decode_kernel says, else on where it applies)")
+    cmd.add_argument("--packed-weights", action=argparse.BooleanOptionalAction, default=None,
+                     help="the replica packs its linear weights for oneDNN, or not (default: as the --config "
+                          "file's [fleet] packed_weights says, else on where it applies)")
     cmd.add_argument("--cpu-limit", type=float, default=None, metavar="CORES",
                      help="measure the replica under this CPU limit, as the fleet runs it (default: as the "
                           "--config file's [fleet] replica_cpu_limit says, else none)")
@@ -65,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
     plan = replace(QUICK_PLAN if args.quick else CalibrationPlan(), num_threads=args.threads,
                    cpu_decode_kernel=(config.fleet.cpu_decode_kernel if args.cpu_decode_kernel is None
                                       else args.cpu_decode_kernel),
+                   packed_weights=(config.fleet.packed_weights if args.packed_weights is None
+                                   else args.packed_weights),
                    cpu_limit=config.fleet.replica_cpu_limit if args.cpu_limit is None else args.cpu_limit)
     started = time.monotonic()
     profile = calibrate_with_bar(plan)

@@ -63,7 +63,8 @@ def control_plane_profile(config_file: str | None) -> str:
 
     cfg = load_config(config_file)
     return resolve_profile_path(cfg.autoscaler.replica_profile, cfg.state_path,
-                                cpu_decode_kernel=cfg.fleet.cpu_decode_kernel)
+                                cpu_decode_kernel=cfg.fleet.cpu_decode_kernel,
+                                packed_weights=cfg.fleet.packed_weights)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -438,6 +438,7 @@ class Fleet:
                            self.admin_token(replica_id), self.config.replica_threads,
                            self.config.max_num_seqs, self.config.drain_timeout_s, self.tracing, version,
                            served, cpu_decode_kernel=self.config.cpu_decode_kernel,
+                           packed_weights=self.config.packed_weights,
                            cpu_limit=self.config.replica_cpu_limit)
 
     def _free_port(self) -> int:

@@ -381,7 +381,8 @@ def run_offline(config: OfflineConfig) -> OfflineResult:
         num_preemptions=preemptions, paths=tuple(paths), roofline=roofline,
         kv_cache=kv_cache_footprint(engine), decode_profile=decode_profile, float32_agreement=agreement,
         decode_graphs=graphs_summary(engine) if graphs_asked(engine, config) else None,
-        cpu_decode_kernel=engine.cpu_decode_kernel or ("off" if engine.device.kind == "cpu" else None))
+        cpu_decode_kernel=engine.cpu_decode_kernel or ("off" if engine.device.kind == "cpu" else None),
+        packed_weights=engine.packed_weights or ("off" if engine.device.kind == "cpu" else None))
 
 
 def graphs_asked(engine: LLMEngine, config: OfflineConfig) -> bool:
@@ -411,9 +412,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=engine.device, help="auto, cpu, cuda[:N] or npu[:N]")
     p.add_argument("--num-threads", type=int, default=engine.num_threads,
                    help="torch threads for every path (0: torch's default)")
-    p.add_argument("--packed-weights", action="store_true",
+    p.add_argument("--packed-weights", action=argparse.BooleanOptionalAction, default=None,
                    help="the engine's linear weights packed once for oneDNN at load instead of torch's "
-                        "linear (off by default: its memory is not bounded yet)")
+                        "linear (default: on where it applies, as a replica)")
     p.add_argument("--cpu-decode-kernel", action=argparse.BooleanOptionalAction, default=None,
                    help="decode attention by the C++ paged kernel (inference/cpu_attention.py; built once "
                         "per machine on first use, 20-40 s; default: on where it applies)")

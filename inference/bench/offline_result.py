@@ -161,6 +161,7 @@ class OfflineResult:
     float32_agreement: Agreement | None = None  # below float32 only
     decode_graphs: str | None = None  # when on or asked for: what was captured and replayed, or why not
     cpu_decode_kernel: str | None = None  # on a CPU: "on", "off" or "unavailable: <why>"
+    packed_weights: str | None = None  # on a CPU: "on", "off" or "unavailable: <why>"
 
     @property
     def num_requested_output_tokens(self) -> int:
@@ -255,6 +256,8 @@ def format_result(result: OfflineResult) -> str:
         lines += ["", f"Decode graphs: {result.decode_graphs}"]
     if result.cpu_decode_kernel is not None:
         lines += ["", f"CPU decode kernel: {result.cpu_decode_kernel}"]
+    if result.packed_weights is not None:
+        lines += [f"Packed linear weights: {result.packed_weights}"]
     if result.kv_cache is not None:
         lines += ["", format_kv_cache(result.kv_cache)]
     if result.decode_profile is not None:

@@ -56,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu-decode-kernel", action=argparse.BooleanOptionalAction, default=None,
                    help="the engine and the replica decode attention by the C++ paged kernel (CPU; default: "
                         "on where it applies)")
+    p.add_argument("--packed-weights", action=argparse.BooleanOptionalAction, default=None,
+                   help="the engine and the replica pack their linear weights for oneDNN at load (CPU; "
+                        "default: on where it applies)")
     p.add_argument("--sustained", action="store_true",
                    help="then search the highest rate served within --ttft-slo-ms and --tpot-slo-ms at p99")
     p.add_argument("--ttft-slo-ms", type=float, default=1000.0)
@@ -87,7 +90,8 @@ def offline_ttfts(dataset: DatasetConfig, args: argparse.Namespace) -> dict[int,
     """Engine-only TTFT of each request, submitted alone (no HTTP, no serialization)."""
     engine = LLMEngine("default", EngineConfig(num_threads=args.threads, device=args.device,
                                                decode_graphs=args.decode_graphs,
-                                               cpu_decode_kernel=args.cpu_decode_kernel))
+                                               cpu_decode_kernel=args.cpu_decode_kernel,
+                                               pack_linear_weights=args.packed_weights))
     result: dict[int, float] = {}
     for request in build_requests(dataset):
         prompt = render_prompt(request, "token_ids", seed=dataset.seed, vocab_size=dataset.vocab_size)
@@ -112,7 +116,8 @@ def run_rates(args: argparse.Namespace, datasets: list[DatasetConfig],
                                              "100000", "--max-waiting-tokens", "100000000",
                                              "--device", args.device,
                                              *switch_args("--decode-graphs", args.decode_graphs),
-                                             *switch_args("--cpu-decode-kernel", args.cpu_decode_kernel)])
+                                             *switch_args("--cpu-decode-kernel", args.cpu_decode_kernel),
+                                             *switch_args("--packed-weights", args.packed_weights)])
         with replica:
             replica.wait_ready()
             for rate, dataset in zip(rates, datasets):

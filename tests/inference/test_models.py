@@ -301,7 +301,7 @@ def test_loading_a_model_and_building_an_engine_leave_torchs_compiler_unimported
     state = str(default_model_dir.parents[1])
     script = ("import sys; from inference.config import EngineConfig; "
               "from inference.engine import LLMEngine; "
-              f"LLMEngine('default', EngineConfig(pack_linear_weights=True), state_dir={state!r}); "
+              f"LLMEngine('default', EngineConfig(), state_dir={state!r}); "
               "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo imported'")
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -128,21 +128,30 @@ def test_latent_attentions_absorbed_projection_stays_plain(tiny_deepseek_v3_dir:
     assert latent and all(type(m.kv_b_proj) is nn.Linear for m in latent)
 
 
-def test_the_engine_packs_when_told_and_not_by_default(tiny_llama_dir: Path,
-                                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_a_cpu_engine_packs_by_default_and_builds_every_step_s_row_count_at_load(
+        tiny_llama_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     _require_onednn(torch.float32)
     with caplog.at_level("INFO", logger="inference.packed_linear"):
         packed = LLMEngine(str(tiny_llama_dir), EngineConfig(num_kv_blocks=64, max_num_seqs=24,
-                                                             pack_linear_weights=True))
-    plain = LLMEngine(str(tiny_llama_dir), EngineConfig(num_kv_blocks=64))
+                                                             max_num_batched_tokens=200))
+    plain = LLMEngine(str(tiny_llama_dir), EngineConfig(num_kv_blocks=64, pack_linear_weights=False))
+    assert packed.packed_weights == "on" and plain.packed_weights is None
     assert any(isinstance(m, PackedLinear) for m in packed.model.modules())
     assert not any(isinstance(m, PackedLinear) for m in plain.model.modules())
-    # Every decode step's row count (one row per sequence, up to max_num_seqs) has its primitive at load.
+    # Every row count a step runs its linears at (one per sequence decoding, up to max_num_seqs; one per
+    # token of a step, up to max_num_batched_tokens) has its primitive at load: RSS is flat from ready on.
     shapes = {(m.in_features, m.out_features) for m in packed.model.modules() if isinstance(m, PackedLinear)}
     built = [r.getMessage() for r in caplog.records if r.getMessage().startswith("built oneDNN primitives")]
     assert len(built) == 1, caplog.text
     assert built[0].startswith(f"built oneDNN primitives for {len(shapes)} weight shapes at "
-                               f"{len(row_buckets(24))} row counts (1-{row_bucket(24)})"), built
+                               f"{len(row_buckets(200))} row counts (1-{row_bucket(200)})"), built
+
+
+def test_where_packing_cannot_run_the_engine_says_why_and_runs_torch_s_linear(tiny_llama_dir: Path) -> None:
+    asked = LLMEngine(str(tiny_llama_dir), EngineConfig(num_kv_blocks=64, dtype="float16",
+                                                        pack_linear_weights=True))
+    assert asked.packed_weights == "unavailable: oneDNN linear takes float32 or bfloat16, not torch.float16"
+    assert not any(isinstance(m, PackedLinear) for m in asked.model.modules())
 
 
 @pytest.mark.parametrize(("device", "dtype", "why"), [

@@ -91,12 +91,13 @@ def test_every_vllm_metric_carries_model_replica_and_zone_labels(replica: Replic
 
 
 def test_the_page_says_how_the_engine_runs(replica: ReplicaProcess) -> None:
-    """``llmsre_engine_info``: a CPU replica of the float32 model, on the C++ decode kernel by default
-    (``make test`` builds it before any replica starts)."""
+    """``llmsre_engine_info``: a CPU replica of the float32 model, on the C++ decode kernel and with its
+    linear weights packed for oneDNN by default (``make test`` builds the kernel before any replica
+    starts)."""
     samples = _families(replica.first_metrics)[ENGINE_INFO][1]
     _assert_labelled(samples, replica)
-    assert [(s.labels["device"], s.labels["dtype"], s.labels["cpu_decode_kernel"], s.value)
-            for s in samples] == [("cpu", "float32", "on", 1.0)]
+    assert [(s.labels["device"], s.labels["dtype"], s.labels["cpu_decode_kernel"], s.labels["packed_weights"],
+             s.value) for s in samples] == [("cpu", "float32", "on", "on", 1.0)]
 
 
 def test_every_vllm_series_is_exported_from_startup_before_any_request(replica: ReplicaProcess) -> None:

@@ -33,12 +33,14 @@ class ReplicaSpec:
     version: str = ""  # a canary's version (the gateways' split label); "" for the stable fleet
     served_model_name: str = ""  # a canary answers to the stable fleet's model name, so clients see one
     cpu_decode_kernel: bool | None = None  # [fleet] cpu_decode_kernel
+    packed_weights: bool | None = None  # [fleet] packed_weights
     cpu_limit: float | None = None  # [fleet] replica_cpu_limit
 
     def engine_args(self) -> list[str]:
         """``inference serve``'s engine flags beyond threads and batch size (none by default)."""
         limit = [] if self.cpu_limit is None else ["--cpu-limit", f"{self.cpu_limit:g}"]
-        return [*switch_args("--cpu-decode-kernel", self.cpu_decode_kernel), *limit]
+        return [*switch_args("--cpu-decode-kernel", self.cpu_decode_kernel),
+                *switch_args("--packed-weights", self.packed_weights), *limit]
 
     def tracing_args(self) -> list[str]:
         """``inference serve``'s trace export and model-name flags (none when not needed)."""

@@ -91,10 +91,10 @@ def test_the_shipped_profile_is_a_calibration_within_its_bound_on_held_out_point
 
 
 def test_the_fallback_was_measured_on_the_replica_the_fleet_runs_by_default() -> None:
-    """CPU replicas decode with the C++ kernel unless told not to, so the profile a control plane runs on
-    before `controlplane calibrate` must be a kernel replica's: the torch path's is 1.3-2x slower, and an
-    uncalibrated fleet sized on it over-provisions by that much."""
-    assert load_profile().source.endswith(", CPU decode kernel"), load_profile().source
+    """CPU replicas decode with the C++ kernel and pack their linear weights unless told not to, so the
+    profile a control plane runs on before `controlplane calibrate` must be such a replica's: the torch
+    path's is 1.3-2x slower, and an uncalibrated fleet sized on it over-provisions by that much."""
+    assert load_profile().source.endswith(", CPU decode kernel, packed weights"), load_profile().source
     assert load_profile() != load_reference_profile()
 
 
@@ -127,6 +127,10 @@ def test_a_fleet_without_the_kernel_falls_back_on_the_torch_paths_profile(tmp_pa
     assert "CPU decode kernel" not in load_profile(torch_path).source
     assert resolve_profile_path("", tmp_path, cpu_decode_kernel=True) == ""  # the kernel's: the fallback
     assert resolve_profile_path("", tmp_path, cpu_decode_kernel=None) == ""
+    # nor a fleet whose replicas run torch's linear: the shipped profile's replicas pack their weights
+    assert "packed weights" in load_profile().source
+    assert resolve_profile_path("", tmp_path, packed_weights=False) == torch_path
+    assert resolve_profile_path("", tmp_path, packed_weights=True) == ""
     calibrated = tmp_path / "replica_profile.json"
     calibrated.write_text(json.dumps(replace(TRUE, points=()).to_json()))
     assert resolve_profile_path("", tmp_path, cpu_decode_kernel=False) == str(calibrated)  # the host's wins
@@ -172,6 +176,25 @@ def test_calibrate_measures_the_replica_the_config_runs(tmp_path: Path, plans: l
     # the kernel is built (or found built) before the replica's start is timed, unless it is not run
     build = [sys.executable, "-m", "inference", "kernel"]
     assert [calibration.kernel_build_command(p) for p in plans] == [build, build, build, None, None]
+
+
+def test_calibrate_packs_the_replica_s_weights_as_the_config_says(tmp_path: Path,
+                                                                  plans: list[CalibrationPlan]) -> None:
+    """``[fleet] packed_weights`` (or ``--[no-]packed-weights``) reaches the calibrated replica's flags;
+    unset, the replica's default (packed where it applies)."""
+    from controlplane.autoscale import calibrate as calibration
+    from controlplane.cli.main import main
+    off = tmp_path / "off.toml"
+    off.write_text(f'state_dir = "{tmp_path / "state"}"\n[fleet]\npacked_weights = false\n')
+    plain = tmp_path / "plain.toml"
+    plain.write_text(f'state_dir = "{tmp_path / "state"}"\n')
+    for args in (["--config", str(off)], ["--config", str(plain)],
+                 ["--config", str(off), "--packed-weights"]):
+        with pytest.raises(SystemExit):
+            main(["calibrate", "--quick", *args])
+    assert [p.packed_weights for p in plans] == [False, None, True]
+    assert [calibration.replica_args(p)[2:] for p in plans] == [["--no-packed-weights"], [],
+                                                                ["--packed-weights"]]
 
 
 def test_calibrate_measures_under_the_fleets_cpu_limit_and_the_profile_keeps_it(

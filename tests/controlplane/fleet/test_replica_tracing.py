@@ -1,11 +1,13 @@
 """The replicas the control plane starts export their spans where the gateway does: ``[gateway]
 otlp_traces_endpoint`` and ``otlp_sample_ratio`` become ``inference serve`` flags, on either backend; and
-``[fleet] cpu_decode_kernel`` becomes the engine's flag the same way."""
+``[fleet] cpu_decode_kernel`` and ``packed_weights`` become the engine's flags the same way."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+
+import pytest
 
 from controlplane.fleet.backends.base import ReplicaSpec
 from controlplane.fleet.backends.local import LocalProcessBackend
@@ -62,12 +64,17 @@ def test_with_tracing_off_replicas_get_no_trace_flags(tmp_path: Path) -> None:
         assert not [a for a in args if a.startswith("--otlp")]
 
 
-def test_fleet_cpu_decode_kernel_reaches_every_replica_command_on_either_backend(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("setting", "flag"), [("cpu_decode_kernel", "--cpu-decode-kernel"),
+                                               ("packed_weights", "--packed-weights")])
+def test_fleet_engine_switches_reach_every_replica_command_on_either_backend(tmp_path: Path, setting: str,
+                                                                            flag: str) -> None:
+    """``[fleet] cpu_decode_kernel`` and ``packed_weights``: true and false become the replica's flag and its
+    ``--no-`` form; unset, no flag (the replica's default)."""
     for on in (True, False, None):
-        config = FleetConfig(replicas=2, base_port=18311, cpu_decode_kernel=on)
-        for args in commands(tmp_path / f"on-{on}", config):
-            assert ("--cpu-decode-kernel" in args) == (on is True), args
-            assert ("--no-cpu-decode-kernel" in args) == (on is False), args
+        config = FleetConfig(replicas=2, base_port=18311, **{setting: on})
+        for args in commands(tmp_path / f"{setting}-{on}", config):
+            assert (flag in args) == (on is True), args
+            assert (f"--no-{flag[2:]}" in args) == (on is False), args
 
 
 def test_fleet_replica_cpu_limit_reaches_every_replica_command_on_either_backend(tmp_path: Path) -> None:
