@@ -93,10 +93,12 @@ def run(model: str, engine_config: EngineConfig, server_config: ServerConfig,
     # out of the collector's reach, a full collection scans only what requests allocate, instead of
     # pausing the engine and the event loop for 100 ms or more every half minute under load.
     gc.freeze()
-    kernel = replica.engine.engine.cpu_decode_kernel  # "on", "unavailable: ..."; None: off or not a CPU
-    logger.warning("[%s] serving %s on http://%s:%d (zone %s, device %s%s)", server_config.replica_id,
+    engine = replica.engine.engine  # its kernel and packed weights: "on", "unavailable: ..."; None: off
+    kernel, packed = engine.cpu_decode_kernel, engine.packed_weights
+    logger.warning("[%s] serving %s on http://%s:%d (zone %s, device %s%s%s)", server_config.replica_id,
                    replica.model_name, server_config.host, server_config.port, server_config.zone,
-                   replica.device_kind, "" if kernel is None else f", CPU decode kernel {kernel}")
+                   replica.device_kind, "" if kernel is None else f", CPU decode kernel {kernel}",
+                   "" if packed is None else f", packed weights {packed}")
     try:
         server.run()
     finally:
