@@ -135,25 +135,35 @@ def act_once_flowing(results: list[StreamResult], fleet: Fleet, victim: str,
     raise AssertionError(f"{FLOWING_TIMEOUT_S:g} s without 5 streams mid-way on {victim}")
 
 
-def disturb_once_flowing(url: str, fleet: Fleet, victim: str,
-                         act: Callable[[], None]) -> tuple[list[StreamResult], float]:
-    """The fifty streams through the gateway at ``url``, and ``act()`` at once, in the polling thread, when
+def disturb_once_flowing(gw: GatewayServer, fleet: Fleet, victim: str, act: Callable[[], None],
+                         undo: Callable[[], None]) -> tuple[list[StreamResult], float]:
+    """The fifty streams through the gateway ``gw``, and ``act()`` at once, in the polling thread, when
     ``victim`` is generating for at least five of them (:func:`flowing_on`); that round's results and when
-    ``act`` ran. A round whose streams all end before the poll sees that moment (a quick replica, a
-    client lagging on a loaded machine: the replica's count and the client's view never overlap) disturbed
-    nothing and is run again, up to ``ROUNDS`` times; waiting on its finished streams could only time out."""
+    ``act`` ran. A round that disturbed nothing is run again, up to ``ROUNDS`` times: one whose streams all
+    end before the poll sees that moment (a quick replica, a client lagging on a loaded machine: the
+    replica's count and the client's view never overlap), where waiting on its finished streams could only
+    time out; and one where ``act`` landed after the victim's last token (the replica's count read five
+    running, then it finished them before the signal came: no stream moved), which ``undo()`` puts back
+    before the victim is wanted serving again."""
     for _ in range(ROUNDS):
-        results = requests()
+        results, seen = requests(), len(gw.traces)
         acted: list[float] = []
 
         async def during(results: list[StreamResult], acted: list[float] = acted) -> None:
             at = await asyncio.to_thread(act_once_flowing, results, fleet, victim, act)
             acted.extend([] if at is None else [at])
 
-        asyncio.run(run_streams(url, results, during=during))
-        if acted:
+        asyncio.run(run_streams(gw.url, results, during=during))
+        if not acted:
+            continue
+        wait_until(lambda wanted=seen + NUM_STREAMS: len(gw.traces) >= wanted, timeout=10,
+                   what="every stream's trace")
+        if any(t.resumes or t.retries for t in gw.traces[seen:]):
             return results, acted[0]
-    pytest.fail(f"{ROUNDS} rounds of {NUM_STREAMS} streams ended before {victim} was seen generating five")
+        undo()
+        wait_until(lambda: victim not in gw.gateway.ejected(), timeout=READMIT_DEADLINE_S,
+                   what=f"{victim} serving again after a round that moved nothing")
+    pytest.fail(f"{ROUNDS} rounds of {NUM_STREAMS} streams ended before {victim} was caught generating five")
 
 
 def mismatches(results: list[StreamResult], reference: list[StreamResult]) -> list[str]:
@@ -190,7 +200,8 @@ def test_killed_replica_loses_no_stream(fleet: Fleet, serve_gateway: ServeGatewa
     victim = "r0"
     try:
         # killed in the polling thread, at once: the client's busy loop would resume it too late
-        results, _ = disturb_once_flowing(gw.url, fleet, victim, lambda: fleet.kill(victim))
+        results, _ = disturb_once_flowing(gw, fleet, victim, lambda: fleet.kill(victim),
+                                          lambda: fleet.restart(victim))
     finally:
         fleet.restart(victim)
 
@@ -212,8 +223,9 @@ def test_stopped_replica_is_resumed_around_ejected_and_readmitted(fleet: Fleet, 
                        eject_after_failures=3)
     victim = "r1"
     try:
-        results, stopped_at = disturb_once_flowing(gw.url, fleet, victim,
-                                                   lambda: fleet.signal(victim, signal.SIGSTOP))
+        results, stopped_at = disturb_once_flowing(gw, fleet, victim,
+                                                   lambda: fleet.signal(victim, signal.SIGSTOP),
+                                                   lambda: fleet.signal(victim, signal.SIGCONT))
         ejected_while_stopped = gw.gateway.ejected()
     finally:
         fleet.signal(victim, signal.SIGCONT)
@@ -222,8 +234,9 @@ def test_stopped_replica_is_resumed_around_ejected_and_readmitted(fleet: Fleet, 
     wait_until(lambda: victim not in gw.gateway.ejected(), timeout=READMIT_DEADLINE_S,
                what=f"{victim} re-admitted after SIGCONT")
     num_resumed, _ = report(gw, "SIGSTOP")
-    [(ejected_at, *_)] = gw.events_of("ejected", victim)
-    [(readmitted_at, *_)] = gw.events_of("readmitted", victim)
+    # (a round that moved nothing may have had the victim ejected and re-admitted before this one)
+    [(ejected_at, *_)] = [e for e in gw.events_of("ejected", victim) if e[0] >= stopped_at]
+    [(readmitted_at, *_)] = [e for e in gw.events_of("readmitted", victim) if e[0] >= stopped_at]
     stalled = [r for r in results if r.replica == victim]
     gaps = sorted(r.max_gap() for r in stalled)
     print(f"ejected {ejected_at - stopped_at:.2f}s after SIGSTOP, re-admitted "
