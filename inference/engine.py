@@ -43,6 +43,22 @@ logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def _cpu_path_state(asked: bool | None, device_kind: str, what: str, fallback: str,
+                    attempt: Callable[[], str | None]) -> str | None:
+    """A CPU path's state (the C++ decode kernel, packed weights): "on", "unavailable: <why>", or None when
+    it was turned off (``asked`` False), or left to the default (None) on a device other than a CPU.
+    ``attempt()`` sets the path up and says why it cannot run (None: it runs); where it cannot, the reason
+    is logged, as a warning when the path was asked for."""
+    if asked is False or (asked is None and device_kind != "cpu"):
+        return None
+    why = attempt()
+    if why is None:
+        return "on"
+    log = logger.warning if asked else logger.info
+    log("%s unavailable: %s; %s", what, why, fallback)
+    return f"unavailable: {why}"
+
+
 class PromptTooLongError(InvalidParameterError):
     def __init__(self, num_tokens: int, max_model_len: int) -> None:
         super().__init__("prompt", f"the prompt has {num_tokens} tokens; this model's context holds "
@@ -148,42 +164,33 @@ class LLMEngine:
                     layout.block_size, self.max_model_len)
 
     def _pack_weights(self, config: EngineConfig) -> str | None:
-        """Pack the linear weights for oneDNN where asked and possible: "on", "unavailable: <why>", or None
-        when turned off, or left to the default on a device other than a CPU. Every row count a step runs
-        its linears at (up to the larger of the sequence and token budgets) gets its primitive now."""
-        asked = config.pack_linear_weights
-        if asked is False or (asked is None and self.device.kind != "cpu"):
-            return None
-        why = unavailable_reason(self.device.torch_device, self.dtype)
-        if why is None and not pack_linears(self.model, device=self.device.torch_device, dtype=self.dtype,
-                                            max_rows=max(config.max_num_seqs, config.max_num_batched_tokens)):
-            why = "the model has no linear layer of its dtype to pack"
-        if why is not None:
-            log = logger.warning if asked else logger.info
-            log("packed weights unavailable: %s; the linear layers run on torch's", why)
-            return f"unavailable: {why}"
-        return "on"
+        """Pack the linear weights for oneDNN where asked and possible (:func:`_cpu_path_state`). Every row
+        count a step runs its linears at (up to the larger of the sequence and token budgets) gets its
+        primitive now."""
+        def attempt() -> str | None:
+            why = unavailable_reason(self.device.torch_device, self.dtype)
+            rows = max(config.max_num_seqs, config.max_num_batched_tokens)
+            if why is None and not pack_linears(self.model, device=self.device.torch_device, dtype=self.dtype,
+                                                max_rows=rows):
+                why = "the model has no linear layer of its dtype to pack"
+            return why
+
+        return _cpu_path_state(config.pack_linear_weights, self.device.kind, "packed weights",
+                               "the linear layers run on torch's", attempt)
 
     def _cpu_decode_kernel(self, config: EngineConfig) -> str | None:
-        """Whether the C++ paged decode kernel serves this engine: "on", "unavailable: <why>", or None
-        when it was turned off, or left to the default on a device other than a CPU."""
-        asked = config.cpu_decode_kernel
-        if asked is False or (asked is None and self.device.kind != "cpu"):
-            return None
-        why: str | None
-        if self.device.kind != "cpu":
-            why = f"the device is {self.device.kind} (the kernel is for CPUs)"
-        elif config.kv_cache_dtype == "int8":
-            why = "the INT8 KV cache"
-        elif self.dtype not in KERNEL_DTYPES:
-            why = f"{self.dtype} (float32 and bfloat16 only)"
-        else:
-            _, why = load_cpu_decode_kernel()
-        if why is not None:
-            log = logger.warning if asked else logger.info
-            log("CPU decode kernel unavailable: %s; decode attention runs on torch", why)
-            return f"unavailable: {why}"
-        return "on"
+        """Whether the C++ paged decode kernel serves this engine (:func:`_cpu_path_state`)."""
+        def attempt() -> str | None:
+            if self.device.kind != "cpu":
+                return f"the device is {self.device.kind} (the kernel is for CPUs)"
+            if config.kv_cache_dtype == "int8":
+                return "the INT8 KV cache"
+            if self.dtype not in KERNEL_DTYPES:
+                return f"{self.dtype} (float32 and bfloat16 only)"
+            return load_cpu_decode_kernel()[1]
+
+        return _cpu_path_state(config.cpu_decode_kernel, self.device.kind, "CPU decode kernel",
+                               "decode attention runs on torch", attempt)
 
     def _max_model_len(self, pool_tokens: int) -> int:
         limit = min(self.model_config.max_model_len, pool_tokens)
