@@ -8,6 +8,7 @@ log-probabilities where the request asked for them.
 
 from __future__ import annotations
 
+import array
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -204,7 +205,8 @@ class ModelRunner:
             step_profile.lap(MODEL_REST)
             if not batch.sample_rows:
                 return tokens, logprobs
-            logits = self.model.compute_logits(hidden[batch.sample_rows]).float()
+            every_row = len(batch.sample_rows) == hidden.shape[0]
+            logits = self.model.compute_logits(hidden if every_row else hidden[batch.sample_rows]).float()
             step_profile.lap(LOGITS)
             sample_items = batch.sample_items
         if self.logits_hook is not None:
@@ -221,6 +223,8 @@ class ModelRunner:
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> PreparedBatch:
         """Lay out prefill chunks first, then decodes sorted by context length (see DecodeGroup)."""
+        if self._fused_decode and all(item.num_new_tokens == 1 for item in scheduled):
+            return self._prepare_decodes(scheduled)
         bs = self.layout.block_size
         prefill_items = [i for i, item in enumerate(scheduled) if item.num_new_tokens > 1]
         decode_items = sorted((i for i, item in enumerate(scheduled) if item.num_new_tokens == 1),
@@ -253,13 +257,43 @@ class ModelRunner:
         context = AttentionContext(slot_mapping=self._tensor(slots), prefills=prefills, decodes=groups)
         return PreparedBatch(self._tensor(ids), self._tensor(positions), context, sample_rows, sample_items)
 
+    def _prepare_decodes(self, scheduled: list[ScheduledSeq]) -> PreparedBatch:
+        """:meth:`prepare` for a step of one token a sequence through a fused kernel (most steps): the same
+        layout, its five index tensors cut from one tensor built from one list."""
+        bs = self.layout.block_size
+        order = sorted(range(len(scheduled)), key=lambda i: scheduled[i].seq.num_computed_tokens)
+        seqs = [scheduled[i].seq for i in order]
+        n = len(seqs)
+        positions = [s.num_computed_tokens for s in seqs]
+        width = -(-(positions[-1] + 1) // bs)  # the longest context's blocks (ascending order)
+        flat = [s.token_ids[p] for s, p in zip(seqs, positions)]
+        flat += positions
+        flat += [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, positions)]  # slots
+        flat += [p + 1 for p in positions]  # context lengths
+        for s in seqs:
+            table = s.block_table[:width]
+            flat += table
+            flat += [0] * (width - len(table))
+        values = self._tensor(flat)
+        group = decode_group(0, values[4 * n:].view(n, width), values[3 * n:4 * n], block_size=bs,
+                             dtype=self.dtype, masked=False)
+        context = AttentionContext(slot_mapping=values[2 * n:3 * n], prefills=[], decodes=[group])
+        samples = [row for row, i in enumerate(order) if scheduled[i].samples]
+        return PreparedBatch(values[:n], values[n:2 * n], context, samples, [order[row] for row in samples])
+
     def _decode_group(self, start: int, seqs: list[Sequence]) -> DecodeGroup:
         bs = self.layout.block_size
         lens = [s.num_computed_tokens + 1 for s in seqs]
         width = -(-max(lens) // bs)
-        tables = self._tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs])
+        flat = [block for s in seqs for block in s.block_table + [0] * (width - len(s.block_table))]
+        tables = self._tensor(flat).view(len(seqs), width)
         return decode_group(start, tables, self._tensor(lens), block_size=bs, dtype=self.dtype,
                             masked=not self._fused_decode)
 
-    def _tensor(self, values: list[int] | list[list[int]]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        """int64 on the device. Through an array's buffer: a quarter of ``torch.tensor``'s time on a list
+        (a step's few hundred indices: 40 -> 11 us)."""
+        if not values:
+            return torch.empty(0, dtype=torch.long, device=self.device)
+        host = torch.frombuffer(array.array("q", values), dtype=torch.long)  # keeps the array alive
+        return host if self.device.type == "cpu" else host.to(self.device)

@@ -39,6 +39,8 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 # Tokens of left context re-decoded with each new token: enough for decoders whose output for a token
 # depends on its neighbours (leading-space rules), few enough to keep streaming cheap.
 DETOKENIZER_CONTEXT_TOKENS = 6
+# Released tokens stay in the window (their text is the next decode's context) up to this many tokens.
+DETOKENIZER_WINDOW_TOKENS = 4 * DETOKENIZER_CONTEXT_TOKENS
 # A UTF-8 character is at most 4 bytes, so at most 4 byte-level tokens. Text still ending in U+FFFD
 # after more pending tokens than this is invalid bytes from the model, not a character in progress.
 MAX_PENDING_TOKENS = 8
@@ -201,16 +203,24 @@ class IncrementalDetokenizer:
             return ""
         return self._release(text)
 
-    def flush(self) -> str:
-        """Release whatever is still held (at the end of the sequence)."""
+    def flush(self, last_ids: Sequence[int] = ()) -> str:
+        """Release whatever is still held, with ``last_ids`` added first (at the end of the sequence): what
+        pushing them one at a time and then flushing releases, in one decode (a request whose text
+        nothing reads before it ends)."""
+        self._ids.extend(last_ids)
         text = self._decode(self._ids)
         return self._release(text) if len(text) > len(self._context_text) else ""
 
     def _release(self, text: str) -> str:
+        """Everything decoded is released: ``text`` becomes the left context as it stands, and only once the
+        window has grown past a few contexts is it cut back to the last tokens and decoded again (one
+        decode a token, not two)."""
         new_text = text[len(self._context_text):]
-        self._ids = self._ids[-DETOKENIZER_CONTEXT_TOKENS:]
+        if len(self._ids) > DETOKENIZER_WINDOW_TOKENS:
+            self._ids = self._ids[-DETOKENIZER_CONTEXT_TOKENS:]
+            text = self._decode(self._ids)
         self._read_offset = len(self._ids)
-        self._context_text = self._decode(self._ids)
+        self._context_text = text
         return new_text
 
     def _decode(self, ids: list[int]) -> str:

@@ -255,3 +255,17 @@ def test_byte_level_token_bytes_join_into_the_text_they_decode_to(tokenizer: Tok
     output = tokenizer.encode(" 42 🤖 done.", add_special_tokens=False)
     text = "".join(_stream(tokenizer, output, prompt_ids=prompt))
     assert b"".join(tokenizer.token_bytes(t) for t in output).decode() == text == " 42 🤖 done."
+
+
+@pytest.mark.parametrize("text", [*TEXTS[1:], "Hello there, this is a longer answer. " * 20])
+@pytest.mark.parametrize("streamed", [0, 3, 17])
+def test_a_flush_with_the_last_tokens_releases_what_pushing_them_one_at_a_time_does(
+        tokenizer: Tokenizer, text: str, streamed: int) -> None:
+    """Offline requests decode their text at the end: ``streamed`` tokens pushed one at a time (a request
+    with stop strings, or one aborted), the rest given to the flush."""
+    prompt = tokenizer.encode("prompt ✓", add_special_tokens=False)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    one_at_a_time = "".join(_stream(tokenizer, ids, prompt_ids=prompt))
+    detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids=prompt)
+    chunks = [detokenizer.push(token_id) for token_id in ids[:streamed]]
+    assert "".join([*chunks, detokenizer.flush(ids[streamed:])]) == one_at_a_time == text
