@@ -38,6 +38,7 @@ import torch
 from inference.attention import DecodeKernel
 from inference.kv_quant import KVCacheStore
 from inference.models.llama import FusedOps
+from inference.packed_linear import BlockedOps
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,15 @@ class CpuDecodeKernel:
         vectorized = self.vectorized
         return FusedOps(decode_layer=m.llama_decode_layer, rms_norm=m.rms_norm if vectorized else None,
                         silu_mul=m.silu_mul if vectorized else None)
+
+    @property
+    def blocked_ops(self) -> BlockedOps | None:
+        """The extension's own linear (:class:`inference.packed_linear.BlockedLinear`), for the dtypes this
+        build runs it for (float32 with AVX-512, bfloat16 with AVX512_BF16); None on a CPU with neither."""
+        m = self._module
+        names: list[str] = getattr(m, "blocked_dtypes", list)()
+        dtypes = frozenset(d for d in KERNEL_DTYPES if str(d).removeprefix("torch.") in names)
+        return BlockedOps(pack=m.pack_blocked, linear=m.blocked_linear, dtypes=dtypes) if dtypes else None
 
     @property
     def vectorized(self) -> bool:

@@ -30,7 +30,7 @@ from inference.models.default_moe import ensure_default_moe_model
 from inference.models.loader import load_model
 from inference.npu_attention import make_npu_decode_kernel
 from inference.output import Clock, RequestMetrics, RequestOutput, TextAssembler, TokenLogprob
-from inference.packed_linear import pack_linears, unavailable_reason
+from inference.packed_linear import BlockedOps, pack_linears, unavailable_reason
 from inference.sampler import SamplingRow
 from inference.sampling_params import InvalidParameterError, SamplingParams
 from inference.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -98,6 +98,14 @@ class _Request:
     # With SamplingParams.logprobs and ``keep_logprobs``: one per output token, for the finished output. A
     # streamed request sends each token's in its own output and keeps none (up to 20 alternatives a token).
     logprobs: list[TokenLogprob] | None = None
+    # Only the finished output is wanted (offline generation): no output for each token, and without stop
+    # strings, which need the text as it grows, the text is decoded once at the end.
+    final_only: bool = False
+    num_detokenized: int = 0  # output tokens handed to the detokenizer (or found to be the stopping EOS)
+
+    @property
+    def text_at_end(self) -> bool:
+        return self.final_only and not self.seq.params.stop
 
 
 # Bundled models, built on first use under the state folder: a Llama and a DeepSeek-V3 (MLA + MoE).
@@ -129,6 +137,7 @@ class LLMEngine:
         self.model, self.model_config = load_model(
             self.model_path, device=self.device.torch_device, dtype=self.dtype,
             max_positions=config.max_model_len or None)
+        self.cpu_decode_kernel = self._cpu_decode_kernel(config)  # "on" or "unavailable: <why>"; None: off
         self.packed_weights = self._pack_weights(config)  # "on" or "unavailable: <why>"; None: off
         self.tokenizer = Tokenizer.from_folder(self.model_path)
         mc = self.model_config
@@ -141,7 +150,6 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    config.enable_chunked_prefill), self.block_manager)
         kernel = make_npu_decode_kernel() if self.device.kind == "npu" else None
-        self.cpu_decode_kernel = self._cpu_decode_kernel(config)  # "on" or "unavailable: <why>"; None: off
         layer_ops = None
         if self.cpu_decode_kernel == "on":
             kernel, _ = load_cpu_decode_kernel()
@@ -164,19 +172,29 @@ class LLMEngine:
                     layout.block_size, self.max_model_len)
 
     def _pack_weights(self, config: EngineConfig) -> str | None:
-        """Pack the linear weights for oneDNN where asked and possible (:func:`_cpu_path_state`). Every row
-        count a step runs its linears at (up to the larger of the sequence and token budgets) gets its
-        primitive now."""
+        """Pack the linear weights where asked and possible (:func:`_cpu_path_state`): in the CPU kernel's
+        blocks where the kernel is on and runs the dtype (:class:`BlockedLinear`), else for oneDNN, whose
+        primitive for every row count a step runs its linears at (up to the larger of the sequence and
+        token budgets) is built now."""
         def attempt() -> str | None:
-            why = unavailable_reason(self.device.torch_device, self.dtype)
+            blocked = self._blocked_ops()
+            why = None if blocked is not None else unavailable_reason(self.device.torch_device, self.dtype)
             rows = max(config.max_num_seqs, config.max_num_batched_tokens)
             if why is None and not pack_linears(self.model, device=self.device.torch_device, dtype=self.dtype,
-                                                max_rows=rows):
+                                                max_rows=rows, blocked=blocked):
                 why = "the model has no linear layer of its dtype to pack"
             return why
 
         return _cpu_path_state(config.pack_linear_weights, self.device.kind, "packed weights",
                                "the linear layers run on torch's", attempt)
+
+    def _blocked_ops(self) -> BlockedOps | None:
+        """The CPU kernel's linear where the kernel is on and runs this dtype."""
+        if self.cpu_decode_kernel != "on":
+            return None
+        kernel, _ = load_cpu_decode_kernel()
+        ops = kernel.blocked_ops if isinstance(kernel, CpuDecodeKernel) else None
+        return ops if ops is not None and self.dtype in ops.dtypes else None
 
     def _cpu_decode_kernel(self, config: EngineConfig) -> str | None:
         """Whether the C++ paged decode kernel serves this engine (:func:`_cpu_path_state`)."""
@@ -202,9 +220,11 @@ class LLMEngine:
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | Seq[int], params: SamplingParams, *,
-                    priority: int = 0, arrival_time: float | None = None, keep_logprobs: bool = True) -> None:
+                    priority: int = 0, arrival_time: float | None = None, keep_logprobs: bool = True,
+                    final_only: bool = False) -> None:
         """Queue a request. ``keep_logprobs``: the finished output carries every token's logprobs (a
-        non-streamed answer); off, each output carries only its new tokens' (a stream)."""
+        non-streamed answer); off, each output carries only its new tokens' (a stream). ``final_only``:
+        :meth:`step` returns this request's output once, finished (vLLM's ``FINAL_ONLY``)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
         tokens = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -213,7 +233,7 @@ class LLMEngine:
         seq = Sequence(next(self._seq_ids), tokens, params, arrival, priority)
         detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids=tokens)
         request = _Request(request_id, seq, RequestMetrics(arrival), detokenizer, TextAssembler(params.stop),
-                           [] if params.logprobs is not None and keep_logprobs else None)
+                           [] if params.logprobs is not None and keep_logprobs else None, final_only)
         self.requests[request_id] = request
         self._by_seq[seq.seq_id] = request
         self.scheduler.add(seq)
@@ -262,8 +282,9 @@ class LLMEngine:
         now = self.clock()
         if self.record_prefill_chunks:
             self._record_prefill_chunks(out, start, now)
-        outputs = [self._postprocess(self._by_seq[item.seq.seq_id], token, logprob, now)
-                   for item, token, logprob in zip(out.scheduled, sampled, logprobs) if token is not None]
+        outputs = [o for item, token, logprob in zip(out.scheduled, sampled, logprobs)
+                   if token is not None and
+                   (o := self._postprocess(self._by_seq[item.seq.seq_id], token, logprob, now)) is not None]
         self._record_step(out, start, now, cpu)
         if profile is not None:
             profile.lap(POSTPROCESS)
@@ -295,7 +316,7 @@ class LLMEngine:
                            seq.seq_id)
 
     def _postprocess(self, req: _Request, token: int, logprob: TokenLogprob | None,
-                     now: float) -> RequestOutput:
+                     now: float) -> RequestOutput | None:
         m = req.metrics
         if m.first_token_time is None:
             m.first_token_time = now
@@ -306,15 +327,21 @@ class LLMEngine:
         delta, reason = self._append_text(req, token)
         if reason is not None:
             return self._finish(req, reason, now, new_tokens=[token], delta=delta, new_logprobs=new_logprobs)
+        if req.final_only:
+            return None
         return self._output(req, [token], delta, finished=False, reason=None, new_logprobs=new_logprobs)
 
     def _append_text(self, req: _Request, token: int) -> tuple[str, FinishReason | None]:
-        """Detokenize ``token`` and decide whether the request stops here."""
+        """Detokenize ``token`` (unless the request's text waits for its end) and decide whether the
+        request stops here."""
         seq, params = req.seq, req.seq.params
-        started = time.perf_counter()
         is_eos = token in self.eos_token_ids and not params.ignore_eos
-        delta, stopped = req.text.push("" if is_eos else req.detokenizer.push(token))
-        req.metrics.detokenize_seconds += time.perf_counter() - started
+        delta, stopped = "", False
+        if not req.text_at_end:
+            started = time.perf_counter()
+            delta, stopped = req.text.push("" if is_eos else req.detokenizer.push(token))
+            req.num_detokenized += 1
+            req.metrics.detokenize_seconds += time.perf_counter() - started
         if is_eos or stopped:
             return delta, FinishReason.STOP
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
@@ -329,9 +356,22 @@ class LLMEngine:
         del self._by_seq[req.seq.seq_id]
         req.metrics.finished_time = now
         if not req.text.stopped:
-            delta += req.text.push(req.detokenizer.flush())[0] + req.text.flush()
+            started = time.perf_counter()
+            delta += req.text.push(req.detokenizer.flush(self._not_detokenized(req, reason)))[0]
+            delta += req.text.flush()
+            req.metrics.detokenize_seconds += time.perf_counter() - started
         return self._output(req, new_tokens or [], delta, finished=True, reason=reason.value, error=error,
                             new_logprobs=new_logprobs)
+
+    def _not_detokenized(self, req: _Request, reason: FinishReason) -> list[int]:
+        """The output tokens not yet detokenized (all of them where the text waits for the end), but a
+        stopping EOS, which has no text."""
+        output = req.seq.output_token_ids
+        rest = output[req.num_detokenized:]
+        if rest and reason is FinishReason.STOP and rest[-1] in self.eos_token_ids:
+            rest.pop()
+        req.num_detokenized = len(output)
+        return rest
 
     def _output(self, req: _Request, new_tokens: list[int], delta: str, *, finished: bool,
                 reason: str | None, error: str | None = None,
@@ -385,7 +425,7 @@ class LLM:
         ids = [f"offline-{i}" for i in range(len(prompts))]
         for i, (rid, prompt) in enumerate(zip(ids, prompts)):
             prio = priorities[i] if priorities is not None else 0
-            self.engine.add_request(rid, prompt, per_request[i], priority=prio)
+            self.engine.add_request(rid, prompt, per_request[i], priority=prio, final_only=True)
         final: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished_requests():
             for o in self.engine.step():

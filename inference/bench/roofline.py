@@ -38,6 +38,7 @@ from torch import nn
 
 from inference.models.config import ModelConfig
 from inference.models.deepseek import DeepseekMoE
+from inference.packed_linear import BlockedLinear
 
 logger = logging.getLogger(__name__)
 
@@ -268,6 +269,7 @@ def model_cost(model: nn.Module, config: ModelConfig, *, kv_bytes_per_token: int
     has_lm_head = any(name.endswith("lm_head.weight") for name, _ in params)
     moe_layers = [m for m in model.modules() if isinstance(m, DeepseekMoE)]
     routed = {id(p) for m in moe_layers for p in (m.experts_gate_up, m.experts_down)}
+    blocked = {id(m.weight) for m in model.modules() if isinstance(m, BlockedLinear)}  # 3-D, a matrix
     num_params = weight_bytes = streamed = matmul = routed_bytes = routed_params = 0
     for name, p in params:
         nbytes = p.numel() * p.element_size()
@@ -280,7 +282,7 @@ def model_cost(model: nn.Module, config: ModelConfig, *, kv_bytes_per_token: int
         gathered = name.endswith("embed_tokens.weight") and has_lm_head  # untied: rows looked up, not read
         if not gathered:
             streamed += nbytes
-            if p.dim() == 2:
+            if p.dim() == 2 or id(p) in blocked:
                 matmul += p.numel()
     heads, layers, detail = config.num_attention_heads, config.num_hidden_layers, ""
     if config.mla is None:

@@ -26,7 +26,7 @@ from inference.attention import Attention, AttentionContext, get_context
 from inference.kv_quant import KVCacheStore
 from inference.models.config import ModelConfig
 from inference.models.rope import RotaryEmbedding, apply_rotary
-from inference.packed_linear import PackedLinear, row_bucket
+from inference.packed_linear import BlockedLinear, PackedLinear, row_bucket
 
 # A decoder layer's decode step in one call (the CPU decode kernel's ``llama_decode_layer``): the layer's
 # input, cos, sin, then its weights and the attention's cache and tables, as LlamaDecoderLayer passes them.
@@ -127,13 +127,13 @@ class LlamaDecoderLayer(nn.Module):
         return out
 
     def fusable(self) -> bool:
-        """Whether :meth:`_fused` can run this layer: linear layers all plain or all packed for oneDNN, a
-        float cache (not INT8) that the kernel reads, and one dtype for the norms, the projections and the
-        cache."""
+        """Whether :meth:`_fused` can run this layer: linear layers all plain, all packed for oneDNN or all
+        in the kernel's blocks, a float cache (not INT8) that the kernel reads, and one dtype for the norms,
+        the projections and the cache."""
         attn = self.self_attn.attn
         linears = (self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
         kinds = {type(m) for m in linears}
-        if not (kinds in ({nn.Linear}, {PackedLinear}) and type(attn.cache) is KVCacheStore
+        if not (kinds in ({nn.Linear}, {PackedLinear}, {BlockedLinear}) and type(attn.cache) is KVCacheStore
                 and self.mlp.gate_up_proj.bias is None and self.mlp.down_proj.bias is None):
             return False
         dtypes = {self.input_layernorm.weight.dtype, self.post_attention_layernorm.weight.dtype,

@@ -24,7 +24,7 @@ from inference.cpu_attention import CpuDecodeKernel, load_cpu_decode_kernel
 from inference.engine import LLMEngine
 from inference.kv_quant import KVCacheStore
 from inference.models.llama import LlamaDecoderLayer, RMSNorm
-from inference.packed_linear import row_bucket
+from inference.packed_linear import BlockedLinear, PackedLinear, pack_linears, row_bucket, unavailable_reason
 from inference.sampling_params import SamplingParams
 
 BLOCK_SIZE = 16
@@ -144,15 +144,29 @@ def test_by_default_a_cpu_engine_runs_the_kernel_where_it_applies(tiny_llama_dir
     assert int8.cpu_decode_kernel == "unavailable: the INT8 KV cache" and int8.runner.fused_layers == 0
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+@pytest.mark.parametrize("linears", ["plain", "onednn", "blocked"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_decoder_layer_in_one_call_matches_the_layer_in_python(tiny_llama_dir: Path, dtype: str,
-                                                                 packed: bool) -> None:
+                                                                 linears: str) -> None:
     """A pure decode step through ``llama_decode_layer`` gives the Python layer's output and writes its
-    cache, within the dtype's rounding; with weights packed for oneDNN too, whose linears run at a row
-    bucket (9 sequences: 10 rows, one of padding)."""
+    cache, within the dtype's rounding: with plain linear weights; packed for oneDNN, whose linears run at
+    a row bucket (9 sequences: 10 rows, one of padding); in the kernel's own blocks (the engine's default
+    where the CPU runs them)."""
     engine = LLMEngine(str(tiny_llama_dir), EngineConfig(device="cpu", dtype=dtype, cpu_decode_kernel=True,
-                                                         num_kv_blocks=64, pack_linear_weights=packed))
+                                                         num_kv_blocks=64, pack_linear_weights=False))
+    ops = engine.runner.model.fuse_decode_layers  # bound again below, once the linears are packed
+    kernel, _ = load_cpu_decode_kernel()
+    assert isinstance(kernel, CpuDecodeKernel)
+    if linears != "plain":
+        blocked = kernel.blocked_ops if linears == "blocked" else None
+        if linears == "blocked" and (blocked is None or engine.dtype not in blocked.dtypes):
+            pytest.skip(f"unavailable: this CPU's build of the kernel runs no blocked {dtype} linear")
+        if linears == "onednn" and unavailable_reason(torch.device("cpu"), engine.dtype) is not None:
+            pytest.skip(f"unavailable: {unavailable_reason(torch.device('cpu'), engine.dtype)}")
+        assert pack_linears(engine.model, device=torch.device("cpu"), dtype=engine.dtype, blocked=blocked) > 0
+        kind = BlockedLinear if linears == "blocked" else PackedLinear
+        assert all(isinstance(m.mlp.down_proj, kind) for m in engine.model.layers)
+        assert ops(kernel.layer_ops) == len(engine.model.layers)
     assert engine.runner.fused_layers == len(engine.model.layers) > 0
     layer = engine.model.layers[0]
     attn = layer.self_attn.attn

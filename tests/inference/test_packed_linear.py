@@ -1,6 +1,6 @@
-"""Linear weights packed once for oneDNN: the same products as torch's linear at every batch size, which
-layers are packed and which are left alone, where packing is refused with its reason, and a replica's
-memory that stops growing however many batch sizes it meets.
+"""Linear weights packed once for oneDNN, or in the CPU kernel's blocks: the same products as torch's
+linear at every batch size, which layers are packed and which are left alone, where packing is refused
+with its reason, and a replica's memory that stops growing however many batch sizes it meets.
 
 The engine's greedy equivalence with transformers runs here with packing on, for every model family.
 """
@@ -18,10 +18,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.config import EngineConfig
+from inference.cpu_attention import CpuDecodeKernel, load_cpu_decode_kernel
 from inference.engine import LLM, LLMEngine
 from inference.mla import LatentAttention
 from inference.models.loader import load_model
-from inference.packed_linear import PackedLinear, pack_linears, row_bucket, row_buckets, unavailable_reason
+from inference.packed_linear import (
+    BlockedLinear,
+    BlockedOps,
+    PackedLinear,
+    pack_linears,
+    row_bucket,
+    row_buckets,
+    unavailable_reason,
+)
 from inference.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")
@@ -130,10 +139,11 @@ def test_latent_attentions_absorbed_projection_stays_plain(tiny_deepseek_v3_dir:
 
 def test_a_cpu_engine_packs_by_default_and_builds_every_step_s_row_count_at_load(
         tiny_llama_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """For oneDNN where the CPU kernel is off (with it, below, the kernel's blocks)."""
     _require_onednn(torch.float32)
     with caplog.at_level("INFO", logger="inference.packed_linear"):
-        packed = LLMEngine(str(tiny_llama_dir), EngineConfig(num_kv_blocks=64, max_num_seqs=24,
-                                                             max_num_batched_tokens=200))
+        packed = LLMEngine(str(tiny_llama_dir), EngineConfig(
+            num_kv_blocks=64, max_num_seqs=24, max_num_batched_tokens=200, cpu_decode_kernel=False))
     plain = LLMEngine(str(tiny_llama_dir), EngineConfig(num_kv_blocks=64, pack_linear_weights=False))
     assert packed.packed_weights == "on" and plain.packed_weights is None
     assert any(isinstance(m, PackedLinear) for m in packed.model.modules())
@@ -176,3 +186,71 @@ def test_packed_weights_generate_the_same_greedy_tokens(folder: str, request: py
     engines = [LLM(path, EngineConfig(num_kv_blocks=64, pack_linear_weights=pack)) for pack in (False, True)]
     outputs = [[o.output_token_ids for o in engine.generate(prompts, params)] for engine in engines]
     assert outputs[0] == outputs[1] and all(len(tokens) == 12 for tokens in outputs[1])
+
+
+def _blocked_ops(dtype: torch.dtype) -> BlockedOps:
+    """The kernel's linear for ``dtype``: float32 on a CPU with AVX-512, bfloat16 with AVX512_BF16 too;
+    elsewhere the engine packs for oneDNN (the tests above), and these say so."""
+    kernel, why = load_cpu_decode_kernel()
+    assert isinstance(kernel, CpuDecodeKernel), f"CPU decode kernel unavailable: {why}"
+    ops = kernel.blocked_ops
+    if ops is None or dtype not in ops.dtypes:
+        pytest.skip(f"unavailable: this CPU's build of the kernel runs no blocked {dtype} linear")
+    return ops
+
+
+@pytest.mark.parametrize(("k", "n"), [(256, 384), (768, 256), (64, 48), (256, 272)])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 5, 31, 97, 1030])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_blocked_linear_computes_what_torch_linear_computes(dtype: torch.dtype, rows: int, bias: bool,
+                                                              k: int, n: int) -> None:
+    """Every tile shape: rows past a multiple of 6, column groups of 1-4 blocks, more rows than one task."""
+    ops = _blocked_ops(dtype)
+    torch.manual_seed(rows * n)
+    linear = nn.Linear(k, n, bias=bias).to(dtype).requires_grad_(False)
+    blocked = BlockedLinear(linear, ops)
+    x = torch.randn(rows, k, dtype=dtype)
+    with torch.inference_mode():
+        actual = blocked(x)
+    bias_values = None if linear.bias is None else linear.bias.double()
+    expected = F.linear(x.double(), linear.weight.double(), bias_values)
+    assert actual.shape == (rows, n) and actual.dtype == dtype
+    # float32: the sums in another order; bfloat16: the output's own rounding (8 bits) over exact products
+    tolerance = 1e-5 if dtype == torch.float32 else 8e-3
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(actual.double(), expected, rtol=tolerance, atol=tolerance * scale)
+    assert blocked.weight.numel() == linear.weight.numel()
+
+
+def test_a_blocked_linear_keeps_the_leading_shape() -> None:
+    ops = _blocked_ops(torch.float32)
+    linear = nn.Linear(64, 48).requires_grad_(False)
+    x = torch.randn(3, 7, 64)
+    with torch.inference_mode():
+        actual = BlockedLinear(linear, ops)(x)
+    assert actual.shape == (3, 7, 48)
+    torch.testing.assert_close(actual, F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_layers_the_blocks_do_not_fit_are_packed_for_onednn(tiny_llama_dir: Path) -> None:
+    ops = _blocked_ops(torch.float32)
+    _require_onednn(torch.float32)
+    model, _ = load_model(tiny_llama_dir, device=CPU, dtype=torch.float32)
+    layer = model.layers[0]
+    layer.mlp.down_proj = nn.Linear(layer.mlp.down_proj.in_features, 40, bias=False)  # 40 columns: no blocks
+    linears = sum(isinstance(m, nn.Linear) for m in model.modules())
+    assert pack_linears(model, device=CPU, dtype=torch.float32, blocked=ops) == linears
+    assert type(layer.mlp.down_proj) is PackedLinear and type(layer.mlp.gate_up_proj) is BlockedLinear
+
+
+def test_a_cpu_engine_with_the_kernel_packs_its_linears_in_blocks(tiny_llama_dir: Path) -> None:
+    _blocked_ops(torch.float32)
+    engine = LLMEngine(str(tiny_llama_dir), EngineConfig(num_kv_blocks=64))
+    assert engine.cpu_decode_kernel == "on" and engine.packed_weights == "on"
+    linears = [m for m in engine.model.modules() if isinstance(m, BlockedLinear | PackedLinear | nn.Linear)]
+    assert linears and all(isinstance(m, BlockedLinear) for m in linears)
+    assert engine.runner.fused_layers == len(engine.model.layers)
+    without = LLMEngine(str(tiny_llama_dir), EngineConfig(num_kv_blocks=64, cpu_decode_kernel=False))
+    assert any(isinstance(m, PackedLinear) for m in without.model.modules())
+    assert not any(isinstance(m, BlockedLinear) for m in without.model.modules())
