@@ -38,9 +38,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                         "use (20-40 s); where it cannot run, a logged reason and the torch path (default: "
                         "on where it applies)")
     p.add_argument("--packed-weights", action=argparse.BooleanOptionalAction, default=None,
-                   help="on a CPU, the linear weights laid out once at load for oneDNN (float32 or "
-                        "bfloat16); where they cannot be, a logged reason and torch's linear (default: on "
-                        "where it applies)")
+                   help="on a CPU, the linear weights laid out once at load, in the C++ kernel's blocks "
+                        "where it runs the dtype, else for oneDNN (float32 or bfloat16); where they cannot "
+                        "be, a logged reason and torch's linear (default: on where it applies)")
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:

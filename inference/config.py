@@ -28,10 +28,12 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA/NPU
     num_threads: int = 0  # 0: torch's default
-    # CPU: linear weights reordered once for oneDNN at load (inference/packed_linear.py), with oneDNN's
-    # primitives for every row count a step can run built at load too (memory flat from then on). None: on
-    # where it applies (a CPU, float32 or bfloat16, a torch with oneDNN's linear; engine.packed_weights
-    # says why not); True: the same, with a warning where it cannot; False: torch's linear.
+    # CPU: linear weights laid out once at load (inference/packed_linear.py): in the C++ kernel's blocks
+    # where the kernel is on and runs the dtype (float32 with AVX-512, bfloat16 with AVX512_BF16), else
+    # reordered for oneDNN, with its primitives for every row count a step can run built at load too
+    # (memory flat from then on). None: on where it applies (a CPU, float32 or bfloat16, the kernel or a
+    # torch with oneDNN's linear; engine.packed_weights says why not); True: the same, with a warning where
+    # it cannot; False: torch's linear.
     pack_linear_weights: bool | None = None
     # CPU: pure-decode attention (and, built with AVX-512, the Llama layers' norm and activation) by a C++
     # extension that reads keys and values in place from the paged cache (inference/cpu_attention.py),

@@ -37,8 +37,9 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
                      help="the replica decodes with the C++ kernel, or not (default: as the --config file's "
                           "[fleet] cpu_decode_kernel says, else on where it applies)")
     cmd.add_argument("--packed-weights", action=argparse.BooleanOptionalAction, default=None,
-                     help="the replica packs its linear weights for oneDNN, or not (default: as the --config "
-                          "file's [fleet] packed_weights says, else on where it applies)")
+                     help="the replica packs its linear weights (the C++ kernel's blocks, or oneDNN's), or "
+                          "not (default: as the --config file's [fleet] packed_weights says, else on where "
+                          "it applies)")
     cmd.add_argument("--cpu-limit", type=float, default=None, metavar="CORES",
                      help="measure the replica under this CPU limit, as the fleet runs it (default: as the "
                           "--config file's [fleet] replica_cpu_limit says, else none)")

@@ -22,10 +22,10 @@ class FleetConfig:
     # applies and builds; false: the torch path (the replica profile should then be calibrated without it,
     # `controlplane calibrate --no-cpu-decode-kernel`).
     cpu_decode_kernel: bool | None = None
-    # Replicas lay their linear weights out once for oneDNN at load (CPU replicas, float32 or bfloat16;
-    # about 1.2x the tokens/s of torch's linear). Unset: each replica's default, on where it applies; false:
-    # torch's linear (the replica profile should then be calibrated without it, `controlplane calibrate
-    # --no-packed-weights`).
+    # Replicas lay their linear weights out once at load (CPU replicas, float32 or bfloat16: in the C++
+    # kernel's blocks where it runs the dtype, else for oneDNN; 1.2-1.5x the tokens/s of torch's linear).
+    # Unset: each replica's default, on where it applies; false: torch's linear (the replica profile should
+    # then be calibrated without it, `controlplane calibrate --no-packed-weights`).
     packed_weights: bool | None = None
     # Each replica's CPU limit in cores (a cgroup's CFS quota, as a container's limits.cpu: `inference serve
     # --cpu-limit`); unset: none. A limited replica runs at the speed a profile calibrated under the same

@@ -413,8 +413,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-threads", type=int, default=engine.num_threads,
                    help="torch threads for every path (0: torch's default)")
     p.add_argument("--packed-weights", action=argparse.BooleanOptionalAction, default=None,
-                   help="the engine's linear weights packed once for oneDNN at load instead of torch's "
-                        "linear (default: on where it applies, as a replica)")
+                   help="the engine's linear weights packed once at load (the C++ kernel's blocks, or "
+                        "oneDNN's) instead of torch's linear (default: on where it applies, as a replica)")
     p.add_argument("--cpu-decode-kernel", action=argparse.BooleanOptionalAction, default=None,
                    help="decode attention by the C++ paged kernel (inference/cpu_attention.py; built once "
                         "per machine on first use, 20-40 s; default: on where it applies)")

@@ -57,8 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the engine and the replica decode attention by the C++ paged kernel (CPU; default: "
                         "on where it applies)")
     p.add_argument("--packed-weights", action=argparse.BooleanOptionalAction, default=None,
-                   help="the engine and the replica pack their linear weights for oneDNN at load (CPU; "
-                        "default: on where it applies)")
+                   help="the engine and the replica pack their linear weights at load (CPU: the C++ "
+                        "kernel's blocks, or oneDNN's; default: on where it applies)")
     p.add_argument("--sustained", action="store_true",
                    help="then search the highest rate served within --ttft-slo-ms and --tpot-slo-ms at p99")
     p.add_argument("--ttft-slo-ms", type=float, default=1000.0)

@@ -273,7 +273,7 @@ void attend_avx512(const T* q, const T* k, const T* v, const int64_t* table, int
 // query's and the key's values, pair by pair along the head; the sums: two tokens at a time, their values
 // interleaved, against their probabilities rounded to bfloat16 (as a bfloat16 attention's second product
 // takes them). Softmax stays in float32. One layer's call between linear layers (31 sequences of 250-460
-// tokens, two threads): 171 -> ... us.
+// tokens, two threads, repeated in a loop): 90 -> 75 us.
 template <int64_t G, int64_t D>
 void attend_bf16(const c10::BFloat16* q, const c10::BFloat16* k, const c10::BFloat16* v, const int64_t* table,
                  int64_t length, c10::BFloat16* out, int64_t, int64_t, int64_t kv_heads, int64_t h,
