@@ -623,26 +623,30 @@ void rotate_and_store(const T* qkv, const T* cos, const T* sin, T* q, T* k_cache
 constexpr int64_t kTileRows = 6, kTileBlocks = 4;
 
 template <typename T>
-struct Blocked;  // how a dtype's weight is blocked along K, and what one step of K broadcasts
+struct Blocked;  // how a dtype's weight is blocked along K: one step's weights, its input broadcast, its sums
 
 template <>
 struct Blocked<float> {
+  using Vec = __m512;
   static constexpr int64_t kStep = 1;  // K values a step
-  static __m512 step(__m512 acc, const float* x, const float* w) {
-    return _mm512_fmadd_ps(_mm512_set1_ps(*x), _mm512_loadu_ps(w), acc);
-  }
+  static Vec weights(const float* w) { return _mm512_loadu_ps(w); }
+  static Vec input(const float* x) { return _mm512_set1_ps(*x); }
+  static __m512 add(__m512 acc, Vec a, Vec w) { return _mm512_fmadd_ps(a, w, acc); }
   static void store(float* y, __m512 v) { _mm512_storeu_ps(y, v); }
 };
 
 #if defined(__AVX512BF16__)
 template <>
 struct Blocked<c10::BFloat16> {
-  static constexpr int64_t kStep = 2;
-  static __m512 step(__m512 acc, const c10::BFloat16* x, const c10::BFloat16* w) {
+  using Vec = __m512bh;
+  static constexpr int64_t kStep = 2;  // a pair of K values a step
+  static Vec weights(const c10::BFloat16* w) { return (__m512bh)_mm512_loadu_si512(w); }
+  static Vec input(const c10::BFloat16* x) {
     int32_t pair;
     std::memcpy(&pair, x, sizeof(pair));
-    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(pair), (__m512bh)_mm512_loadu_si512(w));
+    return (__m512bh)_mm512_set1_epi32(pair);
   }
+  static __m512 add(__m512 acc, Vec a, Vec w) { return _mm512_dpbf16_ps(acc, a, w); }
   static void store(c10::BFloat16* y, __m512 v) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), (__m256i)_mm512_cvtneps_pbh(v));
   }
@@ -660,9 +664,14 @@ void blocked_tile(const T* x, int64_t K, const T* w, const T* bias, T* y, int64_
     const __m512 start = bias != nullptr ? load16(bias + 16 * r) : _mm512_setzero_ps();
     for (int64_t m = 0; m < MR; ++m) acc[m][r] = start;
   }
-  for (int64_t k = 0, at = 0; k < K; k += B::kStep, at += kBlockStride)
-    for (int64_t m = 0; m < MR; ++m)
-      for (int64_t r = 0; r < NB; ++r) acc[m][r] = B::step(acc[m][r], x + m * K + k, w + r * block + at);
+  for (int64_t k = 0, at = 0; k < K; k += B::kStep, at += kBlockStride) {
+    typename B::Vec weights[NB];
+    for (int64_t r = 0; r < NB; ++r) weights[r] = B::weights(w + r * block + at);
+    for (int64_t m = 0; m < MR; ++m) {
+      const typename B::Vec a = B::input(x + m * K + k);
+      for (int64_t r = 0; r < NB; ++r) acc[m][r] = B::add(acc[m][r], a, weights[r]);
+    }
+  }
   for (int64_t m = 0; m < MR; ++m)
     for (int64_t r = 0; r < NB; ++r) B::store(y + m * ldy + 16 * r, acc[m][r]);
 }

@@ -38,8 +38,10 @@ FINISHED = ("passed", "failed", "aborted", "error", "interrupted")
 LOAD: dict[str, Any] = {"rate": 4.0, "duration_s": 10.0, "fault_at_s": 3.0, "max_tokens": 16}
 # The kills that must catch streams in flight use longer ones: a 16-token stream lasts a few hundred ms,
 # and between the drill's aim and its kill the one it aimed at could end (the drill then measures an idle
-# kill; a clean-clone run of the suite saw it once).
-LONG_STREAMS: dict[str, Any] = {"max_tokens": 64}
+# kill; a clean-clone run of the suite saw it once). 64 tokens held until replicas decoded a token in
+# about 2 ms (the kernel's own linears, 2026-12-06: a 64-token stream then lasted about 150 ms, and a
+# zone-outage run hit none); 256 last half a second or more.
+LONG_STREAMS: dict[str, Any] = {"max_tokens": 256}
 AZURE = shipped_trace()  # the Azure LLM conversation trace (2023): what "azure" names
 
 
