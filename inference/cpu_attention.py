@@ -4,8 +4,10 @@ Where it sits: with ``EngineConfig.cpu_decode_kernel`` on a CPU device, the engi
 :func:`load_cpu_decode_kernel` once and, when it returns a kernel, the model runner sets
 ``Attention.decode_kernel`` on every layer; Llama layers also take the extension's other calls
 (:attr:`CpuDecodeKernel.layer_ops`: a pure decode step's whole layer in one call, and every other step's
-RMSNorm and SiLU-and-multiply). Prefill attention and the cache writes of steps that prefill keep the
-plain-torch path in ``attention.py``.
+RMSNorm and SiLU-and-multiply), and the engine packs the linear weights in the extension's own blocks
+where it was built for the dtype (:attr:`CpuDecodeKernel.blocked_ops`, ``inference/packed_linear.py``).
+Prefill attention and the cache writes of steps that prefill keep the plain-torch path in
+``attention.py``.
 
 Why: the torch path gathers each sequence's paged keys and values into one padded tensor
 (``index_select``) and then runs two batched products over it, so every cached value crosses memory three
