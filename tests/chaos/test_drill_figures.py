@@ -131,6 +131,18 @@ def test_relative_figures_are_seconds_after_t0(figures: Figures) -> None:
     assert rel["t0"] == T0
 
 
+def test_a_slow_gap_on_the_target_after_its_capacity_came_back_is_not_the_fault_s(figures: Figures) -> None:
+    """Capacity is back at 103.0 (SAMPLES): a request the restarted target served after that, with a gap
+    past the threshold, leaves the service RTO and the affected count as they were."""
+    later = req(9, "r1", 104.5, [104.6, 104.7, 106.0, 106.1])
+    fig = derive_figures([*TIMELINE, later], SAMPLES, t0=T0, slo=SLO, fault_targets=["r1"])
+    assert fig.t_capacity == pytest.approx(103.0)
+    assert fig.rto_service_s == figures.rto_service_s and fig.requests_affected == figures.requests_affected
+    during = req(9, "r1", 101.5, [101.6, 101.7, 103.0, 103.1])  # sent before capacity was back: counted
+    assert derive_figures([*TIMELINE, during], SAMPLES, t0=T0, slo=SLO, fault_targets=["r1"]).rto_service_s \
+        > figures.rto_service_s
+
+
 def test_an_invisible_fault_has_no_detection_and_zero_service_rto() -> None:
     calm = [TIMELINE[0], TIMELINE[1], TIMELINE[3], TIMELINE[7], TIMELINE[8]]
     fig = derive_figures(calm, [FleetSample(100.1, 2, 2)], t0=T0, slo=SLO, fault_targets=["r1"])
