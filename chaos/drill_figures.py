@@ -17,8 +17,9 @@ Definitions (``derive_figures``; ``Thresholds`` are computed from the pre-fault 
   ``disrupt_gap_s = max(0.25, 3 * p99 baseline inter-token gap)`` for gaps after the first token and
   ``max(0.25, 3 * p99 baseline TTFT)`` for the first token. Baseline: requests that ended before t0.
 - *affected request*: a request that failed at or after t0, or one served by a replica the fault hit (by
-  the ``x-replica-id`` the client got) that was in flight at t0, or sent after t0 and had a gap longer
-  than its disrupt threshold, or one the gateway sent to a replica the fault hit and moved elsewhere before
+  the ``x-replica-id`` the client got) that was in flight at t0, or sent after t0 (and before the fleet's
+  capacity was back, ``t_capacity``) and had a gap longer than its disrupt threshold, or one the gateway
+  sent to a replica the fault hit and moved elsewhere before
   its first token (the ``x-gateway-tried`` header the client got: the client saw only a late first token).
   Its *disruption* is that failure or gap (for a request in flight on a target at t0: its longest gap
   ending at or after t0; for a moved request: send to first token); it *recovered* at the gap's end when
