@@ -81,7 +81,7 @@ class CpuDecodeKernel:
         """The extension's own linear (:class:`inference.packed_linear.BlockedLinear`), for the dtypes this
         build runs it for (float32 with AVX-512, bfloat16 with AVX512_BF16); None on a CPU with neither."""
         m = self._module
-        names: list[str] = getattr(m, "blocked_dtypes", list)()
+        names: list[str] = m.blocked_dtypes()
         dtypes = frozenset(d for d in KERNEL_DTYPES if str(d).removeprefix("torch.") in names)
         return BlockedOps(pack=m.pack_blocked, linear=m.blocked_linear, dtypes=dtypes) if dtypes else None
 
