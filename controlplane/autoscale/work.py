@@ -6,13 +6,16 @@ completion. :func:`work_needs` turns the request rate and the mean prompt and ou
 requests that finished in the window into three replica counts, each from the replica profile
 (:mod:`controlplane.autoscale.profile`) and the SLO, with no tuned constant:
 
-- **prefill** (TTFT): a replica prefills one prompt at a time, ``S`` seconds for the mean prompt (the
-  profile's step times over its chunks, each step also carrying the replica's decode batch; the share of
-  prompt tokens the replicas' prefix caches served in the window is not prefilled, though its tokens
-  still count as context for the rest); the gateway
-  routes to the least loaded replica, so the fleet is a queue of prefills with ``c`` servers. The count is
-  the smallest ``c`` whose waiting time meets the TTFT SLO at the SLO quantile, ``P(wait > T - S) <= 1 -
-  q``, with ``P(wait > t) = C(c, a) exp(-(c - a) t / (k S))`` and ``a = rate x S``: Erlang C (the classic
+- **prefill** (TTFT): the gateway routes to the least loaded replica, so the fleet is a queue of
+  prefills with ``c`` servers. A prefill occupies a replica for ``S`` seconds
+  (:func:`prefill_occupancy`): what its tokens add to the steps they ride on, plus their share, by the
+  tokens they fill of the step's budget, of those steps' own cost (the step's fixed part and the decode
+  batch it carries). Prefills that wait share a step, so a short one takes a fraction of a step and a
+  prompt that fills whole steps takes them. The share of prompt tokens the replicas' prefix caches
+  served in the window is not prefilled, though its tokens still count as context for the rest. The
+  count is the smallest ``c`` whose waiting time meets the TTFT SLO, less the request's own steps
+  (:func:`prefill_seconds`), at the SLO quantile, ``P(wait > t) <= 1 - q``, with
+  ``P(wait > t) = C(c, a) exp(-(c - a) t / (k S))`` and ``a = rate x S``: Erlang C (the classic
   staffing rule) with the Allen-Cunneen factor ``k = (1 + cs^2) / 2`` of an M/G/c queue, ``cs^2`` the
   squared coefficient of variation of prefill times. Exponential prefill times (``cs^2 = 1``, and what is
   assumed while the spread of prompt lengths is unknown) give M/M/c; prompts all of one length wait half
@@ -21,7 +24,9 @@ requests that finished in the window into three replica counts, each from the re
   spread of what is computed is unknown, and M/M/c stands.
 - **decode** (TPOT): the largest batch ``b`` whose step, at the requests' mean context, takes at most half
   the TPOT SLO (the other half is for the prefill chunks that share those steps); Little's law gives the
-  sequences decoding at once, ``L = rate x output x step(b)``, and ``ceil(L / b)`` replicas hold them.
+  sequences decoding at once, ``L = rate x output x step(b)``, and ``L / b`` replicas hold them. The
+  same replicas' steps carry the prefills, whose tokens take ``rate x`` :func:`prefill_added` seconds of
+  engine time a second from the decode slots' time, so the count is ``ceil(L / b + rate x added)``.
 - **KV cache**: those ``L`` sequences hold ``prompt + output / 2`` tokens each on average; the count keeps
   the fleet's KV capacity at most ``kv_headroom`` full (the target of the KV-usage metric, so preemption
   stays rare).
@@ -84,19 +89,25 @@ def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: floa
     carried = math.ceil(in_decode / max(decode, 1))
     hit = cached_share(prefix_hit_share)
     cached = min(round(prompt * hit), round(prompt) - 1)
-    service = prefill_seconds(profile, prompt, decoding=carried, context=context, cached=max(cached, 0))
+    ride = prefill_seconds(profile, prompt, decoding=carried, context=context, cached=max(cached, 0))
+    service = prefill_occupancy(profile, prompt, decoding=carried, context=context, cached=max(cached, 0))
     # A prefill longer than the TTFT SLO misses it on any fleet: more replicas cannot help that request,
     # so the queue is then held to a wait no longer than the prefill itself.
-    budget = ttft_slo_s - service if service < ttft_slo_s else service
+    budget = ttft_slo_s - ride if ride < ttft_slo_s else ride
     # the spread is of whole prompts: where prefix caches hold part of them, what is computed spreads
     # differently (a shared system prompt plus a unique suffix), and M/M/c stands
     cs2 = None if prompt_sd is None or cached > 0 else prefill_variability(profile, prompt, prompt_sd,
                                                                            decoding=carried, context=context)
     variability = 1.0 if cs2 is None else (1 + cs2) / 2
     prefill = erlang_c_servers(rate * service, service, budget, quantile, variability)
+    # the decoding replicas' steps also carry the prefills: the engine time those add is taken from the
+    # decode slots' time, so both terms are met by the same replicas
+    prefilling = rate * prefill_added(profile, prompt, cached=max(cached, 0),
+                                      budget=max(profile.max_num_batched_tokens - carried, 1))
+    decode = math.ceil(in_decode / batch + prefilling - 1e-9)
     kv = math.ceil(in_decode * context / (kv_headroom * profile.kv_capacity_tokens))
-    within = (f"{ttft_slo_s:g}s TTFT" if service < ttft_slo_s else
-              f"the prefill's own {service:.2f}s (it alone is over the {ttft_slo_s:g}s TTFT SLO)")
+    within = (f"{ttft_slo_s:g}s TTFT less its own {ride * 1e3:.0f} ms of steps" if ride < ttft_slo_s else
+              f"the prefill's own {ride:.2f}s (it alone is over the {ttft_slo_s:g}s TTFT SLO)")
     tokens = f"{prompt:.0f} tokens" + (f", {cached} of them cached ({hit:.0%} prefix hits)" if cached > 0
                                        else "")
     if cs2 is not None:
@@ -109,7 +120,8 @@ def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: floa
     prefill_note = (f"{prefill} (Erlang C: {rate:.3g} req/s x {service * 1e3:.0f} ms prefill of {tokens}, "
                     f"{spread}, P{quantile * 100:g} wait within {within})")
     reason = (f"prefill {prefill_note}; decode {decode} ({in_decode:.1f} sequences of {output:.0f} tokens "
-              f"at batch {batch}, {step * 1e3:.0f} ms steps within {tpot_slo_s:g}s TPOT / 2); KV {kv} "
+              f"at batch {batch}, {step * 1e3:.0f} ms steps within {tpot_slo_s:g}s TPOT / 2: "
+              f"{in_decode / batch:.2f} replicas, plus {prefilling:.2f} of prefill in their steps); KV {kv} "
               f"({in_decode * context:,.0f} tokens held, {kv_headroom:.0%} of {profile.kv_capacity_tokens:,} "
               f"each)")
     return WorkNeeds(min(prefill, MAX_REPLICAS_CONSIDERED), decode, kv, reason)
@@ -150,17 +162,47 @@ def prefill_seconds(profile: ReplicaProfile, prompt: float, *, decoding: int, co
     return seconds
 
 
+def prefill_occupancy(profile: ReplicaProfile, prompt: float, *, decoding: int, context: float,
+                      cached: int = 0) -> float:
+    """Seconds of a replica's time a prompt's prefill takes when prefills queue: what its tokens add to
+    the steps they ride on (:func:`prefill_added`), plus their share of those steps' own cost (the carried
+    decode batch and the step's fixed part) by the tokens they fill of the step's budget. A waiting
+    prefill shares its step with the others waiting, so a 50-token suffix takes a twentieth of a step, not
+    a step; a prompt that fills whole steps takes them (:func:`prefill_seconds` less its last chunk's
+    unfilled share)."""
+    budget = max(profile.max_num_batched_tokens - decoding, 1)
+    fixed = profile.step_time(num_decode=decoding, num_prefill_tokens=0,
+                              context_tokens=round(decoding * context), prefill_pairs=0)
+    computed = max(round(prompt) - cached, 0)
+    return prefill_added(profile, prompt, cached=cached, budget=budget) + fixed * computed / budget
+
+
+def prefill_added(profile: ReplicaProfile, prompt: float, *, cached: int = 0,
+                  budget: int | None = None) -> float:
+    """Seconds a prompt's prefill adds to the steps it rides on: its computed tokens and their attention
+    pairs, in chunks of ``budget`` tokens (default: the replica's whole step budget), the first
+    ``cached`` tokens served by the prefix cache."""
+    left, done, added = round(prompt) - cached, cached, 0.0
+    budget = max(budget or profile.max_num_batched_tokens, 1)
+    while left > 0:
+        chunk = min(left, budget)
+        added += profile.seconds(steps=0, num_decode=0, num_prefill_tokens=chunk, context_tokens=0,
+                                 prefill_pairs=chunk * done + chunk * (chunk + 1) // 2)
+        left, done = left - chunk, done + chunk
+    return added
+
+
 def prefill_variability(profile: ReplicaProfile, mean_prompt: float, prompt_sd: float, *, decoding: int,
                         context: float) -> float:
     """The squared coefficient of variation of prefill times for prompts of ``mean_prompt`` tokens on
     average, ``prompt_sd`` apart: the prefill time's slope around the mean (over one deviation either side,
     or as far down as a one-token prompt) times the deviation, over the mean prompt's prefill time."""
     reach = min(prompt_sd, mean_prompt - 1.0)
-    mean = prefill_seconds(profile, mean_prompt, decoding=decoding, context=context)
+    mean = prefill_occupancy(profile, mean_prompt, decoding=decoding, context=context)
     if reach <= 0 or mean <= 0:
         return 0.0
-    low = prefill_seconds(profile, mean_prompt - reach, decoding=decoding, context=context)
-    high = prefill_seconds(profile, mean_prompt + reach, decoding=decoding, context=context)
+    low = prefill_occupancy(profile, mean_prompt - reach, decoding=decoding, context=context)
+    high = prefill_occupancy(profile, mean_prompt + reach, decoding=decoding, context=context)
     return ((high - low) / (2 * reach) * prompt_sd / mean) ** 2
 
 

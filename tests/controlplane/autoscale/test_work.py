@@ -7,14 +7,19 @@ says which term and with what inputs, and a rate hovering at a step of the count
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from controlplane.autoscale.config import AutoscalerConfig
 from controlplane.autoscale.decide import Observation, decide, new_state, offered_work
 from controlplane.autoscale.profile import ReplicaProfile
 from controlplane.autoscale.work import (
+    decode_batch,
     erlang_c,
     erlang_c_servers,
+    prefill_added,
+    prefill_occupancy,
     prefill_seconds,
     prefill_variability,
     work_needs,
@@ -78,6 +83,53 @@ def test_prefill_in_chunks_costs_what_one_chunk_would_plus_the_extra_steps() -> 
     assert one == pytest.approx(PROFILE.step_time(num_decode=0, num_prefill_tokens=1000, context_tokens=0))
     two = prefill_seconds(PROFILE, 2000, decoding=0, context=0)  # two chunks of the 1024-token budget
     assert two > 2 * one  # the second chunk attends to the first: super-linear
+
+
+def test_a_short_prefill_occupies_its_share_of_a_step_and_a_long_one_its_steps() -> None:
+    """Prefills waiting together share a step: a 48-token suffix behind a cached system prompt takes what
+    its tokens add plus its share of the step by tokens, a fraction of the step it rides on; a prompt that
+    fills whole steps occupies them, less its last chunk's unfilled share."""
+    decoding, context = 40, 600.0
+    budget = PROFILE.max_num_batched_tokens - decoding
+    ride = prefill_seconds(PROFILE, 465, decoding=decoding, context=context, cached=417)
+    occupied = prefill_occupancy(PROFILE, 465, decoding=decoding, context=context, cached=417)
+    added = prefill_added(PROFILE, 465, cached=417, budget=budget)
+    fixed = PROFILE.step_time(num_decode=decoding, num_prefill_tokens=0,
+                              context_tokens=round(decoding * context))
+    assert ride == pytest.approx(fixed + added)  # alone, it waits out the whole step
+    assert occupied == pytest.approx(added + fixed * 48 / budget)
+    assert occupied < ride / 3
+    # two whole chunks: occupancy is the two steps, the same as riding them
+    whole = 2 * budget
+    assert prefill_occupancy(PROFILE, whole, decoding=decoding, context=context) == pytest.approx(
+        prefill_seconds(PROFILE, whole, decoding=decoding, context=context))
+    # a chunk and a bit: between one and two steps, not two
+    more = prefill_occupancy(PROFILE, budget + 10, decoding=decoding, context=context)
+    assert more < prefill_seconds(PROFILE, budget + 10, decoding=decoding, context=context) - 0.9 * fixed
+
+
+def test_short_suffixes_at_a_high_rate_are_sized_by_the_steps_they_share_not_one_step_each() -> None:
+    """Behind a 90% prefix hit share, 120 requests/s of 47 computed tokens: priced a whole step each (the
+    decode batch's and all), the prefill queue alone would ask for five replicas or more; what the suffixes
+    occupy is a small share of the steps, and the engine time they add is taken from the decode slots'
+    time, which then sizes the fleet."""
+    rate, prompt, output = 120.0, 465, 44
+    needs = work_needs(PROFILE, rate=rate, mean_prompt=prompt, mean_output=output, ttft_slo_s=1.0,
+                       tpot_slo_s=0.1, prefix_hit_share=0.9)
+    assert needs is not None
+    context = prompt + output / 2
+    batch, step = decode_batch(PROFILE, context, 0.1)
+    in_decode = rate * output * step
+    carried = math.ceil(in_decode / math.ceil(in_decode / batch))
+    a_step_each = rate * prefill_seconds(PROFILE, prompt, decoding=carried, context=context, cached=418)
+    assert a_step_each > 4.5 and needs.prefill <= 2
+    budget = PROFILE.max_num_batched_tokens - carried
+    prefilling = rate * prefill_added(PROFILE, prompt, cached=418, budget=budget)
+    assert prefilling > 0.5  # half a replica's time or more goes to the suffixes
+    assert needs.decode == math.ceil(in_decode / batch + prefilling) > math.ceil(in_decode / batch)
+    assert needs.replicas == needs.decode
+    shares = f"{in_decode / batch:.2f} replicas, plus {prefilling:.2f} of prefill in their steps"
+    assert shares in needs.reason
 
 
 def test_long_prompts_scale_up_where_short_ones_at_the_same_rate_do_not() -> None:
