@@ -191,8 +191,11 @@ def profile_path(configured: str, state_dir: Path) -> str:
 
 
 def run_folder(given: str | None) -> Path:
-    """The run's folder: ``--workdir``, else a new temporary one."""
+    """The run's folder: ``--workdir`` (new or empty: a run's state, logs and records are its own), else
+    a new temporary one."""
     workdir = Path(given or tempfile.mkdtemp(prefix="sim-vs-live-"))
+    if workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
+        raise ValueError(f"--workdir: {workdir} is not an empty folder (an earlier run's?); give a new one")
     workdir.mkdir(parents=True, exist_ok=True)
     return workdir
 
@@ -411,10 +414,11 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
     if args.calibrate and args.profile:
         raise ValueError("--calibrate measures the profile: give --profile or --calibrate, not both")
     source_state = Path(args.state_dir).expanduser() if args.state_dir else load_config(None).state_path
-    workdir = run_folder(args.workdir) if args.calibrate else None  # the calibrated profile is kept there
     if args.cpu_limit is not None and not args.calibrate:
         raise ValueError("--cpu-limit is what --calibrate measures under (a --profile carries its own limit)")
-    path = calibrate_here(workdir, args.cpu_limit) if workdir else profile_path(args.profile, source_state)
+    workdir = run_folder(args.workdir)  # a calibrated profile is kept there
+    path = calibrate_here(workdir, args.cpu_limit) if args.calibrate else profile_path(args.profile,
+                                                                                      source_state)
     profile = load_profile(path)
     cut = Slice(args.trace_start, args.duration, args.compress, args.token_scale,
                 profile.max_model_len * 3 // 4, profile.max_model_len // 4)
@@ -431,7 +435,6 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
           f"host cores {settings.host_cores}; replicas 1..{args.max_replicas}"
           + ("" if profile.cpu_limit is None else f", each limited to {profile.cpu_limit:g} of a core"),
           flush=True)
-    workdir = workdir or run_folder(args.workdir)
     run = run_live(cut, autoscaler, workdir, source_state, args.probe, profile.cpu_limit)
     check_same_requests(requests, run.records)
     beside = dataclasses.replace(settings, host_cpu_per_request_s=run.probe.cpu_per_request_s

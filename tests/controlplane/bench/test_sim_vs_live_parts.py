@@ -96,6 +96,17 @@ def test_calibrate_and_a_named_profile_together_are_refused_before_anything_star
     assert not (tmp_path / "run").exists()  # refused before the workdir (or a replica) was made
 
 
+def test_a_workdir_holding_an_earlier_run_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    earlier = tmp_path / "run"
+    (earlier / "state").mkdir(parents=True)
+    (earlier / "load.jsonl").write_text("{}\n")
+    run = subprocess.run([sys.executable, "-m", "controlplane.bench", "sim-vs-live", "--calibrate",
+                          "--workdir", str(earlier)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert f"--workdir: {earlier} is not an empty folder" in run.stderr and len(run.stderr.splitlines()) == 1
+    assert sorted(p.name for p in earlier.iterdir()) == ["load.jsonl", "state"]  # nothing calibrated there
+
+
 def _decision(current: int, drift: dict[str, float] | None) -> Decision:
     inputs = DecisionInputs(current=current, ready=current, starting=0, metrics={}, profile_drift=drift)
     return Decision(at=0.0, mode="active", inputs=inputs, proposals=(), final=current, applied=False,
