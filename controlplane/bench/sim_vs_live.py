@@ -61,6 +61,7 @@ from controlplane.autoscale.profile import DEFAULT_PROFILE, HELD_OUT_BOUND, load
 from controlplane.bench.host_cpu import CpuMeter, DataPathProbe
 from controlplane.bench.live_speed import host_speed, run_drift, run_on_cpu, speed_at
 from controlplane.bench.sim_vs_live_report import (
+    fleet_capacity,
     format_report,
     live_side,
     load_start,
@@ -471,6 +472,11 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
     print("host CPU while the load ran, core-seconds: "
           + ", ".join(f"{role} {used:g}" for role, used in run.cpu.items())
           + f"; the slice's engine-seconds by the profile (its reference batch): {work:.0f}")
+    capacity = fleet_capacity(work, span_s=span, compress=cut.compress, max_replicas=args.max_replicas,
+                              cpu_limit=profile.cpu_limit, host_cores=settings.host_cores or 1,
+                              beside_core_s=beside.host_cpu_per_request_s * len(requests))
+    if (overloaded := capacity.warning()) is not None:
+        print(overloaded)
     if args.html:
         write_html(Path(args.html), live, sim, f"replicas: live vs simulated ({len(requests)} requests)")
     if args.json:
@@ -482,7 +488,8 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
             "host_cpu_per_request_s": beside.host_cpu_per_request_s,
             "probe": None if run.probe is None else dataclasses.asdict(run.probe),
             "live": dataclasses.asdict(live), "sim": dataclasses.asdict(sim), "cpu": run.cpu,
-            "engine_s": round(work, 1), "live_profile_drift": run.drift, "live_on_cpu": run.on_cpu,
+            "engine_s": round(work, 1), "fleet_core_s": round(capacity.core_s, 1),
+            "fleet_load": round(capacity.load, 3), "live_profile_drift": run.drift, "live_on_cpu": run.on_cpu,
             "live_host_speed": run.speed,
             "sim_at_live_speed": None if at_speed is None else dataclasses.asdict(at_speed),
             "verdicts": {k: {"met": ok, "detail": why} for k, (ok, why) in judged.items()},

@@ -146,3 +146,39 @@ def write_html(path: Path, live: Side, sim: Side, title: str) -> None:
     fig.update_layout(title=title, xaxis_title="seconds since the load's start",
                       yaxis_title="replicas paid for (starting + ready + draining)")
     fig.write_html(str(path), include_plotlyjs="inline")
+
+
+OVERLOAD_TARGET = 0.8  # of the fleet's capacity, the load a suggested --compress aims at
+
+
+@dataclass(slots=True, frozen=True)
+class Capacity:
+    """What the fleet at its bound can give the slice's engine work over the compared span, in core-seconds:
+    ``max_replicas`` replicas of ``cpu_limit`` cores each (a whole core without a limit), within the host's
+    cores less what runs beside the replicas (the probe's CPU per request times the requests)."""
+
+    engine_s: float  # the slice's engine-seconds by the profile
+    core_s: float
+    compress: float
+
+    @property
+    def load(self) -> float:
+        return self.engine_s / self.core_s if self.core_s > 0 else math.inf
+
+    def warning(self) -> str | None:
+        """A line where the slice asks more than the fleet can give: both queues then grow without bound
+        and their latencies diverge however good the simulator is; None where it fits."""
+        if self.load <= 1.0:
+            return None
+        suggested = self.compress * OVERLOAD_TARGET / self.load
+        return (f"warning: the slice asks {self.engine_s:.0f} engine-seconds of the profile where the fleet "
+                f"at its bound has {self.core_s:.0f} core-seconds ({self.load:.0%}): both sides overload, "
+                f"so their latencies say little of the simulator; about --compress {suggested:.1f} loads "
+                f"it {OVERLOAD_TARGET:.0%}")
+
+
+def fleet_capacity(engine_s: float, *, span_s: float, compress: float, max_replicas: int,
+                   cpu_limit: float | None, host_cores: int, beside_core_s: float) -> Capacity:
+    replicas = max_replicas * (cpu_limit or 1.0)
+    cores = min(replicas, host_cores - beside_core_s / span_s if span_s > 0 else 0.0)
+    return Capacity(engine_s, max(cores, 0.0) * span_s, compress)

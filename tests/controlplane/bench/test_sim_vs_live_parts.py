@@ -16,7 +16,15 @@ from controlplane.autoscale.profile import load_profile
 from controlplane.bench.host_cpu import DataPathProbe
 from controlplane.bench.live_speed import host_speed, run_drift, run_on_cpu, speed_at
 from controlplane.bench.sim_vs_live import profile_path, write_config
-from controlplane.bench.sim_vs_live_report import Side, format_report, integrate, live_side, outcome, verdicts
+from controlplane.bench.sim_vs_live_report import (
+    Side,
+    fleet_capacity,
+    format_report,
+    integrate,
+    live_side,
+    outcome,
+    verdicts,
+)
 from controlplane.client import Decision, DecisionInputs
 from controlplane.config import load_config
 from controlplane.sim.policies import autoscaler_config
@@ -172,3 +180,17 @@ def test_a_slice_that_never_scales_does_not_pass_as_a_check_of_the_autoscaler() 
     scaled = dataclasses.replace(still, scale_events=1)
     assert verdicts(scaled, scaled)["scaled"][0]
     assert not verdicts(scaled, still)["scaled"][0]
+
+
+def test_a_slice_the_fleet_cannot_serve_is_called_overloaded_with_a_compression_that_fits() -> None:
+    """2026-12-06's default run: 498 engine-seconds in 300 s for two unlimited replicas on two cores, 17.7 ms
+    of other CPU per request over 7,869 requests; under a limit of 0.75 a core at 2.7x, 382 of 450."""
+    over = fleet_capacity(498, span_s=300, compress=5, max_replicas=2, cpu_limit=None, host_cores=2,
+                          beside_core_s=0.0177 * 7869)
+    assert over.core_s == pytest.approx(600 - 139.3, abs=0.1) and over.load > 1
+    warning = over.warning()
+    assert warning is not None and "(108%): both sides overload" in warning
+    assert "about --compress 3.7 loads it 80%" in warning
+    fits = fleet_capacity(382, span_s=300, compress=2.7, max_replicas=2, cpu_limit=0.75, host_cores=2,
+                          beside_core_s=0.026 * 3975)
+    assert fits.core_s == pytest.approx(450) and fits.warning() is None  # the limits, not the host, bound it
