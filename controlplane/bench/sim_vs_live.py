@@ -18,7 +18,10 @@ which is off by as much as the host's speed has moved since it was measured):
   the CPU time of the run's processes and of the rest of the host is counted while the load runs. Before
   the slice, a probe (``--probe`` seconds of the slice's start, prompts of another seed, the autoscaler
   observing only; then a metrics window of quiet) measures the CPU the gateway, the load client and the
-  control plane spend per request (:class:`~controlplane.bench.host_cpu.DataPathProbe`);
+  control plane spend per request (:class:`~controlplane.bench.host_cpu.DataPathProbe`). Without
+  ``--compress``, the slice is then compressed to where it asks 80% of what the fleet at its bound can
+  give (:func:`fitting_compress`): the fleet must scale, and can serve the load; a slice past what the
+  fleet can give overloads both sides, whose queues then diverge however good the simulator is;
 - simulated: the same slice through ``azure_trace`` (the load client's own reader: request count and total
   tokens are compared and must match), ``simulate(..., PolicySpec("ours"))`` with 1 initial replica,
   ``host_cores`` = this machine's cores (the live replicas share them) and ``host_cpu_per_request_s`` =
@@ -47,7 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -57,10 +60,17 @@ import httpx
 
 from controlplane.autoscale.calibrate import CalibrationPlan, calibrate_with_bar
 from controlplane.autoscale.config import AutoscalerConfig
-from controlplane.autoscale.profile import DEFAULT_PROFILE, HELD_OUT_BOUND, load_profile, resolve_profile_path
+from controlplane.autoscale.profile import (
+    DEFAULT_PROFILE,
+    HELD_OUT_BOUND,
+    ReplicaProfile,
+    load_profile,
+    resolve_profile_path,
+)
 from controlplane.bench.host_cpu import CpuMeter, DataPathProbe
 from controlplane.bench.live_speed import host_speed, run_drift, run_on_cpu, speed_at
 from controlplane.bench.sim_vs_live_report import (
+    OVERLOAD_TARGET,
     fleet_capacity,
     format_report,
     live_side,
@@ -87,7 +97,10 @@ from inference.models.default import ensure_default_model
 # the first 300 s, 2.5 times as fast (12 requests/s on average), took a fleet of torch-path replicas from 1
 # to 3 about a minute in. Replicas on the CPU decode kernel (the default since 2026-12-05) serve that whole
 # on one (0 scale events, live and simulated); at 4x the live fleet scaled and the simulated one did not;
-# at 5x (26 requests/s) both scale, once. A slice that needs a second replica in its first 30 s is avoided:
+# at 5x (26 requests/s) both scale, once. Since 2026-12-06 5x is only the probe's speed (and the slice's
+# without a probe): the slice is compressed to the load the fleet can serve, which moves with the host and
+# the engine (at 5x the unlimited fleet of 2026-12-06 was asked 108% of it). A slice that needs a second
+# replica in its first 30 s is avoided:
 # the live loop's rates are over a 30 s window that still holds the idle time before the load, the
 # simulator's over the time since its start, so the two would differ there by construction.
 TRACE_START_S = 0.0
@@ -303,10 +316,14 @@ class LiveRun:
     on_cpu: float | None = None  # the share of the replicas' step time on a core, across the decisions
     speed: list[tuple[float, float]] = field(default_factory=list)  # (POSIX s, host speed): host_speed
     probe: DataPathProbe | None = None  # the host's other CPU per request, measured before the slice
+    cut: Slice | None = None  # the slice replayed
 
 
 def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_state: Path,
-             probe_s: float = 0.0, cpu_limit: float | None = None) -> LiveRun:
+             probe_s: float = 0.0, cpu_limit: float | None = None,
+             choose: Callable[[DataPathProbe | None], Slice] | None = None) -> LiveRun:
+    """The slice through a live ``controlplane up``. ``choose``: the slice to replay once the probe (of
+    ``cut``'s start) has measured the CPU beside the replicas (None: ``cut``)."""
     models = ensure_default_model(source_state).parent  # built before the control plane starts
     (workdir / "state").mkdir(parents=True, exist_ok=True)
     (workdir / "state" / "models").symlink_to(models, target_is_directory=True)
@@ -321,6 +338,7 @@ def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_sta
             quiet = (autoscaler.metrics_window_s or DEFAULT_WINDOW_S) + autoscaler.tick_s
             time.sleep(quiet)  # the probe's requests leave the autoscaler's window before it may act
             client.autoscaler_configure(observe_only=False)
+        cut = cut if choose is None else choose(probe)
         started = time.time()
         print(f"live: 1 replica ready; replaying the slice for {cut.duration_s:g}s", flush=True)
         fleet: list[tuple[float, int]] = []
@@ -346,7 +364,7 @@ def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_sta
     window = autoscaler.metrics_window_s or DEFAULT_WINDOW_S
     return LiveRun(read_jsonl(workdir / "load.jsonl"), fleet, decisions, meter.totals(), run_drift(records),
                    run_on_cpu(records), host_speed(records, window_s=window, cores=os.cpu_count() or 1),
-                   probe)
+                   probe, cut)
 
 
 def run_probe(cut: Slice, probe_s: float, gateway: str, workdir: Path, control_plane: int) -> DataPathProbe:
@@ -381,7 +399,11 @@ def run_probe(cut: Slice, probe_s: float, gateway: str, workdir: Path, control_p
 def add_sim_vs_live_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-start", type=float, default=TRACE_START_S, help="seconds into the Azure trace")
     p.add_argument("--duration", type=float, default=DURATION_S, help="seconds of live replay (%(default)s)")
-    p.add_argument("--compress", type=float, default=COMPRESS, help="trace speed-up (%(default)s)")
+    p.add_argument("--compress", type=float, default=None,
+                   help="trace speed-up (default: the one at which the slice asks 80%% of what the fleet at "
+                   "its bound can give, by the profile and the probe's CPU per request: the fleet must "
+                   "scale and can serve the load; "
+                   f"{COMPRESS:g} for the probe itself, and without one)")
     p.add_argument("--token-scale", type=float, default=TOKEN_SCALE, help="multiplies lengths (%(default)s)")
     p.add_argument("--max-replicas", type=int, default=MAX_REPLICAS,
                    help="the autoscaler's bound on both sides (default: the host's cores, at least 2: "
@@ -408,7 +430,8 @@ def add_sim_vs_live_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def sim_vs_live_main(args: argparse.Namespace) -> int:
-    if args.duration <= 0 or args.compress <= 0 or args.token_scale <= 0 or args.max_replicas < 2:
+    if args.duration <= 0 or (args.compress is not None and args.compress <= 0) or args.token_scale <= 0 \
+            or args.max_replicas < 2:
         raise ValueError("need --duration, --compress and --token-scale > 0 and --max-replicas >= 2")
     if not 0 <= args.probe <= args.duration:
         raise ValueError("--probe: between 0 and --duration seconds")
@@ -421,22 +444,38 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
     path = calibrate_here(workdir, args.cpu_limit) if args.calibrate else profile_path(args.profile,
                                                                                       source_state)
     profile = load_profile(path)
-    cut = Slice(args.trace_start, args.duration, args.compress, args.token_scale,
+    cut = Slice(args.trace_start, args.duration, args.compress or COMPRESS, args.token_scale,
                 profile.max_model_len * 3 // 4, profile.max_model_len // 4)
     settings = SimSettings(min_replicas=1, initial_replicas=1, max_replicas=args.max_replicas,
                            host_cores=os.cpu_count() or 1, sample_s=1.0)
     autoscaler = dataclasses.replace(autoscaler_config(profile, settings), replica_profile=path)
-    requests = azure_trace(AZURE_TRACE, cut.shape())
-    span = trace_duration(requests)
-    if len(requests) < 2:
+    if len(azure_trace(AZURE_TRACE, cut.shape())) < 2:
         raise ValueError("the slice holds fewer than 2 requests: choose another --trace-start/--duration")
-    print(f"slice: {len(requests)} requests from {cut.trace_start_s:g}s of the Azure trace, compressed "
-          f"{cut.compress:g}x ({cut.duration_s:g}s of replay), tokens x{cut.token_scale:g}, prompts <= "
+    fits = args.compress is None and args.probe > 0  # the compression is chosen once the probe has run
+    print(f"slice: from {cut.trace_start_s:g}s of the Azure trace, "
+          + ("compressed to what the fleet can serve (after the probe)" if fits else
+             f"compressed {cut.compress:g}x")
+          + f" ({cut.duration_s:g}s of replay), tokens x{cut.token_scale:g}, prompts <= "
           f"{cut.max_prompt_len}, outputs <= {cut.max_output_len}; profile {path} ({profile.source}); "
           f"host cores {settings.host_cores}; replicas 1..{args.max_replicas}"
           + ("" if profile.cpu_limit is None else f", each limited to {profile.cpu_limit:g} of a core"),
           flush=True)
-    run = run_live(cut, autoscaler, workdir, source_state, args.probe, profile.cpu_limit)
+
+    def choose(probe: DataPathProbe | None) -> Slice:
+        if not fits or probe is None:
+            return cut
+        cores = settings.host_cores or 1
+        fitted = fitting_compress(profile, cut, max_replicas=args.max_replicas, host_cores=cores,
+                                  cpu_per_request_s=probe.cpu_per_request_s)
+        print(f"live: compressed {fitted:g}x, where the slice asks {OVERLOAD_TARGET:.0%} of what "
+              f"{args.max_replicas} replicas can give beside {probe.cpu_per_request_s * 1e3:.1f} ms of other "
+              "CPU per request (--compress to choose)", flush=True)
+        return dataclasses.replace(cut, compress=fitted)
+
+    run = run_live(cut, autoscaler, workdir, source_state, args.probe, profile.cpu_limit, choose)
+    cut = run.cut or cut
+    requests = azure_trace(AZURE_TRACE, cut.shape())
+    span = trace_duration(requests)
     check_same_requests(requests, run.records)
     beside = dataclasses.replace(settings, host_cpu_per_request_s=run.probe.cpu_per_request_s
                                  if run.probe else 0.0)
@@ -449,9 +488,7 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
           "arriving for the processes beside them "
           + ("(the probe)" if run.probe else "(no probe)"))
     print(format_report(live, sim, judged))
-    prompt, output = sum(r.prompt_len for r in requests), sum(r.output_len for r in requests)
-    work = profile.engine_load(prompt_tokens_per_s=prompt, generated_tokens_per_s=output,
-                               mean_prompt_tokens=prompt / len(requests))
+    work = engine_seconds(profile, requests)
     speeds = [s for _, s in run.speed]
     print("live replicas against the profile: " + ("too idle to judge" if run.drift is None else
           f"{run.drift:.2f}x its predicted engine time over the run (autoscale.drift; 1.00: the profile "
@@ -495,6 +532,35 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
             "verdicts": {k: {"met": ok, "detail": why} for k, (ok, why) in judged.items()},
             "leftover_pids": leftover_pids(workdir / "state")}, indent=1))
     return 0 if all(ok for ok, _ in judged.values()) else 1
+
+
+def engine_seconds(profile: ReplicaProfile, requests: Sequence[SimRequest]) -> float:
+    """The requests' engine-seconds by the profile (prefill by the mean prompt, decode at its reference
+    batch)."""
+    prompt, output = sum(r.prompt_len for r in requests), sum(r.output_len for r in requests)
+    return profile.engine_load(prompt_tokens_per_s=prompt, generated_tokens_per_s=output,
+                               mean_prompt_tokens=prompt / max(len(requests), 1))
+
+
+def fitting_compress(profile: ReplicaProfile, cut: Slice, *, max_replicas: int, host_cores: int,
+                     cpu_per_request_s: float) -> float:
+    """The compression, to a tenth within 0.5-20, at which ``cut``'s replay asks ``OVERLOAD_TARGET`` of
+    what the fleet at its bound can give (:func:`fleet_capacity`): more of the trace in the same replay
+    asks more engine time and more of the CPU beside the replicas."""
+    def load(compress: float) -> float:
+        requests = azure_trace(AZURE_TRACE, dataclasses.replace(cut, compress=compress).shape())
+        return fleet_capacity(engine_seconds(profile, requests), span_s=cut.duration_s, compress=compress,
+                              max_replicas=max_replicas, cpu_limit=profile.cpu_limit, host_cores=host_cores,
+                              beside_core_s=cpu_per_request_s * len(requests)).load
+    low, high = 0.5, 20.0
+    if load(high) <= OVERLOAD_TARGET:
+        return high
+    if load(low) >= OVERLOAD_TARGET:
+        return low
+    while high - low > 0.05:
+        mid = (low + high) / 2
+        low, high = (mid, high) if load(mid) < OVERLOAD_TARGET else (low, mid)
+    return round(low, 1)
 
 
 def check_same_requests(requests: Sequence[SimRequest], records: Sequence[RequestRecord]) -> None:

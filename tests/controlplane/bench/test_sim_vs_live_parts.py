@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.autoscale.profile import load_profile
+from controlplane.autoscale.profile import ReplicaProfile, load_profile
 from controlplane.bench.host_cpu import DataPathProbe
 from controlplane.bench.live_speed import host_speed, run_drift, run_on_cpu, speed_at
-from controlplane.bench.sim_vs_live import profile_path, write_config
+from controlplane.bench.sim_vs_live import Slice, engine_seconds, fitting_compress, profile_path, write_config
 from controlplane.bench.sim_vs_live_report import (
     Side,
     fleet_capacity,
@@ -30,7 +30,8 @@ from controlplane.config import load_config
 from controlplane.sim.policies import autoscaler_config
 from controlplane.sim.settings import PolicySpec, SimSettings, Slo
 from controlplane.sim.simulator import p95, simulate
-from controlplane.sim.trace import SimRequest
+from controlplane.sim.trace import SimRequest, azure_trace
+from inference.bench.datasets import AZURE_TRACE
 from inference.bench.report import RequestRecord
 
 
@@ -194,3 +195,24 @@ def test_a_slice_the_fleet_cannot_serve_is_called_overloaded_with_a_compression_
     fits = fleet_capacity(382, span_s=300, compress=2.7, max_replicas=2, cpu_limit=0.75, host_cores=2,
                           beside_core_s=0.026 * 3975)
     assert fits.core_s == pytest.approx(450) and fits.warning() is None  # the limits, not the host, bound it
+
+
+def test_the_default_compression_asks_four_fifths_of_what_the_fleet_can_give() -> None:
+    """Chosen after the probe: more of the trace in the same replay asks more engine time and more CPU
+    beside the replicas; the choice loads the fleet at its bound 80%, under a CPU limit as without one."""
+    profile = load_profile()
+    cut = Slice(0.0, 300.0, 5.0, 0.25, profile.max_model_len * 3 // 4, profile.max_model_len // 4)
+
+    def load(compress: float, limited: ReplicaProfile) -> float:
+        requests = azure_trace(AZURE_TRACE, dataclasses.replace(cut, compress=compress).shape())
+        return fleet_capacity(engine_seconds(limited, requests), span_s=300.0, compress=compress,
+                              max_replicas=2, cpu_limit=limited.cpu_limit, host_cores=2,
+                              beside_core_s=0.02 * len(requests)).load
+
+    for limited in (profile, dataclasses.replace(profile, cpu_limit=0.75)):
+        fitted = fitting_compress(limited, cut, max_replicas=2, host_cores=2, cpu_per_request_s=0.02)
+        assert 0.5 < fitted < 20.0
+        assert load(fitted - 0.1, limited) < 0.8 <= load(fitted + 0.1, limited) + 1e-9
+    unlimited = fitting_compress(profile, cut, max_replicas=2, host_cores=2, cpu_per_request_s=0.02)
+    assert fitting_compress(dataclasses.replace(profile, cpu_limit=0.75), cut, max_replicas=2, host_cores=2,
+                            cpu_per_request_s=0.02) < unlimited  # less CPU to give: a lighter slice
