@@ -84,9 +84,9 @@ def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: floa
     context = prompt + output / 2
     batch, step = decode_batch(profile, context, tpot_slo_s)
     in_decode = rate * output * step  # Little's law: sequences decoding at once
-    decode = math.ceil(in_decode / batch)
-    # the decode batch a replica carries while it prefills: the decoding sequences over the decode count
-    carried = math.ceil(in_decode / max(decode, 1))
+    slots = math.ceil(in_decode / batch)  # replicas the decode slots alone need
+    # the decode batch a replica carries while it prefills: the decoding sequences over those replicas
+    carried = math.ceil(in_decode / max(slots, 1))
     hit = cached_share(prefix_hit_share)
     cached = min(round(prompt * hit), round(prompt) - 1)
     ride = prefill_seconds(profile, prompt, decoding=carried, context=context, cached=max(cached, 0))
@@ -150,16 +150,19 @@ def prefill_seconds(profile: ReplicaProfile, prompt: float, *, decoding: int, co
                     cached: int = 0) -> float:
     """Seconds a replica takes to prefill a prompt of ``prompt`` tokens, the first ``cached`` of them from
     its prefix cache, in chunks of its step budget, each step also decoding ``decoding`` sequences of
-    ``context`` tokens (chunked prefill shares the step)."""
-    left, done, seconds = round(prompt) - cached, cached, 0.0
+    ``context`` tokens (chunked prefill shares the step): the steps' own cost for each chunk plus what the
+    chunks add (the profile is linear in a step's terms)."""
     budget = max(profile.max_num_batched_tokens - decoding, 1)
-    while left > 0:
-        chunk = min(left, budget)
-        seconds += profile.step_time(num_decode=decoding, num_prefill_tokens=chunk,
-                                     context_tokens=round(decoding * context),
-                                     prefill_pairs=chunk * done + chunk * (chunk + 1) // 2)
-        left, done = left - chunk, done + chunk
-    return seconds
+    chunks = math.ceil(max(round(prompt) - cached, 0) / budget)
+    return (chunks * _step_cost(profile, decoding, context)
+            + prefill_added(profile, prompt, cached=cached, budget=budget))
+
+
+def _step_cost(profile: ReplicaProfile, decoding: int, context: float) -> float:
+    """A step's own seconds, before any prefill token: its fixed part and ``decoding`` sequences of
+    ``context`` tokens."""
+    return profile.step_time(num_decode=decoding, num_prefill_tokens=0,
+                             context_tokens=round(decoding * context), prefill_pairs=0)
 
 
 def prefill_occupancy(profile: ReplicaProfile, prompt: float, *, decoding: int, context: float,
@@ -171,10 +174,9 @@ def prefill_occupancy(profile: ReplicaProfile, prompt: float, *, decoding: int, 
     a step; a prompt that fills whole steps takes them (:func:`prefill_seconds` less its last chunk's
     unfilled share)."""
     budget = max(profile.max_num_batched_tokens - decoding, 1)
-    fixed = profile.step_time(num_decode=decoding, num_prefill_tokens=0,
-                              context_tokens=round(decoding * context), prefill_pairs=0)
     computed = max(round(prompt) - cached, 0)
-    return prefill_added(profile, prompt, cached=cached, budget=budget) + fixed * computed / budget
+    return (_step_cost(profile, decoding, context) * computed / budget
+            + prefill_added(profile, prompt, cached=cached, budget=budget))
 
 
 def prefill_added(profile: ReplicaProfile, prompt: float, *, cached: int = 0,
@@ -195,8 +197,9 @@ def prefill_added(profile: ReplicaProfile, prompt: float, *, cached: int = 0,
 def prefill_variability(profile: ReplicaProfile, mean_prompt: float, prompt_sd: float, *, decoding: int,
                         context: float) -> float:
     """The squared coefficient of variation of prefill times for prompts of ``mean_prompt`` tokens on
-    average, ``prompt_sd`` apart: the prefill time's slope around the mean (over one deviation either side,
-    or as far down as a one-token prompt) times the deviation, over the mean prompt's prefill time."""
+    average, ``prompt_sd`` apart: the slope of what a prefill occupies (:func:`prefill_occupancy`) around
+    the mean (over one deviation either side, or as far down as a one-token prompt) times the deviation,
+    over the mean prompt's."""
     reach = min(prompt_sd, mean_prompt - 1.0)
     mean = prefill_occupancy(profile, mean_prompt, decoding=decoding, context=context)
     if reach <= 0 or mean <= 0:
