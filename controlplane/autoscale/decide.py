@@ -119,6 +119,9 @@ class LoopState:
     anomaly: AnomalyState | None = None  # None: the anomaly source is off
     waiting: float | None = None  # waiting_per_replica at the last tick (the backlog proposal's trend)
     load: tuple[LoadSample, ...] = ()  # the ticks' offered load since it last changed (steady_load)
+    # the ready replicas at the last tick and since when there were no fewer (the backlog proposal reads
+    # P95 TTFT only once its window holds no request from before the last replica became ready)
+    ready: tuple[int, float] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -304,15 +307,18 @@ def with_work(obs: Observation, state: LoopState, cfg: AutoscalerConfig,
     return replace(obs, work=work, notes=(*obs.notes, steady.note) if steady.note else obs.notes)
 
 
-def backlog_proposal(obs: Observation, cfg: AutoscalerConfig, before: float | None) -> Proposal | None:
+def backlog_proposal(obs: Observation, cfg: AutoscalerConfig, before: float | None,
+                     ready_since: float | None) -> Proposal | None:
     """The work model checked against what the fleet shows: one replica more when every replica is ready,
     the work sizes the fleet at no more than it has, and yet P95 TTFT misses the SLO beyond the tolerance
     while the queue grows (``before``: the last tick's queue). Requests then wait for want of capacity the
     model does not see (replicas slower than their profile, a host whose cores they share, requests unlike
     the window's means, routing that is not one shared queue). The queue need not be over its target: at
     0.3 s prefills two or three waiting per replica already take a request past a 1 s TTFT. One at a time,
-    each measured once ready before the next: a replica still starting is capacity on its way, and a
-    queue that shrinks is being served. None otherwise."""
+    each measured before the next: a replica still starting is capacity on its way, and a queue that
+    shrinks is being served. Until a window has passed since the last replica became ready
+    (``ready_since``), P95 TTFT is partly the smaller fleet's: then only a queue over its target as well
+    shows this fleet short. None otherwise."""
     if obs.work is None or obs.starting or obs.ready < obs.current or obs.current < 1:
         return None
     if obs.work.proposal(obs.current) > obs.current:
@@ -321,6 +327,9 @@ def backlog_proposal(obs: Observation, cfg: AutoscalerConfig, before: float | No
     waiting, ttft = obs.metrics.get("waiting_per_replica"), obs.metrics.get("ttft_p95_s")
     if waiting is None or ttft is None or before is None or waiting <= before \
             or ttft <= cfg.ttft_slo_s * limit:
+        return None
+    settled = ready_since is not None and obs.now - ready_since >= (obs.rate_window_s or 0.0)
+    if not settled and waiting <= cfg.target_waiting_per_replica * limit:
         return None
     return Proposal("backlog", obs.current + 1,
                     f"{waiting:.3g} waiting per replica ({waiting / cfg.target_waiting_per_replica:.1f}x "
@@ -351,9 +360,10 @@ def decide(obs: Observation, state: LoopState, cfg: AutoscalerConfig,
     """Proposals, merge and clamps for one observation: the plan, and the state after this observation
     (history, panic window, anomaly model). It does not assume the plan was applied: see :func:`applied`."""
     extra: list[Proposal] = []
+    since = _ready_since(obs, state)
     if cfg.work_sizing and obs.work is not None and obs.request_rate:
         extra.append(Proposal("work", obs.work.proposal(obs.current), obs.work.reason))
-        if (backlog := backlog_proposal(obs, cfg, state.waiting)) is not None:
+        if (backlog := backlog_proposal(obs, cfg, state.waiting, since)) is not None:
             extra.append(backlog)
     reading, anomaly = None, state.anomaly
     if anomaly is not None:
@@ -370,7 +380,16 @@ def decide(obs: Observation, state: LoopState, cfg: AutoscalerConfig,
                                                                                     decision.recommendation)
     waiting = obs.metrics.get("waiting_per_replica")
     return _bounded(obs, decision, cfg, windows, reading), LoopState(history, panic, anomaly, waiting,
-                                                                     _load_after(obs, state, cfg))
+                                                                     _load_after(obs, state, cfg),
+                                                                     (obs.ready, since))
+
+
+def _ready_since(obs: Observation, state: LoopState) -> float:
+    """Since when the fleet has had no fewer ready replicas than now: this tick when more are ready than at
+    the last one, or when there was none (a loop that starts knows nothing older)."""
+    if state.ready is None or obs.ready > state.ready[0]:
+        return obs.now
+    return state.ready[1]
 
 
 def _load_after(obs: Observation, state: LoopState, cfg: AutoscalerConfig) -> tuple[LoadSample, ...]:

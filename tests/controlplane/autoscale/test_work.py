@@ -216,19 +216,24 @@ def test_a_prefill_longer_than_the_slo_holds_its_queue_to_its_own_length_not_to_
     assert replicas < CONFIG.max_replicas and "it alone is over the 1s TTFT SLO" in reason
 
 
-def backlog_plan(waitings: list[float], ttft: float, *, starting: int = 0) -> list[tuple[int, str]]:
-    """Ticks of a 1-replica fleet (a rate the work sizes at 1 replica) whose queue reads ``waitings``,
-    with P95 TTFT ``ttft``: the final count and the backlog proposal's reason at each tick."""
+def backlog_plan(waitings: list[float], ttft: float, *, starting: int = 0, window_s: float | None = None,
+                 readies: list[int] | None = None) -> list[tuple[int, str]]:
+    """Ticks 5 s apart of a 1-replica fleet (a rate the work sizes at 1 replica) whose queue reads
+    ``waitings``, with P95 TTFT ``ttft`` over a metrics window of ``window_s``: the final count and the
+    backlog proposal's reason at each tick. ``readies``: the ready replicas at each tick (the fleet is at
+    the last of them), else all of them."""
     rate, prompt, output = 2.0, 300.0, 50.0
     work = offered_work(PROFILE, CONFIG, request_rate=rate, mean_prompt_tokens=prompt,
                         mean_output_tokens=output)
     assert work is not None and work.replicas == 1
+    readies = readies or [1 - starting] * len(waitings)
     state, out = new_state(CONFIG), []
-    for tick, waiting in enumerate(waitings):
+    for tick, (waiting, ready) in enumerate(zip(waitings, readies, strict=True)):
         metrics = {**QUIET, "waiting_per_replica": waiting, "ttft_p95_s": ttft}
-        obs = Observation(now=1000.0 + 5 * tick, wall=1000.0 + 5 * tick, current=1, ready=1 - starting,
-                          starting=starting, metrics=metrics, request_rate=rate, mean_prompt_tokens=prompt,
-                          mean_output_tokens=output, work=work)
+        obs = Observation(now=1000.0 + 5 * tick, wall=1000.0 + 5 * tick, current=ready + starting,
+                          ready=ready, starting=starting, metrics=metrics, request_rate=rate,
+                          mean_prompt_tokens=prompt, mean_output_tokens=output, work=work,
+                          rate_window_s=window_s)
         plan, state = decide(obs, state, CONFIG, [])
         reasons = [p.reason for p in plan.decision.proposals if p.source == "backlog"]
         out.append((plan.replicas, reasons[0] if reasons else ""))
@@ -248,6 +253,19 @@ def test_a_growing_queue_over_the_slo_adds_a_replica_the_work_model_does_not_see
 def test_a_queue_under_its_target_that_grows_past_the_slo_adds_a_replica() -> None:
     # long prompts: two waiting per replica already take a request past the SLO, well under the target of 4
     assert backlog_plan([1.0, 2.0], ttft=1.4)[-1][0] == 2
+
+
+def test_a_backlog_replica_waits_for_a_ttft_window_measured_with_the_last_replica_ready() -> None:
+    # a replica became ready at the second tick; P95 TTFT over the 30 s window still holds requests that
+    # waited for the smaller fleet, so a short queue growing under its target is not yet this fleet's
+    ticks = 8  # the window has passed since the replica became ready (5 s) at the last tick (35 s)
+    short = backlog_plan([float(i % 2) for i in range(ticks)], ttft=1.4, window_s=30.0,
+                         readies=[1] + [2] * (ticks - 1))
+    assert [n for n, _ in short[1:-1]] == [2] * 6, "within the window: no replica on a short queue"
+    assert short[-1][0] == 3 and "while the work sizes 1" in short[-1][1]
+    # a queue over its target and growing shows this fleet short at once
+    deep = backlog_plan([8.0, 12.0, 16.0], ttft=1.4, window_s=30.0, readies=[1, 2, 2])
+    assert deep[-1][0] == 3
 
 
 @pytest.mark.parametrize(("waitings", "ttft", "starting", "why"), [
