@@ -126,18 +126,24 @@ def _wait_for_console(url: str, running: Running, timeout_s: float = 60.0) -> No
 
 
 @pytest.fixture(scope="module")
-def driver() -> Iterator[WebDriver]:
+def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
+    """A headless Chromium whose temporary files (its profile, and the singleton socket folder it leaves
+    in $TMPDIR when chromedriver stops it) live in a folder removed after it quits."""
+    scratch = tmp_path_factory.mktemp("chromium")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in CHROMIUM_FLAGS:
         options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={scratch / 'profile'}")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    browser = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    service = Service(CHROMEDRIVER, env={**os.environ, "TMPDIR": str(scratch)})
+    browser = webdriver.Chrome(options=options, service=service)
     browser.set_page_load_timeout(60)
     try:
         yield browser
     finally:
         browser.quit()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
