@@ -1,7 +1,7 @@
-"""``python -m controlplane.sim bench|evalset``: the policy benchmark (ours against the HPA baseline on the
-Azure trace and a synthetic bursty one, or on the evaluation set), or the evaluation set's traces (checked
-against their recipes, or regenerated with ``--write``). A replica profile is measured by
-``controlplane calibrate``."""
+"""``python -m controlplane.sim bench|evalset|capacity``: the policy benchmark (ours against the HPA
+baseline on the Azure trace and a synthetic bursty one, or on the evaluation set), the evaluation set's
+traces (checked against their recipes, or regenerated with ``--write``), or what a fixed fleet gives on a
+recipe's requests at steady rates. A replica profile is measured by ``controlplane calibrate``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from controlplane.sim import bench as sim_bench
-from controlplane.sim import evalset
+from controlplane.sim import capacity, evalset
 
 
 # ---- the module's commands --------------------------------------------------------------------
@@ -24,9 +24,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     traces = sub.add_parser("evalset", help="the evaluation set's traces: summary and check, or --write")
     traces.add_argument("--write", action="store_true",
                         help="regenerate the kept files (controlplane/data/evalset/) from their recipes")
+    fixed = sub.add_parser("capacity", help="what static:N gives on a recipe's requests at steady rates")
+    capacity.add_arguments(fixed)
     args = p.parse_args(argv)
     if args.command == "evalset":
         return _evalset(write=args.write)
+    if args.command == "capacity":
+        return capacity.run(args)
     return sim_bench.run(args)
 
 

@@ -282,6 +282,8 @@ def _pool(reports: Sequence[PolicyReport]) -> PolicyReport:
         replica_seconds=sum(r.replica_seconds for r in reports),
         scale_events=sum(r.scale_events for r in reports),
         reversals=sum(r.reversals for r in reports),
+        missed_ttft=sum(r.missed_ttft for r in reports),
+        missed_tpot=sum(r.missed_tpot for r in reports),
     )
 
 

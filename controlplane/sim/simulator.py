@@ -73,6 +73,8 @@ class PolicyReport:
     ttft_p95_s: float | None
     tpot_p95_s: float | None
     unfinished: int
+    missed_ttft: int  # requests past the TTFT SLO, or with no first token
+    missed_tpot: int  # requests past the TPOT SLO (either or both: slo_attainment counts the rest)
     duration_s: float
     wall_s: float
     timeline: Timeline
@@ -161,6 +163,8 @@ def _report(label: str, sim: FleetSim, settings: SimSettings, wall_s: float) -> 
         ttft_p95_s=p95(ttfts),
         tpot_p95_s=p95(tpots),
         unfinished=sum(o.finish is None for o in outcomes),
+        missed_ttft=sum(o.ttft is None or o.ttft > settings.slo.ttft_s for o in outcomes),
+        missed_tpot=sum(o.tpot is not None and o.tpot > settings.slo.tpot_s for o in outcomes),
         duration_s=round(sim.duration, 1),
         wall_s=round(wall_s, 2),
         timeline=_timeline(sim),

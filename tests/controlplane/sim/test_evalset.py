@@ -172,7 +172,8 @@ def test_counting_prefix_cache_hits_keeps_the_shared_prefix_fleet_to_what_it_com
 def report(policy: str, attainment: float, replica_seconds: float, duration_s: float = 100.0) -> PolicyReport:
     return PolicyReport(
         policy=policy, num_requests=100, slo_attainment=attainment, replica_seconds=replica_seconds,
-        scale_events=0, reversals=0, ttft_p95_s=0.1, tpot_p95_s=0.01, unfinished=0, duration_s=duration_s,
+        scale_events=0, reversals=0, ttft_p95_s=0.1, tpot_p95_s=0.01, unfinished=0, missed_ttft=0,
+        missed_tpot=round(100 * (1 - attainment)), duration_s=duration_s,
         wall_s=0.0, timeline=Timeline([], [], [], [], []),
     )
 

@@ -1,0 +1,49 @@
+"""``python -m controlplane.sim capacity``: a fixed fleet on a recipe's requests at steady rates, with the
+requests that missed each SLO counted apart and what the work model sizes beside them."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from controlplane.autoscale.profile import load_reference_profile
+from controlplane.sim.__main__ import main
+from controlplane.sim.capacity import capacity_row, steady_rows
+from controlplane.sim.evalset import evalset_rows
+
+
+def test_steady_rows_are_the_recipes_requests_at_a_poisson_rate_and_repeat_exactly() -> None:
+    rows = steady_rows("long-prompt", 5.0, duration_s=600.0)
+    assert rows == steady_rows("long-prompt", 5.0, duration_s=600.0)
+    assert abs(len(rows) - 3000) < 4 * math.sqrt(3000)  # a Poisson count of 5/s over 600 s
+    assert [r[1:] for r in rows[:50]] == [r[1:] for r in evalset_rows("long-prompt")[:50]]
+    assert all(0 <= a[0] < b[0] < 600.0 for a, b in itertools.pairwise(rows))
+    with pytest.raises(ValueError, match="rate and duration must be > 0"):
+        steady_rows("long-prompt", 0.0)
+
+
+def test_two_replicas_on_long_prompts_lose_attainment_to_tpot_while_the_work_model_sizes_two() -> None:
+    profile = load_reference_profile()
+    low, high = (capacity_row("long-prompt", rate, 2, profile=profile, duration_s=900.0)
+                 for rate in (4.4, 5.2))
+    assert high.report.slo_attainment < low.report.slo_attainment - 0.03
+    assert high.report.missed_tpot > high.report.missed_ttft > 0  # TPOT's tail, not TTFT, misses most
+    assert low.work == 2 and high.work == 2  # the model does not see it at the rate itself
+    for row in (low, high):
+        r = row.report
+        missed = round(r.num_requests * (1 - r.slo_attainment))
+        assert max(r.missed_ttft, r.missed_tpot) <= missed <= r.missed_ttft + r.missed_tpot
+
+
+def test_the_command_prints_one_row_per_rate_and_refuses_bad_rates_on_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["capacity", "code-completion", "--replicas", "2", "--rates", "6,14", "--duration-s", "120"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "code-completion under static:2" in out and "MISSED TPOT" in out
+    assert [line.split()[0] for line in out.splitlines()[-2:]] == ["6", "14"]
+    for bad in ("0", "4,x", "nan"):
+        with pytest.raises(SystemExit, match="--rates: "):
+            main(["capacity", "long-prompt", "--replicas", "2", "--rates", bad])
