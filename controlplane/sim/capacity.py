@@ -2,11 +2,11 @@
 
 The requests of an evaluation-set recipe (``controlplane.sim.evalset``: their prompt and output lengths and
 shared prefixes, in order, at the benchmark's shaping) re-timed as Poisson arrivals at each rate asked, run
-under ``static:N`` in the fleet simulator on the reference profile: SLO attainment, P95 TTFT and TPOT, how
-many requests missed the TTFT SLO and how many the TPOT SLO (a request may miss both), and what our work
-model (``controlplane.autoscale.work``) sizes at that rate and at the rate plus the policy's tolerance (what a
-scale-down must leave). Where the work model says N suffices and attainment falls, the table says which SLO
-the model does not see.
+under ``static:N`` in the fleet simulator on the reference profile (or ``--profile``): SLO attainment, P95
+TTFT and TPOT, how many requests missed the TTFT SLO and how many the TPOT SLO (a request may miss both),
+and what our work model (``controlplane.autoscale.work``) sizes at that rate and at the rate plus the
+policy's tolerance (what a scale-down must leave). Where the work model says N suffices and attainment
+falls, the table says which SLO the model does not see.
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ def steady_rows(name: str, rate: float, duration_s: float = DURATION_S, draw: in
 
 def capacity_row(name: str, rate: float, replicas: int, *, profile: ReplicaProfile,
                  duration_s: float = DURATION_S, draw: int = 0, token_scale: float = 0.25) -> CapacityRow:
+    """``static:replicas`` on recipe ``name``'s requests at ``rate`` (:func:`steady_rows`, shaped as the
+    evaluation set is), and what the work model sizes for the same requests' means and spread."""
     settings = SimSettings(slo=Slo())
     shape = shape_for(EVAL_COMPRESS, token_scale, profile.max_model_len)
     requests = shaped(steady_rows(name, rate, duration_s, draw), shape)
