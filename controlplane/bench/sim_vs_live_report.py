@@ -12,7 +12,7 @@ from pathlib import Path
 
 from controlplane.sim.replica import RequestOutcome
 from controlplane.sim.settings import Slo
-from controlplane.sim.simulator import PolicyReport, p95
+from controlplane.sim.simulator import PolicyReport, format_seconds, p95
 from inference.bench.report import RequestRecord
 
 TARGETS = {"attainment_points": 5.0, "replica_seconds": 0.15, "ttft_p95": 0.25}
@@ -111,17 +111,13 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
 
 
-def _s(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}s"
-
-
 def format_report(live: Side, sim: Side, judged: dict[str, tuple[bool, str]]) -> str:
     rows = [("requests", str(live.num_requests), str(sim.num_requests), ""),
             ("SLO attainment", f"{live.slo_attainment:.1%}", f"{sim.slo_attainment:.1%}",
              f"{(sim.slo_attainment - live.slo_attainment) * 100:+.1f} pts"),
-            ("P95 TTFT", _s(live.ttft_p95_s), _s(sim.ttft_p95_s),
+            ("P95 TTFT", format_seconds(live.ttft_p95_s), format_seconds(sim.ttft_p95_s),
              _pct(relative(sim.ttft_p95_s, live.ttft_p95_s))),
-            ("P95 TPOT", _s(live.tpot_p95_s), _s(sim.tpot_p95_s),
+            ("P95 TPOT", format_seconds(live.tpot_p95_s), format_seconds(sim.tpot_p95_s),
              _pct(relative(sim.tpot_p95_s, live.tpot_p95_s))),
             ("replica-seconds", f"{live.replica_seconds:.0f}", f"{sim.replica_seconds:.0f}",
              _pct(relative(sim.replica_seconds, live.replica_seconds))),

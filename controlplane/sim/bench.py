@@ -27,7 +27,15 @@ from controlplane.autoscale.profile import ReplicaProfile, load_profile, load_re
 from controlplane.sim.evalset import NAMES as EVALSET_NAMES
 from controlplane.sim.evalset import evalset_trace, load_evalset
 from controlplane.sim.settings import PolicySpec, SimSettings, Slo
-from controlplane.sim.simulator import PolicyReport, Progress, compare, figure, format_table, simulate
+from controlplane.sim.simulator import (
+    PolicyReport,
+    Progress,
+    compare,
+    figure,
+    format_seconds,
+    format_table,
+    simulate,
+)
 from controlplane.sim.trace import BurstyConfig, SimRequest, TraceShape, azure_trace, synthetic_bursty
 from controlplane.vocabulary import HPA, OURS, STATIC
 from inference.bench.datasets import AZURE_TRACE
@@ -263,8 +271,7 @@ def format_eval_table(rows: Sequence[EvalRow], slo: Slo) -> str:
 
 
 def _eval_cells(r: PolicyReport) -> str:
-    ttft = "-" if r.ttft_p95_s is None else f"{r.ttft_p95_s:.3f}s"
-    return f"{r.slo_attainment * 100:>7.1f}% {ttft:>9} {r.replica_seconds:>10.0f}"
+    return f"{r.slo_attainment * 100:>7.1f}% {format_seconds(r.ttft_p95_s):>9} {r.replica_seconds:>10.0f}"
 
 
 def pooled(name: str, verdicts: Sequence[Verdict]) -> Verdict:

@@ -23,7 +23,7 @@ from controlplane.sim.bench import EVAL_COMPRESS, bench_profile, shape_for
 from controlplane.sim.evalset import NAMES, Row, evalset_rows
 from controlplane.sim.policies import autoscaler_config
 from controlplane.sim.settings import PolicySpec, SimSettings, Slo
-from controlplane.sim.simulator import PolicyReport, simulate
+from controlplane.sim.simulator import PolicyReport, format_seconds, simulate
 from controlplane.sim.trace import SimRequest, shaped
 from controlplane.vocabulary import STATIC
 
@@ -85,13 +85,9 @@ def format_table(name: str, replicas: int, rows: list[CapacityRow]) -> str:
     for row in rows:
         r = row.report
         lines.append(f"{row.rate:>6g} {r.num_requests:>8} {r.slo_attainment * 100:>7.1f}% "
-                     f"{_s(r.ttft_p95_s):>9} {_s(r.tpot_p95_s):>9} {r.missed_ttft:>11} {r.missed_tpot:>11} "
-                     f"{_n(row.work):>10} {_n(row.work_margin):>10}")
+                     f"{format_seconds(r.ttft_p95_s):>9} {format_seconds(r.tpot_p95_s):>9} "
+                     f"{r.missed_ttft:>11} {r.missed_tpot:>11} {_n(row.work):>10} {_n(row.work_margin):>10}")
     return "\n".join(lines)
-
-
-def _s(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}s"
 
 
 def _n(value: int | None) -> str:

@@ -205,13 +205,14 @@ def format_table(reports: Sequence[PolicyReport], slo: Slo = Slo()) -> str:
     for r in reports:
         lines.append(
             f"{r.policy:<10} {r.num_requests:>8} {r.slo_attainment * 100:>7.1f}% {r.replica_seconds:>10.0f} "
-            f"{r.scale_events:>8} {r.reversals:>9} {_fmt_s(r.ttft_p95_s):>9} {_fmt_s(r.tpot_p95_s):>9} "
-            f"{r.wall_s:>7.2f}s"
+            f"{r.scale_events:>8} {r.reversals:>9} {format_seconds(r.ttft_p95_s):>9} "
+            f"{format_seconds(r.tpot_p95_s):>9} {r.wall_s:>7.2f}s"
         )
     return "\n".join(lines)
 
 
-def _fmt_s(value: float | None) -> str:
+def format_seconds(value: float | None) -> str:
+    """Seconds to the millisecond, or "-" when unknown: the tables' P95 columns."""
     return "-" if value is None else f"{value:.3f}s"
 
 
