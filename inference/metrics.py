@@ -55,6 +55,9 @@ REJECTED_REQUESTS = f"{NAMESPACE}rejected_requests"
 # vllm:request_success, the spread of prompt lengths (the autoscaler's M/G/c prefill queue), which the
 # 1-2-5 buckets of vllm:request_prompt_tokens are too coarse for.
 PROMPT_TOKENS_SQUARED = f"{NAMESPACE}prompt_tokens_squared"
+# The same for output lengths, with vllm:generation_tokens: the autoscaler's TPOT tail (short answers whose
+# few steps carry prefill chunks miss the TPOT SLO) depends on how many answers are short.
+GENERATION_TOKENS_SQUARED = f"{NAMESPACE}generation_tokens_squared"
 KV_BYTES_PER_TOKEN = f"{NAMESPACE}kv_cache_bytes_per_token"
 KV_CAPACITY_BYTES = f"{NAMESPACE}kv_cache_capacity_bytes"
 ENGINE_INFO = f"{NAMESPACE}engine_info"  # 1, labelled with how the engine runs (EngineInfo)
@@ -233,6 +236,9 @@ class ReplicaMetrics:
         self.prompt_tokens_squared = counter(PROMPT_TOKENS_SQUARED, "Sum of the squared prompt lengths, in "
                                              "tokens, of the requests counted by vllm:prompt_tokens.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.generation_tokens_squared = counter(GENERATION_TOKENS_SQUARED, "Sum of the squared output "
+                                                 "lengths, in tokens, of the requests counted by "
+                                                 "vllm:request_success.")
         self.request_success = counter("vllm:request_success", "Count of successfully processed requests.",
                                        ("finished_reason",))
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in "
@@ -302,7 +308,8 @@ class ReplicaMetrics:
     def _create_series(self) -> None:
         """Export every vLLM series at 0 from start-up, as vLLM does, so a quiet replica shows zeros."""
         lv = self.label_values
-        for metric in (self.prompt_tokens, self.prompt_tokens_squared, self.generation_tokens, self.ttft,
+        for metric in (self.prompt_tokens, self.prompt_tokens_squared, self.generation_tokens,
+                       self.generation_tokens_squared, self.ttft,
                        self.itl, self.tpot, self.request_tpot, self.e2e, self.queue, self.prefill,
                        self.decode, self.inference, self.request_prompt_tokens,
                        self.request_generation_tokens, self.iteration_tokens, self.max_num_generation_tokens,
@@ -334,6 +341,7 @@ class ReplicaMetrics:
         self.prompt_tokens.labels(*lv).inc(len(out.prompt_token_ids))
         self.prompt_tokens_squared.labels(*lv).inc(len(out.prompt_token_ids) ** 2)
         self.generation_tokens.labels(*lv).inc(num_generated)
+        self.generation_tokens_squared.labels(*lv).inc(num_generated ** 2)
         self.request_success.labels(*lv, out.finish_reason or "unknown").inc()
         self.e2e.labels(*lv).observe(m.e2e_time)
         self.queue.labels(*lv).observe(m.queue_time)

@@ -14,10 +14,10 @@ Our policy has one definition, :func:`ours_policy` with :func:`offered_work` and
 :func:`offered_engine_load`, both from the request rate and the mean prompt and output tokens of the
 requests that finished in the window, priced by the replica profile (:mod:`controlplane.autoscale.profile`;
 the work at the steady load, :func:`steady_load`, which :func:`with_work` applies for both callers):
-the work's prefill, decode and KV terms (:mod:`controlplane.autoscale.work`) size the fleet (the ``work``
-proposal), checked against the fleet's own queue and TTFT (the ``backlog`` proposal); the offered engine
-load, in engine seconds per second, is panic mode's demand and, with sizing by work off, sizes the fleet
-through target tracking.
+the work's prefill, decode, KV and TPOT-tail terms (:mod:`controlplane.autoscale.work`) size the fleet
+(the ``work`` proposal), checked against the fleet's own queue and TTFT (the ``backlog`` proposal); the
+offered engine load, in engine seconds per second, is panic mode's demand and, with sizing by work off,
+sizes the fleet through target tracking.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ class Observation:
     mean_prompt_tokens: float | None = None  # of the requests finished in the metrics window
     mean_output_tokens: float | None = None
     prompt_tokens_sd: float | None = None  # the spread of those prompts' lengths (None: unknown)
+    output_tokens_sd: float | None = None  # and of their outputs' lengths (None: unknown)
     work: WorkNeeds | None = None  # replicas the offered work needs (controlplane.autoscale.work)
     refused_rate: float | None = None  # of request_rate, refused at the gateways for want of capacity
     drift: ProfileDrift | None = None  # the replicas' engine time against the profile's (autoscale.drift)
@@ -279,14 +280,15 @@ def _weighted(ticks: list[LoadSample], field_name: str) -> float | None:
 def offered_work(profile: ReplicaProfile, cfg: AutoscalerConfig, *, request_rate: float | None,
                  mean_prompt_tokens: float | None, mean_output_tokens: float | None,
                  prefix_hit_share: float | None = None,
-                 prompt_tokens_sd: float | None = None) -> WorkNeeds | None:
+                 prompt_tokens_sd: float | None = None,
+                 output_tokens_sd: float | None = None) -> WorkNeeds | None:
     """Replicas the offered work needs (:func:`controlplane.autoscale.work.work_needs`) at the SLOs, and
     (``with_margin``) at the rate plus the tolerance, which bounds a scale-down."""
     def needs(rate: float | None) -> WorkNeeds | None:
         return work_needs(profile, rate=rate, mean_prompt=mean_prompt_tokens, mean_output=mean_output_tokens,
                           ttft_slo_s=cfg.ttft_slo_s, tpot_slo_s=cfg.tpot_slo_s, quantile=cfg.slo_quantile,
                           kv_headroom=cfg.target_kv_cache_usage, prefix_hit_share=prefix_hit_share,
-                          prompt_sd=prompt_tokens_sd)
+                          prompt_sd=prompt_tokens_sd, output_sd=output_tokens_sd)
 
     now = needs(request_rate)
     margin = needs(None if request_rate is None else request_rate * (1 + cfg.tolerance))
@@ -303,7 +305,7 @@ def with_work(obs: Observation, state: LoopState, cfg: AutoscalerConfig,
     steady = steady_load(obs, state, cfg)
     work = offered_work(profile, cfg, request_rate=steady.rate, mean_prompt_tokens=steady.mean_prompt_tokens,
                         mean_output_tokens=steady.mean_output_tokens, prefix_hit_share=obs.prefix_hit_share,
-                        prompt_tokens_sd=obs.prompt_tokens_sd)
+                        prompt_tokens_sd=obs.prompt_tokens_sd, output_tokens_sd=obs.output_tokens_sd)
     return replace(obs, work=work, notes=(*obs.notes, steady.note) if steady.note else obs.notes)
 
 
@@ -443,9 +445,11 @@ def record_body(obs: Observation, plan: Plan, *, tick: int, mode: str, applied: 
                    "mean_prompt_tokens": _round(obs.mean_prompt_tokens),
                    "mean_output_tokens": _round(obs.mean_output_tokens),
                    "prompt_tokens_sd": _round(obs.prompt_tokens_sd),
+                   "output_tokens_sd": _round(obs.output_tokens_sd),
                    "prefix_hit_share": _round(obs.prefix_hit_share), "notes": list(obs.notes),
                    "work": None if obs.work is None else {"prefill": obs.work.prefill,
-                                                          "decode": obs.work.decode, "kv": obs.work.kv},
+                                                          "decode": obs.work.decode, "kv": obs.work.kv,
+                                                          "tpot": obs.work.tpot},
                    "profile_drift": None if obs.drift is None else obs.drift.as_dict()},
         "proposals": [{"source": p.source, "replicas": p.replicas, "reason": p.reason} for p in d.proposals],
         "recommendation": d.recommendation, "panic": d.panic, "window": window,

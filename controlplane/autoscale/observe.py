@@ -8,7 +8,8 @@ prefix caches held (``vllm:prefix_cache_hits_total`` over ``vllm:prefix_cache_qu
 The replicas' engine time against the profile's prediction (:mod:`controlplane.autoscale.drift`) goes
 into the record, not into the sizing.
 The spread of their prompt lengths comes from ``llmsre_prompt_tokens_squared_total`` beside them (the
-autoscaler's M/G/c prefill queue).
+autoscaler's M/G/c prefill queue), and that of their output lengths from
+``llmsre_generation_tokens_squared_total`` (its TPOT tail).
 
 The request rate is what reached the replicas plus what the gateways refused for want of capacity
 (``refused``: :class:`~controlplane.fleet.refusals.RefusalCounts`): a fleet whose gateways shed would
@@ -41,6 +42,7 @@ PROMPT_TOKENS = "vllm:prompt_tokens_total"  # incremented when a request finishe
 PREFIX_HITS = "vllm:prefix_cache_hits_total"  # prompt tokens found in a replica's prefix cache
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"  # prompt tokens looked up, on admission
 PROMPT_TOKENS_SQUARED = "llmsre_prompt_tokens_squared_total"  # with it, the spread of prompt lengths
+GENERATION_TOKENS_SQUARED = "llmsre_generation_tokens_squared_total"  # and of output lengths
 
 
 def observe_telemetry(telemetry: Telemetry, endpoints: list[ReplicaEndpoint], *, now: float, wall: float,
@@ -64,6 +66,7 @@ def observe_telemetry(telemetry: Telemetry, endpoints: list[ReplicaEndpoint], *,
         mean_prompt = telemetry.ratio(PROMPT_TOKENS, REQUEST_SUCCESS, window_s=window_s)
         mean_output = telemetry.ratio(GENERATION_TOKENS, REQUEST_SUCCESS, window_s=window_s)
         mean_square = telemetry.ratio(PROMPT_TOKENS_SQUARED, REQUEST_SUCCESS, window_s=window_s)
+        output_square = telemetry.ratio(GENERATION_TOKENS_SQUARED, REQUEST_SUCCESS, window_s=window_s)
         prefix_hits = telemetry.ratio(PREFIX_HITS, PREFIX_QUERIES, window_s=window_s)
         drift = observe_drift(telemetry, profile, window_s=window_s)
     except TelemetryError as exc:
@@ -101,13 +104,14 @@ def observe_telemetry(telemetry: Telemetry, endpoints: list[ReplicaEndpoint], *,
                        short, mean_prompt, mean_output, refused_rate=shed, drift=drift,
                        prefix_hit_share=prefix_hits,
                        prompt_tokens_sd=_sd(mean_prompt, mean_square),
+                       output_tokens_sd=_sd(mean_output, output_square),
                        rate_window_s=window_s or telemetry.window_s)
 
 
 def _sd(mean: float | None, mean_square: float | None) -> float | None:
-    """The standard deviation of the prompt lengths of the requests that finished in the window, from
-    their mean and mean square; None when unknown (replicas that do not export the sum of squares: the
-    prefill queue is then taken as M/M/c)."""
+    """The standard deviation of the prompt (or output) lengths of the requests that finished in the
+    window, from their mean and mean square; None when unknown (replicas that do not export the sum of
+    squares: the prefill queue is then taken as M/M/c, the outputs as geometric)."""
     if mean is None or mean_square is None:
         return None
     return math.sqrt(max(mean_square - mean * mean, 0.0))

@@ -1,4 +1,4 @@
-"""Sizing the fleet by the work it is offered: prefill, decode and KV cache as separate terms.
+"""Sizing the fleet by the work it is offered: prefill, decode, KV cache and the TPOT tail as separate terms.
 
 Request rates alone hide what a request costs: a 1,500-token prompt takes a replica a hundred times longer
 to prefill than a 15-token one, and a reasoning answer holds a decode slot a hundred times longer than a code
@@ -30,8 +30,19 @@ requests that finished in the window into three replica counts, each from the re
 - **KV cache**: those ``L`` sequences hold ``prompt + output / 2`` tokens each on average; the count keeps
   the fleet's KV capacity at most ``kv_headroom`` full (the target of the KV-usage metric, so preemption
   stays rare).
+- **TPOT tail**: the decode term holds the *mean* step within the TPOT SLO, but a request's TPOT is the
+  mean of *its own* steps, and a step that carries a prefill chunk takes several decode steps' time (a full
+  1,024-token chunk is over a 0.1 s SLO by itself). A short answer whose few steps carry the prompts queued
+  behind it misses. The count is the fewest replicas whose share of such requests is within ``1 - q``
+  (:func:`tpot_miss_share`): a request of ``k`` steps misses when the prompts its steps carry add more
+  than ``k x (SLO - decode step)``, that is when at least ``m_k`` prompts ride on them: those left queued
+  on its replica when it got its first token (the M/M/c queue an arrival sees, ``C rho^n`` for ``n`` or
+  more) plus those routed to it meanwhile (Poisson, at its share of the rate times ``rho^(c-1)``, the
+  chance that every other replica is busy too, since the gateway routes to the least loaded). Output
+  lengths are log-normal with the window's mean and standard deviation (geometric where the spread is
+  unknown: the most spread a mean allows), taken at their quantiles.
 
-The largest of the three is the ``work`` proposal of :func:`controlplane.autoscale.decide.decide`; the queue
+The largest of the four is the ``work`` proposal of :func:`controlplane.autoscale.decide.decide`; the queue
 and TTFT guards still hold scale-down back, and every input and count is in the proposal's reason. Where
 the fleet shows what the model does not (a queue growing past its target while TTFT misses the SLO, every
 replica ready), :func:`controlplane.autoscale.decide.backlog_proposal` adds one replica at a time.
@@ -39,8 +50,10 @@ replica ready), :func:`controlplane.autoscale.decide.backlog_proposal` adds one 
 
 from __future__ import annotations
 
+import collections
 import math
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
 
 from controlplane.autoscale.profile import ReplicaProfile
 
@@ -53,14 +66,16 @@ class WorkNeeds:
     decode: int
     kv: int
     reason: str
+    tpot: int = 0
     # the replicas the same work needs at the rate plus the policy's tolerance: a scale-down goes no lower
     # (a rate hovering at a step of the count would otherwise flip it every window, as HPA's tolerance
     # prevents for its ratios)
     with_margin: int = 0
+    tail: TpotTail | None = field(default=None, compare=False, repr=False)  # the TPOT tail term's model
 
     @property
     def replicas(self) -> int:
-        return max(self.prefill, self.decode, self.kv)
+        return max(self.prefill, self.decode, self.kv, self.tpot)
 
     def proposal(self, current: int) -> int:
         """Up to what the work needs now; down only to what it needs with the margin."""
@@ -71,11 +86,12 @@ class WorkNeeds:
 def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: float | None,
                mean_output: float | None, ttft_slo_s: float, tpot_slo_s: float, quantile: float = 0.95,
                kv_headroom: float = 0.8, prefix_hit_share: float | None = None,
-               prompt_sd: float | None = None) -> WorkNeeds | None:
+               prompt_sd: float | None = None, output_sd: float | None = None) -> WorkNeeds | None:
     """Replicas the offered work needs per term; None when the rate or the request sizes are unknown.
     ``prefix_hit_share``: of the prompt tokens, the share the replicas' prefix caches hold (None: none).
     ``prompt_sd``: the standard deviation of the prompts' lengths (None: unknown, prefill times are taken
-    as exponential)."""
+    as exponential). ``output_sd``: that of the outputs' (None: unknown, output lengths are taken as
+    geometric)."""
     if rate is None or mean_prompt is None or mean_output is None:
         return None
     if rate <= 0:
@@ -106,6 +122,10 @@ def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: floa
                                       budget=max(profile.max_num_batched_tokens - carried, 1))
     decode = math.ceil(in_decode / batch + prefilling - 1e-9)
     kv = math.ceil(in_decode * context / (kv_headroom * profile.kv_capacity_tokens))
+    lengths = output_quantiles(output, output_sd)
+    tail = TpotTail(profile, rate=rate, prompt=prompt, cached=max(cached, 0), context=context,
+                    in_decode=in_decode, outputs=lengths, tpot_slo_s=tpot_slo_s)
+    tpot = tail.replicas(1 - quantile)
     within = (f"{ttft_slo_s:g}s TTFT less its own {ride * 1e3:.0f} ms of steps" if ride < ttft_slo_s else
               f"the prefill's own {ride:.2f}s (it alone is over the {ttft_slo_s:g}s TTFT SLO)")
     tokens = f"{prompt:.0f} tokens" + (f", {cached} of them cached ({hit:.0%} prefix hits)" if cached > 0
@@ -123,8 +143,98 @@ def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: floa
               f"at batch {batch}, {step * 1e3:.0f} ms steps within {tpot_slo_s:g}s TPOT / 2: "
               f"{in_decode / batch:.2f} replicas, plus {prefilling:.2f} of prefill in their steps); KV {kv} "
               f"({in_decode * context:,.0f} tokens held, {kv_headroom:.0%} of {profile.kv_capacity_tokens:,} "
-              f"each)")
-    return WorkNeeds(min(prefill, MAX_REPLICAS_CONSIDERED), decode, kv, reason)
+              f"each); TPOT tail {tpot} ({tail.miss_share(tpot):.1%} of requests over {tpot_slo_s:g}s TPOT "
+              f"there, within {1 - quantile:.0%}; outputs "
+              + ("geometric" if output_sd is None else f"log-normal, sd {output_sd:.0f}")
+              + f", {tail.per_prompt_s * 1e3:.0f} ms of prefill per prompt in their steps)")
+    return WorkNeeds(min(prefill, MAX_REPLICAS_CONSIDERED), decode, kv, reason,
+                     min(tpot, MAX_REPLICAS_CONSIDERED), tail=tail)
+
+
+QUANTILE_POINTS = 64  # output lengths are taken at this many quantiles of their distribution
+NEGLIGIBLE = 1e-9  # a probability the TPOT tail leaves out of its sums
+
+
+def output_quantiles(mean: float, sd: float | None, points: int = QUANTILE_POINTS) -> tuple[int, ...]:
+    """Output lengths at ``points`` evenly spaced quantiles (their midpoints): log-normal with ``mean`` and
+    ``sd`` (the usual shape of generated lengths: positive, skewed, a long right tail), or geometric with
+    ``mean`` when ``sd`` is None (the widest spread a mean alone allows, as exponential prefill times are
+    for the prefill queue)."""
+    mean = max(mean, 1.0)
+    levels = [(i + 0.5) / points for i in range(points)]
+    if sd is None:
+        if mean <= 1.0:
+            return tuple(1 for _ in levels)
+        stay = 1 - 1 / mean  # geometric on 1, 2, ... with this mean: P(length > n) = stay^n
+        return tuple(max(1, math.ceil(math.log(1 - u) / math.log(stay))) for u in levels)
+    if sd <= 0:
+        return tuple(round(mean) for _ in levels)
+    sigma = math.sqrt(math.log(1 + (sd / mean) ** 2))
+    normal = statistics.NormalDist(math.log(mean) - sigma * sigma / 2, sigma)
+    return tuple(max(1, round(math.exp(normal.inv_cdf(u)))) for u in levels)
+
+
+class TpotTail:
+    """The share of requests whose TPOT is over the SLO at ``c`` replicas, from the prefill chunks their
+    decode steps carry (the module's TPOT tail term)."""
+
+    def __init__(self, profile: ReplicaProfile, *, rate: float, prompt: float, cached: int, context: float,
+                 in_decode: float, outputs: tuple[int, ...], tpot_slo_s: float) -> None:
+        self.profile, self.rate, self.prompt, self.cached = profile, rate, prompt, cached
+        self.context, self.in_decode, self.outputs, self.slo = context, in_decode, outputs, tpot_slo_s
+        self.per_prompt_s = prefill_added(profile, prompt, cached=cached)
+
+    def replicas(self, allowed: float) -> int:
+        """The fewest replicas whose share of TPOT misses is within ``allowed``."""
+        c = 1
+        while c < MAX_REPLICAS_CONSIDERED and self.miss_share(c) > allowed:
+            c += 1
+        return c
+
+    def miss_share(self, replicas: int) -> float:
+        c = max(replicas, 1)
+        decoding = max(math.ceil(self.in_decode / c), 1)
+        step = _step_cost(self.profile, decoding, self.context)
+        slack = self.slo - step  # what prefill may add to each of a request's steps, on average
+        if slack <= 0:
+            return 1.0
+        budget = max(self.profile.max_num_batched_tokens - decoding, 1)
+        added = prefill_added(self.profile, self.prompt, cached=self.cached, budget=budget)
+        if added <= 0 or prefill_added(self.profile, budget, budget=budget) <= slack:
+            return 0.0  # no prompt, or not even a full chunk in every step, takes a request over the SLO
+        offered = self.rate * prefill_occupancy(self.profile, self.prompt, decoding=decoding,
+                                                context=self.context, cached=self.cached)
+        if offered >= c:
+            return 1.0
+        rho = offered / c
+        waits = erlang_c(c, offered)
+        joining = self.rate / c * rho ** (c - 1)
+        # queues this long or longer are rarer than NEGLIGIBLE: past them only routed prompts count
+        deep = 0 if waits * rho <= NEGLIGIBLE else math.ceil(math.log(NEGLIGIBLE / waits) / math.log(rho))
+
+        def misses(steps: int) -> float:
+            need = math.floor(steps * slack / added) + 1  # prompts riding on its steps that take it over
+            mean = joining * (steps * step + need * added)  # prompts routed to it while it decodes
+            if need - deep > mean + 10 * math.sqrt(mean) + 10:
+                return 0.0  # neither a queue left behind nor the prompts routed to it reach ``need``
+            below, share = 0.0, 0.0
+            for j in range(need):
+                pmf = _poisson(j, mean)
+                share += pmf * waits * rho ** (need - j)  # j routed to it meanwhile, the rest left queued
+                below += pmf
+                if j > mean and pmf < NEGLIGIBLE:
+                    return share  # the rest of the Poisson tail adds nothing a share can show
+            return share + max(1.0 - below, 0.0)
+
+        lengths = collections.Counter(n for n in self.outputs if n > 1)
+        return sum(count * misses(n - 1) for n, count in lengths.items()) / len(self.outputs)
+
+
+def _poisson(k: int, mean: float) -> float:
+    """P(K = k) for a Poisson count of this mean, in logs (``exp(-mean)`` underflows past 745)."""
+    if mean <= 0:
+        return 1.0 if k == 0 else 0.0
+    return math.exp(k * math.log(mean) - mean - math.lgamma(k + 1))
 
 
 def cached_share(prefix_hit_share: float | None) -> float:

@@ -5,8 +5,9 @@ shared prefixes, in order, at the benchmark's shaping) re-timed as Poisson arriv
 under ``static:N`` in the fleet simulator on the reference profile (or ``--profile``): SLO attainment, P95
 TTFT and TPOT, how many requests missed the TTFT SLO and how many the TPOT SLO (a request may miss both),
 and what our work model (``controlplane.autoscale.work``) sizes at that rate and at the rate plus the
-policy's tolerance (what a scale-down must leave). Where the work model says N suffices and attainment
-falls, the table says which SLO the model does not see.
+policy's tolerance (what a scale-down must leave), with the share of requests its TPOT tail term
+expects over the TPOT SLO at N replicas beside the share that missed it. Where the work model says N
+suffices and attainment falls, the table says which SLO the model does not see.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class CapacityRow:
     report: PolicyReport
     work: int | None  # replicas the work model sizes at the rate (None: it cannot tell)
     work_margin: int | None  # at the rate plus the tolerance
+    tpot_model: float | None = None  # the share of requests the TPOT tail term expects over the SLO at N
 
 
 def steady_rows(name: str, rate: float, duration_s: float = DURATION_S, draw: int = 0) -> list[Row]:
@@ -65,9 +67,12 @@ def capacity_row(name: str, rate: float, replicas: int, *, profile: ReplicaProfi
                         mean_prompt_tokens=statistics.fmean(r.prompt_len for r in requests),
                         mean_output_tokens=statistics.fmean(r.output_len for r in requests),
                         prefix_hit_share=_prefix_share(requests),
-                        prompt_tokens_sd=statistics.pstdev(r.prompt_len for r in requests))
-    return CapacityRow(rate, report, None if work is None else work.replicas,
-                       None if work is None else work.with_margin)
+                        prompt_tokens_sd=statistics.pstdev(r.prompt_len for r in requests),
+                        output_tokens_sd=statistics.pstdev(r.output_len for r in requests))
+    if work is None:
+        return CapacityRow(rate, report, None, None)
+    return CapacityRow(rate, report, work.replicas, work.with_margin,
+                       None if work.tail is None else work.tail.miss_share(replicas))
 
 
 def _prefix_share(requests: list[SimRequest]) -> float | None:
@@ -81,17 +86,28 @@ def format_table(name: str, replicas: int, rows: list[CapacityRow]) -> str:
     lines = [f"{name} under static:{replicas}, Poisson arrivals at each rate "
              f"(SLO: TTFT <= {slo.ttft_s:g}s, TPOT <= {slo.tpot_s:g}s)",
              f"{'REQ/S':>6} {'REQUESTS':>8} {'SLO MET':>8} {'P95 TTFT':>9} {'P95 TPOT':>9} "
-             f"{'MISSED TTFT':>11} {'MISSED TPOT':>11} {'WORK SIZES':>10} {'+TOLERANCE':>10}"]
+             f"{'MISSED TTFT':>11} {'MISSED TPOT':>16} {'MODEL TPOT':>10} {'WORK SIZES':>10} "
+             f"{'+TOLERANCE':>10}"]
     for row in rows:
         r = row.report
+        tpot = f"{r.missed_tpot} ({_share(r.missed_tpot, r.num_requests)})"
         lines.append(f"{row.rate:>6g} {r.num_requests:>8} {r.slo_attainment * 100:>7.1f}% "
                      f"{format_seconds(r.ttft_p95_s):>9} {format_seconds(r.tpot_p95_s):>9} "
-                     f"{r.missed_ttft:>11} {r.missed_tpot:>11} {_n(row.work):>10} {_n(row.work_margin):>10}")
+                     f"{r.missed_ttft:>11} {tpot:>16} "
+                     f"{_share_of(row.tpot_model):>10} {_n(row.work):>10} {_n(row.work_margin):>10}")
     return "\n".join(lines)
 
 
 def _n(value: int | None) -> str:
     return "-" if value is None else str(value)
+
+
+def _share(count: int, total: int) -> str:
+    return _share_of(count / total if total else None)
+
+
+def _share_of(share: float | None) -> str:
+    return "-" if share is None else f"{share:.1%}"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -71,6 +71,7 @@ class Observation:
     mean_prompt_tokens: float | None = None
     mean_output_tokens: float | None = None
     prompt_tokens_sd: float | None = None  # their spread (the replicas' squared-prompt-tokens counter)
+    output_tokens_sd: float | None = None  # (and the squared-generation-tokens counter)
     rate_window_s: float | None = None  # what arrivals_per_s was counted over (shorter early in a run)
 
 
@@ -446,6 +447,7 @@ class FleetSim:
             mean_prompt_tokens=_mean(p for _, p, _ in self._finished),
             mean_output_tokens=_mean(o for _, _, o in self._finished),
             prompt_tokens_sd=_sd([p for _, p, _ in self._finished]),
+            output_tokens_sd=_sd([o for _, _, o in self._finished]),
             prefix_hit_share=_share(self._prefix),
         )
 

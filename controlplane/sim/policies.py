@@ -131,6 +131,7 @@ class LivePolicy:
             mean_output_tokens=obs.mean_output_tokens,
             prefix_hit_share=obs.prefix_hit_share,
             prompt_tokens_sd=obs.prompt_tokens_sd,
+            output_tokens_sd=obs.output_tokens_sd,
             rate_window_s=obs.rate_window_s,
         )
         live = with_work(live, self.state, self.config, self.profile)

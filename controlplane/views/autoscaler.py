@@ -34,6 +34,7 @@ class DecisionInputs:
     mean_prompt_tokens: float | None = None
     mean_output_tokens: float | None = None
     prompt_tokens_sd: float | None = None
+    output_tokens_sd: float | None = None
     notes: tuple[str, ...] = ()
     refused_rate: float | None = None  # refused at the gateways for want of capacity, per second
     prefix_hit_share: float | None = None  # of the prompt tokens admitted, the share prefix caches held

@@ -131,6 +131,7 @@ def test_counters_and_histograms_move_by_exactly_the_traffic_served(replica: Rep
     assert delta("vllm:prompt_tokens_total") == prompt
     assert delta("llmsre_prompt_tokens_squared_total") == sum(u["prompt_tokens"] ** 2 for u in usages)
     assert delta("vllm:generation_tokens_total") == generated
+    assert delta("llmsre_generation_tokens_squared_total") == sum(u["completion_tokens"] ** 2 for u in usages)
     assert delta("vllm:request_success_total", finished_reason="length") == 3
     assert delta("vllm:request_prompt_tokens_sum") == prompt
     assert delta("vllm:request_generation_tokens_sum") == generated

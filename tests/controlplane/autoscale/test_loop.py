@@ -22,6 +22,7 @@ from controlplane.autoscale.config import AutoscalerConfig, ScheduleWindowConfig
 from controlplane.autoscale.decide import Observation, Plan, applied, decide, new_state, ours_policy
 from controlplane.autoscale.loop import COLLECTION, Autoscaler
 from controlplane.autoscale.observe import (
+    GENERATION_TOKENS_SQUARED,
     PREFIX_HITS,
     PREFIX_QUERIES,
     PROMPT_TOKENS,
@@ -306,15 +307,20 @@ def test_observation_averages_over_ready_replicas_and_sizes_the_offered_engine_l
     assert (o.mean_prompt_tokens, o.mean_output_tokens) == (128.0, 256.0)
     assert o.request_rate == 4.0 and o.demand == 2.5 and o.notes == ()
     assert o.prompt_tokens_sd is None  # replicas without the sum of squares: the spread is unknown
+    assert o.output_tokens_sd is None
 
 
-def test_the_spread_of_prompt_lengths_comes_from_the_rate_of_their_squares() -> None:
+def test_the_spread_of_prompt_and_output_lengths_comes_from_the_rate_of_their_squares() -> None:
     telemetry = busy_telemetry()
     # 0.25 requests/s finished, 32 prompt tokens/s: a mean of 128; squares at 0.25 x (128^2 + 48^2) a second
     squares = 0.25 * (128.0**2 + 48.0**2)
-    telemetry.rate_values = {**telemetry.rate_values, PROMPT_TOKENS_SQUARED: {(): squares}}
+    # 64 generated tokens/s over the fleet: a mean of 256 output tokens, here 100 apart
+    outputs = 0.25 * (256.0**2 + 100.0**2)
+    telemetry.rate_values = {**telemetry.rate_values, PROMPT_TOKENS_SQUARED: {(): squares},
+                             GENERATION_TOKENS_SQUARED: {(): outputs}}
     o = observe(telemetry, [endpoint("r1"), endpoint("r2")], 2)
     assert o.mean_prompt_tokens == 128.0 and o.prompt_tokens_sd == pytest.approx(48.0)
+    assert o.mean_output_tokens == 256.0 and o.output_tokens_sd == pytest.approx(100.0)
 
 
 def test_prompt_tokens_the_prefix_caches_held_are_not_counted_as_prefill_work() -> None:

@@ -1,4 +1,5 @@
-"""Sizing by work (``controlplane.autoscale.work``): prefill, decode and KV cache each drive scale-up.
+"""Sizing by work (``controlplane.autoscale.work``): prefill, decode, KV cache and the TPOT tail each drive
+scale-up.
 
 Synthetic snapshots through the same ``decide`` the live loop and the simulator call: at one request rate,
 long prompts, long outputs and a small KV cache each ask for more replicas than short requests do, the reason
@@ -7,7 +8,10 @@ says which term and with what inputs, and a rate hovering at a step of the count
 
 from __future__ import annotations
 
+import itertools
 import math
+import statistics
+from dataclasses import replace
 
 import pytest
 
@@ -15,9 +19,12 @@ from controlplane.autoscale.config import AutoscalerConfig
 from controlplane.autoscale.decide import Observation, decide, new_state, offered_work
 from controlplane.autoscale.profile import ReplicaProfile
 from controlplane.autoscale.work import (
+    TpotTail,
+    WorkNeeds,
     decode_batch,
     erlang_c,
     erlang_c_servers,
+    output_quantiles,
     prefill_added,
     prefill_occupancy,
     prefill_seconds,
@@ -177,6 +184,60 @@ def test_long_outputs_scale_up_by_the_decode_slots_they_hold() -> None:
     assert needs is not None and needs.decode > needs.prefill
     assert short <= 2 < long == needs.decode
     assert f"decode {long} (" in reason
+
+
+def test_short_answers_behind_long_prompts_scale_up_for_their_tpot_tail() -> None:
+    """A 1,000-token prompt adds about 0.2 s to the step it rides on, twice the 0.1 s TPOT SLO. At 2
+    requests/s one replica holds the prefill queue (TTFT) and the mean step (decode), yet a 4-token answer
+    whose three steps carry the prompts queued behind it misses: the TPOT tail asks a second replica.
+    40-token answers spread the same chunks over ten times the steps, and one replica holds them."""
+    def needs(output: float) -> WorkNeeds:
+        work = work_needs(PROFILE, rate=2.0, mean_prompt=1000, mean_output=output, ttft_slo_s=1.0,
+                          tpot_slo_s=0.1, output_sd=0.7 * output)
+        assert work is not None
+        return work
+
+    short, long = needs(4), needs(40)
+    assert (short.prefill, short.decode, short.kv) == (1, 1, 1) and short.tpot == short.replicas == 2
+    assert long.replicas == long.tpot == 1
+    assert "TPOT tail 2 (" in short.reason and "outputs log-normal, sd 3" in short.reason
+    assert short.tail is not None and short.tail.miss_share(1) > 0.05 >= short.tail.miss_share(2)
+
+
+def test_the_tpot_tail_falls_with_replicas_and_is_nil_where_no_chunk_can_take_a_request_over() -> None:
+    def tail(profile: ReplicaProfile = PROFILE, outputs: tuple[int, ...] = output_quantiles(4, 2.8)
+             ) -> TpotTail:
+        return TpotTail(profile, rate=4.0, prompt=1000, cached=0, context=1002, in_decode=0.5,
+                        outputs=outputs, tpot_slo_s=0.1)
+
+    shares = [tail().miss_share(c) for c in range(1, 6)]
+    assert all(a > b for a, b in itertools.pairwise(shares)) and shares[-1] < 0.001
+    assert tail().miss_share(1) > 0.2
+    # prefill at a tenth of the price: a full 1,024-token chunk adds 15 ms, within any request's slack
+    cheap = replace(PROFILE, per_prefill_token_s=0.000015, per_prefill_pair_s=0.0)
+    assert tail(cheap).miss_share(1) == 0.0
+    assert tail(outputs=(1,) * 64).miss_share(1) == 0.0  # one-token answers have no TPOT
+    # one replica 90% busy with prefill: 20-token answers mostly miss, 2,000-token ones (a Poisson count
+    # of about 970 prompts routed to them while they decode) average the chunks out and mostly do not
+    rate = 0.9 / prefill_occupancy(PROFILE, 1000, decoding=1, context=2000)
+    busy = [TpotTail(PROFILE, rate=rate, prompt=1000, cached=0, context=2000, in_decode=1,
+                     outputs=(n,) * 64, tpot_slo_s=0.1).miss_share(1) for n in (20, 2000)]
+    assert busy[0] > 0.5 > 0.05 > busy[1] > 0.0
+    # the same prompts with nine tenths of them in the prefix cache add a tenth to the steps
+    cached = TpotTail(PROFILE, rate=4.0, prompt=1000, cached=900, context=1002, in_decode=0.5,
+                      outputs=output_quantiles(4, 2.8), tpot_slo_s=0.1)
+    assert cached.miss_share(1) < 0.01
+
+
+def test_output_lengths_keep_their_mean_log_normal_with_a_spread_and_geometric_without() -> None:
+    lognormal = output_quantiles(40, 28)
+    assert statistics.fmean(lognormal) == pytest.approx(40, rel=0.02)
+    assert statistics.pstdev(lognormal) == pytest.approx(28, rel=0.1)
+    geometric = output_quantiles(40, None)  # the most spread a mean of 40 allows: sd about 39.5
+    assert statistics.fmean(geometric) == pytest.approx(40, rel=0.02)
+    assert statistics.pstdev(geometric) == pytest.approx(math.sqrt(40 * 39), rel=0.1)
+    assert set(output_quantiles(6.4, 0.0)) == {6} and set(output_quantiles(0.5, None)) == {1}
+    assert min(geometric) == 1 < min(lognormal)  # without a spread, more answers are short
 
 
 def test_kv_demand_scales_up_when_the_cache_is_small() -> None:
