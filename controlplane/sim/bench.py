@@ -248,13 +248,15 @@ def static_replicas(hpa: PolicyReport, settings: SimSettings) -> int:
 
 def format_eval_table(rows: Sequence[EvalRow], slo: Slo) -> str:
     groups = ("ours", "hpa", "static:N, N = ceil(HPA mean replicas)")
-    cols = f"{'SLO MET':>8} {'P95 TTFT':>9} {'REPLICA-S':>10}"
+    cols = f"{'SLO MET':>8} {'WORST 5M':>8} {'P95 TTFT':>9} {'REPLICA-S':>10}"
     lines = [
         f"SLO: TTFT <= {slo.ttft_s:g}s and TPOT <= {slo.tpot_s:g}s. Target: ours >= HPA's attainment - "
         f"{EVAL_ATTAINMENT_SLACK * 100:g} point at <= {REPLICA_SECONDS_SHARE:.0%} of its replica-seconds, "
         f"or +{ATTAINMENT_GAIN * 100:g} points at <= its replica-seconds; and no reversal "
         "(REV: ours' reversals within the stabilization window).",
-        f"{'':<16} {'':>8} | {groups[0]:<29} | {groups[1]:<29} | {groups[2]:<33} |",
+        "WORST 5M: the lowest attainment over the hour's 5-minute windows (a burn-rate alert's short "
+        "window).",
+        f"{'':<16} {'':>8} | {groups[0]:<38} | {groups[1]:<38} | {groups[2]:<42} |",
         f"{'TRACE':<16} {'REQUESTS':>8} | {cols} | {cols} | {'N':>3} {cols} | "
         f"{'OURS/HPA':>8} {'REV':>3} TARGET",
     ]
@@ -271,7 +273,9 @@ def format_eval_table(rows: Sequence[EvalRow], slo: Slo) -> str:
 
 
 def _eval_cells(r: PolicyReport) -> str:
-    return f"{r.slo_attainment * 100:>7.1f}% {format_seconds(r.ttft_p95_s):>9} {r.replica_seconds:>10.0f}"
+    worst = "-" if r.worst_window_attainment is None else f"{r.worst_window_attainment * 100:.1f}%"
+    return (f"{r.slo_attainment * 100:>7.1f}% {worst:>8} {format_seconds(r.ttft_p95_s):>9} "
+            f"{r.replica_seconds:>10.0f}")
 
 
 def pooled(name: str, verdicts: Sequence[Verdict]) -> Verdict:
@@ -291,6 +295,8 @@ def _pool(reports: Sequence[PolicyReport]) -> PolicyReport:
         reversals=sum(r.reversals for r in reports),
         missed_ttft=sum(r.missed_ttft for r in reports),
         missed_tpot=sum(r.missed_tpot for r in reports),
+        worst_window_attainment=min((r.worst_window_attainment for r in reports
+                                     if r.worst_window_attainment is not None), default=None),
     )
 
 

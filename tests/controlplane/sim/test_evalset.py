@@ -204,7 +204,10 @@ def test_bench_on_the_eval_set_prints_every_policy_for_each_trace(capsys: pytest
     for line in lines.values():
         cells = line.split("|")
         assert len(cells) == 5  # trace and requests, ours, hpa, static, verdict
-        assert all(cell.count("%") == 1 for cell in cells[1:4])
+        assert all(cell.count("%") == 2 for cell in cells[1:4])  # the hour's attainment and its worst 5 min
+        for cell in cells[1:4]:
+            hour, worst = (float(v.rstrip("%")) for v in cell.split() if v.endswith("%"))
+            assert 0 <= worst <= hour <= 100
         assert cells[4].split()[-1] == "MET" or cells[4].strip().endswith("NOT MET")
     assert "target met on" in out
 

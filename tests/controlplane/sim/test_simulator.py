@@ -40,8 +40,9 @@ from controlplane.config import load_config
 from controlplane.fleet.reconcile import Fleet
 from controlplane.sim.batch import BATCH_NICE
 from controlplane.sim.fleet import FleetSim, ScaleEvent
+from controlplane.sim.replica import RequestOutcome
 from controlplane.sim.settings import PolicySpec, SimSettings
-from controlplane.sim.simulator import count_reversals, figure, format_table, simulate
+from controlplane.sim.simulator import count_reversals, figure, format_table, simulate, worst_window
 from controlplane.sim.trace import (
     BurstyConfig,
     SimRequest,
@@ -330,6 +331,20 @@ def test_reversals_count_opposite_moves_within_the_window() -> None:
         ScaleEvent(900, 5, 6, ""),
     ]
     assert count_reversals(events, 300) == 1  # up at 0, down at 100; the up at 500 is 400 s later
+
+
+def test_the_worst_window_is_the_five_minutes_an_hours_attainment_hides() -> None:
+    """Nine hundred requests met in the first two 5-minute windows and half of a hundred in the third:
+    95% over the run, 50% in its worst window."""
+    def outcome(at: float, ttft: float) -> RequestOutcome:
+        return RequestOutcome(arrival=at, prompt_len=10, output_len=2, first_token=at + ttft,
+                              finish=at + ttft + 0.05)
+
+    good = [outcome(i * 0.6, 0.2) for i in range(900)]  # 0-540 s
+    peak = [outcome(600 + i, 0.2 if i % 2 else 1.5) for i in range(100)]  # 600-699 s, half over 1 s TTFT
+    slo = SimSettings().slo
+    assert worst_window(good + peak, slo) == 0.5
+    assert worst_window(good, slo) == 1.0 and worst_window([], slo) is None
 
 
 def test_policy_spec_rejects_unknown_policies() -> None:
