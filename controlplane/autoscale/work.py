@@ -3,7 +3,7 @@
 Request rates alone hide what a request costs: a 1,500-token prompt takes a replica a hundred times longer
 to prefill than a 15-token one, and a reasoning answer holds a decode slot a hundred times longer than a code
 completion. :func:`work_needs` turns the request rate and the mean prompt and output lengths of the
-requests that finished in the window into three replica counts, each from the replica profile
+requests that finished in the window into four replica counts, each from the replica profile
 (:mod:`controlplane.autoscale.profile`) and the SLO, with no tuned constant:
 
 - **prefill** (TTFT): the gateway routes to the least loaded replica, so the fleet is a queue of
@@ -32,15 +32,15 @@ requests that finished in the window into three replica counts, each from the re
   stays rare).
 - **TPOT tail**: the decode term holds the *mean* step within the TPOT SLO, but a request's TPOT is the
   mean of *its own* steps, and a step that carries a prefill chunk takes several decode steps' time (a full
-  1,024-token chunk is over a 0.1 s SLO by itself). A short answer whose few steps carry the prompts queued
-  behind it misses. The count is the fewest replicas whose share of such requests is within ``1 - q``
-  (:func:`tpot_miss_share`): a request of ``k`` steps misses when the prompts its steps carry add more
-  than ``k x (SLO - decode step)``, that is when at least ``m_k`` prompts ride on them: those left queued
-  on its replica when it got its first token (the M/M/c queue an arrival sees, ``C rho^n`` for ``n`` or
-  more) plus those routed to it meanwhile (Poisson, at its share of the rate times ``rho^(c-1)``, the
-  chance that every other replica is busy too, since the gateway routes to the least loaded). Output
-  lengths are log-normal with the window's mean and standard deviation (geometric where the spread is
-  unknown: the most spread a mean allows), taken at their quantiles.
+  1,024-token chunk on the reference profile is over a 0.1 s SLO by itself). A short answer whose few steps
+  carry the prompts queued behind it misses. The count is the fewest replicas whose share of such requests
+  is within ``1 - q`` (:meth:`TpotTail.miss_share`): a request of ``k`` steps misses when the prompts its
+  steps carry add more than ``k x (SLO - decode step)``, that is when at least ``m_k`` prompts ride on
+  them: those left queued on its replica when it got its first token (the M/M/c queue an arrival sees,
+  ``C rho^n`` for ``n`` or more) plus those routed to it meanwhile (Poisson, at its share of the rate
+  times ``rho^(c-1)``, the chance that every other replica is busy too, since the gateway routes to the
+  least loaded). Output lengths are log-normal with the window's mean and standard deviation (geometric
+  where the spread is unknown: the most spread a mean allows), taken at their quantiles.
 
 The largest of the four is the ``work`` proposal of :func:`controlplane.autoscale.decide.decide`; the queue
 and TTFT guards still hold scale-down back, and every input and count is in the proposal's reason. Where
@@ -192,6 +192,9 @@ class TpotTail:
         return c
 
     def miss_share(self, replicas: int) -> float:
+        """The share of requests over the TPOT SLO at ``replicas`` (0..1): over the output lengths, the
+        chance that at least ``need`` prompts ride on a request's steps, ``j`` of them routed to its replica
+        while it decodes and the rest left queued there when it got its first token."""
         c = max(replicas, 1)
         decoding = max(math.ceil(self.in_decode / c), 1)
         step = _step_cost(self.profile, decoding, self.context)
