@@ -180,7 +180,8 @@ def _running(job: SimulationJob) -> html.Div:
 
 
 def _comparison(policies: tuple[PolicyOutcome, ...]) -> list[Any]:
-    rows: list[Any] = [html.Tr([html.Th(h) for h in ("policy", "SLO attainment", "replica-seconds",
+    rows: list[Any] = [html.Tr([html.Th(h) for h in ("policy", "SLO attainment", "worst 5 min",
+                                                     "missed TTFT / TPOT", "replica-seconds",
                                                      "scale events", "reversals", "P95 TTFT", "P95 TPOT",
                                                      "unfinished")])]
     for p in policies:
@@ -188,6 +189,8 @@ def _comparison(policies: tuple[PolicyOutcome, ...]) -> list[Any]:
             [
                 html.Td(p.policy),
                 html.Td(share(p.slo_attainment)),
+                html.Td(share(p.worst_window_attainment)),
+                html.Td(f"{_count(p.missed_ttft)} / {_count(p.missed_tpot)}"),
                 html.Td(number(p.replica_seconds, 0)),
                 html.Td(str(p.scale_events)),
                 html.Td(str(p.reversals)),
@@ -196,6 +199,12 @@ def _comparison(policies: tuple[PolicyOutcome, ...]) -> list[Any]:
                 html.Td(str(p.unfinished)),
             ],
             className="sim-row",
-            **figures.data_attrs(policy=p.policy, slo=p.slo_attainment),
+            **figures.data_attrs(policy=p.policy, slo=p.slo_attainment, worst=p.worst_window_attainment,
+                                 missed_ttft=p.missed_ttft, missed_tpot=p.missed_tpot,
+                                 unfinished=p.unfinished),
         ))
     return rows
+
+
+def _count(value: int | None) -> str:
+    return "–" if value is None else f"{value:,}"

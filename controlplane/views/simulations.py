@@ -31,6 +31,9 @@ class PolicyOutcome:
     duration_s: float
     wall_s: float
     timeline: SimTimeline
+    missed_ttft: int | None = None  # requests past the TTFT SLO (None: a control plane that does not say)
+    missed_tpot: int | None = None  # past the TPOT SLO (a request may miss both)
+    worst_window_attainment: float | None = None  # the lowest over 5-minute windows of arrivals
 
 
 @dataclass(slots=True, frozen=True)

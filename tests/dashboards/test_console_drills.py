@@ -466,7 +466,10 @@ def test_what_if_simulator_compares_policies_on_a_trace(console: Console, driver
     rows = {r["policy"]: r for r in rows_of(driver, "#as-sim-table tr.sim-row")}
     assert set(rows) == {"ours", "hpa"}
     for row in rows.values():
-        assert 0.0 <= float(row["slo"]) <= 1.0
+        assert 0.0 <= float(row["worst"]) <= float(row["slo"]) <= 1.0  # the worst 5 minutes, then the run
+        # every request that missed is in a count: past TTFT, past TPOT, or not finished
+        missed = int(row["missed_ttft"]) + int(row["missed_tpot"]) + int(row["unfinished"])
+        assert (missed > 0) == (float(row["slo"]) < 1.0)
     note = driver.find_element(By.ID, "as-sim-note").text
     assert re.search(r"\d+ requests of the synthetic-bursty trace", note), note
     # which profile the result came from, and how well it fits its held-out points
