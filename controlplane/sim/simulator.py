@@ -219,15 +219,19 @@ def _timeline(sim: FleetSim) -> Timeline:
 
 def format_table(reports: Sequence[PolicyReport], slo: Slo = Slo()) -> str:
     head = (
-        f"{'POLICY':<10} {'REQUESTS':>8} {'SLO MET':>8} {'REPLICA-S':>10} {'SCALE EV':>8} {'REVERSALS':>9} "
-        f"{'P95 TTFT':>9} {'P95 TPOT':>9} {'SIM WALL':>8}"
+        f"{'POLICY':<10} {'REQUESTS':>8} {'SLO MET':>8} {'WORST 5M':>8} {'MISSED TTFT':>11} "
+        f"{'MISSED TPOT':>11} {'REPLICA-S':>10} {'SCALE EV':>8} {'REVERSALS':>9} {'P95 TTFT':>9} "
+        f"{'P95 TPOT':>9} {'SIM WALL':>8}"
     )
-    lines = [f"SLO: TTFT <= {slo.ttft_s:g}s and TPOT <= {slo.tpot_s:g}s", head]
+    lines = [f"SLO: TTFT <= {slo.ttft_s:g}s and TPOT <= {slo.tpot_s:g}s (WORST 5M: the lowest attainment "
+             f"over {SLO_WINDOW_S / 60:g}-minute windows; a request may miss both)", head]
     for r in reports:
+        worst = "-" if r.worst_window_attainment is None else f"{r.worst_window_attainment * 100:.1f}%"
         lines.append(
-            f"{r.policy:<10} {r.num_requests:>8} {r.slo_attainment * 100:>7.1f}% {r.replica_seconds:>10.0f} "
-            f"{r.scale_events:>8} {r.reversals:>9} {format_seconds(r.ttft_p95_s):>9} "
-            f"{format_seconds(r.tpot_p95_s):>9} {r.wall_s:>7.2f}s"
+            f"{r.policy:<10} {r.num_requests:>8} {r.slo_attainment * 100:>7.1f}% {worst:>8} "
+            f"{r.missed_ttft:>11} {r.missed_tpot:>11} {r.replica_seconds:>10.0f} {r.scale_events:>8} "
+            f"{r.reversals:>9} {format_seconds(r.ttft_p95_s):>9} {format_seconds(r.tpot_p95_s):>9} "
+            f"{r.wall_s:>7.2f}s"
         )
     return "\n".join(lines)
 

@@ -359,6 +359,12 @@ def test_report_table_and_figure_show_every_policy() -> None:
     reports = [simulate(requests, PolicySpec.parse(p)) for p in ("ours", "static:2")]
     table = format_table(reports)
     assert "ours" in table and "static:2" in table and "SLO MET" in table
+    for r in reports:  # each row: attainment, its worst 5-minute window and the misses of each SLO
+        row = next(line.split() for line in table.splitlines() if line.startswith(r.policy + " "))
+        assert row[2] == f"{r.slo_attainment * 100:.1f}%"
+        assert row[4:6] == [str(r.missed_ttft), str(r.missed_tpot)]
+        assert r.worst_window_attainment is not None and row[3] == f"{r.worst_window_attainment * 100:.1f}%"
+        assert r.worst_window_attainment <= r.slo_attainment
     fig = figure(reports)
     names = {trace.name for trace in fig.data}
     assert {"load", "ours replicas", "static:2 replicas", "ours P95 TTFT"} <= names
