@@ -125,7 +125,7 @@ def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: floa
     lengths = output_quantiles(output, output_sd)
     tail = TpotTail(profile, rate=rate, prompt=prompt, cached=max(cached, 0), context=context,
                     in_decode=in_decode, outputs=lengths, tpot_slo_s=tpot_slo_s)
-    tpot = tail.replicas(1 - quantile)
+    tpot, tpot_share = tail.fewest(1 - quantile)
     within = (f"{ttft_slo_s:g}s TTFT less its own {ride * 1e3:.0f} ms of steps" if ride < ttft_slo_s else
               f"the prefill's own {ride:.2f}s (it alone is over the {ttft_slo_s:g}s TTFT SLO)")
     tokens = f"{prompt:.0f} tokens" + (f", {cached} of them cached ({hit:.0%} prefix hits)" if cached > 0
@@ -143,7 +143,7 @@ def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: floa
               f"at batch {batch}, {step * 1e3:.0f} ms steps within {tpot_slo_s:g}s TPOT / 2: "
               f"{in_decode / batch:.2f} replicas, plus {prefilling:.2f} of prefill in their steps); KV {kv} "
               f"({in_decode * context:,.0f} tokens held, {kv_headroom:.0%} of {profile.kv_capacity_tokens:,} "
-              f"each); TPOT tail {tpot} ({tail.miss_share(tpot):.1%} of requests over {tpot_slo_s:g}s TPOT "
+              f"each); TPOT tail {tpot} ({tpot_share:.1%} of requests over {tpot_slo_s:g}s TPOT "
               f"there, within {1 - quantile:.0%}; outputs "
               + ("geometric" if output_sd is None else f"log-normal, sd {output_sd:.0f}")
               + f", {tail.per_prompt_s * 1e3:.0f} ms of prefill per prompt in their steps)")
@@ -183,13 +183,15 @@ class TpotTail:
         self.profile, self.rate, self.prompt, self.cached = profile, rate, prompt, cached
         self.context, self.in_decode, self.outputs, self.slo = context, in_decode, outputs, tpot_slo_s
         self.per_prompt_s = prefill_added(profile, prompt, cached=cached)
+        self.lengths = collections.Counter(n for n in outputs if n > 1)  # one-token answers have no TPOT
 
-    def replicas(self, allowed: float) -> int:
-        """The fewest replicas whose share of TPOT misses is within ``allowed``."""
-        c = 1
-        while c < MAX_REPLICAS_CONSIDERED and self.miss_share(c) > allowed:
+    def fewest(self, allowed: float) -> tuple[int, float]:
+        """The fewest replicas whose share of TPOT misses is within ``allowed``, and that share."""
+        c, share = 1, self.miss_share(1)
+        while c < MAX_REPLICAS_CONSIDERED and share > allowed:
             c += 1
-        return c
+            share = self.miss_share(c)
+        return c, share
 
     def miss_share(self, replicas: int) -> float:
         """The share of requests over the TPOT SLO at ``replicas`` (0..1): over the output lengths, the
@@ -229,8 +231,7 @@ class TpotTail:
                     return share  # the rest of the Poisson tail adds nothing a share can show
             return share + max(1.0 - below, 0.0)
 
-        lengths = collections.Counter(n for n in self.outputs if n > 1)
-        return sum(count * misses(n - 1) for n, count in lengths.items()) / len(self.outputs)
+        return sum(count * misses(n - 1) for n, count in self.lengths.items()) / len(self.outputs)
 
 
 def _poisson(k: int, mean: float) -> float:

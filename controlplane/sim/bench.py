@@ -33,6 +33,7 @@ from controlplane.sim.simulator import (
     compare,
     figure,
     format_seconds,
+    format_share,
     format_table,
     simulate,
 )
@@ -273,9 +274,8 @@ def format_eval_table(rows: Sequence[EvalRow], slo: Slo) -> str:
 
 
 def _eval_cells(r: PolicyReport) -> str:
-    worst = "-" if r.worst_window_attainment is None else f"{r.worst_window_attainment * 100:.1f}%"
-    return (f"{r.slo_attainment * 100:>7.1f}% {worst:>8} {format_seconds(r.ttft_p95_s):>9} "
-            f"{r.replica_seconds:>10.0f}")
+    return (f"{r.slo_attainment * 100:>7.1f}% {format_share(r.worst_window_attainment):>8} "
+            f"{format_seconds(r.ttft_p95_s):>9} {r.replica_seconds:>10.0f}")
 
 
 def pooled(name: str, verdicts: Sequence[Verdict]) -> Verdict:

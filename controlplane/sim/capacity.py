@@ -24,7 +24,7 @@ from controlplane.sim.bench import EVAL_COMPRESS, bench_profile, shape_for
 from controlplane.sim.evalset import NAMES, Row, evalset_rows
 from controlplane.sim.policies import autoscaler_config
 from controlplane.sim.settings import PolicySpec, SimSettings, Slo
-from controlplane.sim.simulator import PolicyReport, format_seconds, simulate
+from controlplane.sim.simulator import PolicyReport, format_seconds, format_share, simulate
 from controlplane.sim.trace import SimRequest, shaped
 from controlplane.vocabulary import STATIC
 
@@ -90,24 +90,16 @@ def format_table(name: str, replicas: int, rows: list[CapacityRow]) -> str:
              f"{'+TOLERANCE':>10}"]
     for row in rows:
         r = row.report
-        tpot = f"{r.missed_tpot} ({_share(r.missed_tpot, r.num_requests)})"
+        tpot = f"{r.missed_tpot} ({format_share(r.missed_tpot / r.num_requests if r.num_requests else None)})"
         lines.append(f"{row.rate:>6g} {r.num_requests:>8} {r.slo_attainment * 100:>7.1f}% "
                      f"{format_seconds(r.ttft_p95_s):>9} {format_seconds(r.tpot_p95_s):>9} "
                      f"{r.missed_ttft:>11} {tpot:>16} "
-                     f"{_share_of(row.tpot_model):>10} {_n(row.work):>10} {_n(row.work_margin):>10}")
+                     f"{format_share(row.tpot_model):>10} {_n(row.work):>10} {_n(row.work_margin):>10}")
     return "\n".join(lines)
 
 
 def _n(value: int | None) -> str:
     return "-" if value is None else str(value)
-
-
-def _share(count: int, total: int) -> str:
-    return _share_of(count / total if total else None)
-
-
-def _share_of(share: float | None) -> str:
-    return "-" if share is None else f"{share:.1%}"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -226,9 +226,9 @@ def format_table(reports: Sequence[PolicyReport], slo: Slo = Slo()) -> str:
     lines = [f"SLO: TTFT <= {slo.ttft_s:g}s and TPOT <= {slo.tpot_s:g}s (WORST 5M: the lowest attainment "
              f"over {SLO_WINDOW_S / 60:g}-minute windows; a request may miss both)", head]
     for r in reports:
-        worst = "-" if r.worst_window_attainment is None else f"{r.worst_window_attainment * 100:.1f}%"
         lines.append(
-            f"{r.policy:<10} {r.num_requests:>8} {r.slo_attainment * 100:>7.1f}% {worst:>8} "
+            f"{r.policy:<10} {r.num_requests:>8} {r.slo_attainment * 100:>7.1f}% "
+            f"{format_share(r.worst_window_attainment):>8} "
             f"{r.missed_ttft:>11} {r.missed_tpot:>11} {r.replica_seconds:>10.0f} {r.scale_events:>8} "
             f"{r.reversals:>9} {format_seconds(r.ttft_p95_s):>9} {format_seconds(r.tpot_p95_s):>9} "
             f"{r.wall_s:>7.2f}s"
@@ -239,6 +239,11 @@ def format_table(reports: Sequence[PolicyReport], slo: Slo = Slo()) -> str:
 def format_seconds(value: float | None) -> str:
     """Seconds to the millisecond, or "-" when unknown: the tables' P95 columns."""
     return "-" if value is None else f"{value:.3f}s"
+
+
+def format_share(value: float | None) -> str:
+    """A share (0..1) as a percentage to a tenth, or "-" when unknown: the tables' attainment columns."""
+    return "-" if value is None else f"{value:.1%}"
 
 
 def figure(reports: Sequence[PolicyReport], title: str = "What-if: load, replicas, P95 TTFT") -> go.Figure:
