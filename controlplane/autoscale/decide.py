@@ -47,7 +47,7 @@ from controlplane.autoscale.policies import applied as applied_policy
 from controlplane.autoscale.policies import decide as decide_policy
 from controlplane.autoscale.profile import ReplicaProfile
 from controlplane.autoscale.windows import Window, active_window
-from controlplane.autoscale.work import WorkNeeds, cached_share, work_needs
+from controlplane.autoscale.work import WorkNeeds, cached_share, poisson_at_least, work_needs
 
 METRICS = AUTOSCALER_METRICS
 WORK_SUPERSEDES = ("engine_load_per_replica", "tokens_per_s_per_replica")  # guards when sizing by work
@@ -301,12 +301,44 @@ def with_work(obs: Observation, state: LoopState, cfg: AutoscalerConfig,
               profile: ReplicaProfile) -> Observation:
     """The observation with the work it offers (:func:`offered_work`) sized on its steady load
     (:func:`steady_load`), whose note joins the observation's: what the live loop and the simulator hand
-    to :func:`decide`."""
+    to :func:`decide`. Where the panic window shows a :func:`surge` and the work at its rate needs more
+    replicas than the steady load's and than the fleet has, that work stands instead (the scale-up comes
+    up to a metrics window sooner); where it needs no more, the steady load's stands, since a 6 s peak held
+    through the stabilization window would keep the fleet at a peak it already served."""
     steady = steady_load(obs, state, cfg)
-    work = offered_work(profile, cfg, request_rate=steady.rate, mean_prompt_tokens=steady.mean_prompt_tokens,
-                        mean_output_tokens=steady.mean_output_tokens, prefix_hit_share=obs.prefix_hit_share,
-                        prompt_tokens_sd=obs.prompt_tokens_sd, output_tokens_sd=obs.output_tokens_sd)
-    return replace(obs, work=work, notes=(*obs.notes, steady.note) if steady.note else obs.notes)
+
+    def sized(rate: float | None, prompt: float | None, output: float | None) -> WorkNeeds | None:
+        return offered_work(profile, cfg, request_rate=rate, mean_prompt_tokens=prompt,
+                            mean_output_tokens=output, prefix_hit_share=obs.prefix_hit_share,
+                            prompt_tokens_sd=obs.prompt_tokens_sd, output_tokens_sd=obs.output_tokens_sd)
+
+    work, note = sized(steady.rate, steady.mean_prompt_tokens, steady.mean_output_tokens), steady.note
+    if work is not None and (surging := surge(obs, steady.rate, cfg)) is not None:
+        surged = sized(surging[0], obs.mean_prompt_tokens, obs.mean_output_tokens)
+        if surged is not None and surged.replicas > max(work.replicas, obs.current):
+            work, note = surged, surging[1]
+    return replace(obs, work=work, notes=(*obs.notes, note) if note else obs.notes)
+
+
+def surge(obs: Observation, level: float | None, cfg: AutoscalerConfig) -> tuple[float, str] | None:
+    """The panic window's rate and why it is a surge, or None: more arrivals over the last
+    ``panic_window_s`` than a Poisson count at the steady ``level`` gives in more than
+    ``FALSE_CHANGES_PER_DAY`` such windows a day, by the exact Poisson tail (at the dozen or two arrivals
+    of a 6 s window the normal approximation of :func:`change_z` reads noise as a change several times as
+    often). A burst shows there up to a metrics window before that window's rate does."""
+    short, span = obs.panic_request_rate, cfg.panic_window_s
+    if short is None or level is None or span <= 0:
+        return None
+    expected, seen = level * span, round(short * span)
+    if seen <= expected:
+        return None
+    chance = poisson_at_least(seen, expected)
+    allowed = FALSE_CHANGES_PER_DAY / max(DAY_S / span, FALSE_CHANGES_PER_DAY)
+    if chance > allowed:
+        return None
+    return short, (f"load surged: {short:.3g} req/s over the last {span:g}s against the steady {level:.3g} "
+                   f"(a Poisson count this high: P {chance:.1e}, at most {allowed:.1e}, about one false "
+                   f"surge a day)")
 
 
 def backlog_proposal(obs: Observation, cfg: AutoscalerConfig, before: float | None,

@@ -241,6 +241,22 @@ def _poisson(k: int, mean: float) -> float:
     return math.exp(k * math.log(mean) - mean - math.lgamma(k + 1))
 
 
+def poisson_at_least(count: int, mean: float) -> float:
+    """P(K >= count) for a Poisson count of this mean, summed exactly (a normal approximation understates
+    the upper tail several-fold a few standard errors out when the mean is a few dozen)."""
+    if count <= 0:
+        return 1.0
+    if count <= mean:
+        return max(1.0 - sum(_poisson(k, mean) for k in range(count)), 0.0)
+    total, k = 0.0, count
+    while True:  # past the mean each term is smaller than the last
+        term = _poisson(k, mean)
+        total += term
+        if term <= total * 1e-12:
+            return total
+        k += 1
+
+
 def cached_share(prefix_hit_share: float | None) -> float:
     """The share of prompt tokens the prefix caches held, within 0..1 (unknown: none)."""
     return min(max(prefix_hit_share or 0.0, 0.0), 1.0)

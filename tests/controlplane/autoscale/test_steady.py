@@ -2,14 +2,18 @@
 
 Ticks go through the same ``with_work`` and ``decide`` the live loop and the simulator call, each tick's
 rate being what a 30 s window counted: Poisson noise around a steady rate is averaged away, a step is
-taken at once, a ramp is followed by its trend, and a fleet that shows itself short is believed.
+taken at once, a ramp is followed by its trend, and a fleet that shows itself short is believed. A surge
+in the 6 s panic window (``surge``) sizes the work before the 30 s window shows it, and Poisson noise
+there does not.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from controlplane.autoscale.decide import (
@@ -19,7 +23,9 @@ from controlplane.autoscale.decide import (
     change_z,
     decide,
     new_state,
+    offered_work,
     steady_load,
+    surge,
     with_work,
 )
 from tests.controlplane.autoscale.test_work import CONFIG, PROFILE, QUIET
@@ -133,3 +139,69 @@ def test_without_a_rate_window_or_earlier_ticks_each_window_stands_and_the_note_
     assert unknown_window.rate == 4.4
     sized = with_work(observation(10.0, 4.4), state, CONFIG, PROFILE)
     assert sized.work is not None and any(n.startswith("steady load: ") for n in sized.notes)
+
+
+def settled_at(rate: float, until_s: float = 300.0) -> tuple[LoopState, float]:
+    """The state after ``until_s`` of ticks whose windows read ``rate`` exactly, and the next tick's time."""
+    state, now = new_state(CONFIG), TICK_S
+    while now <= until_s:
+        obs = replace(observation(now, rate), current=3, ready=3)
+        _, state = decide(with_work(obs, state, CONFIG, PROFILE), state, CONFIG, [])
+        now += TICK_S
+    return state, now
+
+
+def surging(now: float, rate: float, short: float | None, current: int = 3) -> Observation:
+    return replace(observation(now, rate), current=current, ready=current, panic_request_rate=short)
+
+
+def test_a_burst_in_the_panic_window_sizes_the_work_before_the_metrics_window_shows_it() -> None:
+    """Five minutes at 4 requests/s, then 14 over the last 6 s: the 30 s window reads 5.0, within its noise
+    of the steady 4 (2.7 standard errors), but the panic window's 84 arrivals against 24 expected are a
+    surge, and the work is sized at 14 requests/s: 6 replicas where the steady load's need 3, applied at
+    this tick."""
+    state, now = settled_at(4.0)
+    obs = with_work(surging(now, 5.0, 14.0), state, CONFIG, PROFILE)
+    at_surge = offered_work(PROFILE, CONFIG, request_rate=14.0, mean_prompt_tokens=1400.0,
+                            mean_output_tokens=150.0)
+    assert obs.work is not None and at_surge is not None
+    assert obs.work.replicas == at_surge.replicas == 6
+    assert any(n.startswith("load surged: 14 req/s over the last 6s against the steady 4") for n in obs.notes)
+    plan, _ = decide(obs, state, CONFIG, [])
+    assert plan.replicas == 6
+    calm = with_work(surging(now, 5.0, None), state, CONFIG, PROFILE)  # no panic window's rate: no surge
+    assert calm.work is not None and calm.work.replicas == 3
+    assert not any("surged" in n for n in calm.notes)
+
+
+def test_a_surge_the_fleet_already_has_replicas_for_leaves_the_steady_load() -> None:
+    """The same surge on a fleet of 6: the work at 14 requests/s needs no more than it has, so the steady
+    load's work stands (a 6 s peak held through the stabilization window would keep the fleet at a peak
+    it already served)."""
+    state, now = settled_at(4.0)
+    obs = with_work(surging(now, 5.0, 14.0, current=6), state, CONFIG, PROFILE)
+    assert surge(obs, 4.0, CONFIG) is not None
+    assert obs.work is not None and obs.work.replicas == 3
+    assert not any("surged" in n for n in obs.notes)
+
+
+def test_the_surge_threshold_is_the_exact_poisson_tail_not_the_normal_approximation() -> None:
+    """At 3 requests/s a 6 s window expects 18 arrivals. 36 is 4.2 standard errors out, over the normal
+    threshold for one false change a day of such windows (3.98), yet a Poisson count reaches it in more
+    than one window in 14,400: no surge. 37 is rarer than that: a surge."""
+    assert change_z(6.0) < (36 - 18) / 18**0.5
+    assert surge(surging(100.0, 3.0, 36 / 6), 3.0, CONFIG) is None
+    assert surge(surging(100.0, 3.0, 37 / 6), 3.0, CONFIG) is not None
+    assert surge(surging(100.0, 3.0, 2.0), 3.0, CONFIG) is None  # fewer than expected: never a surge
+
+
+def test_a_steady_poisson_load_surges_about_once_a_day_where_the_normal_threshold_reads_more() -> None:
+    """Ten days of disjoint 6 s windows at 3 requests/s (144,000 Poisson counts, mean 18): the exact tail
+    reads about one false surge a day; the normal approximation at the same daily rate (3.98 standard
+    errors) reads several times as many."""
+    counts = np.random.default_rng(11).poisson(18.0, size=144_000)
+    tally = np.bincount(counts)
+    exact = sum(int(n) for c, n in enumerate(tally) if surge(surging(100.0, 3.0, c / 6), 3.0, CONFIG))
+    normal = int(tally[[c for c in range(len(tally)) if (c - 18) / 18**0.5 > change_z(6.0)]].sum())
+    assert 3 <= exact <= 20  # one a day: 10 expected
+    assert normal > 2.5 * exact

@@ -14,6 +14,7 @@ import statistics
 from dataclasses import replace
 
 import pytest
+from scipy.stats import poisson
 
 from controlplane.autoscale.config import AutoscalerConfig
 from controlplane.autoscale.decide import Observation, decide, new_state, offered_work
@@ -25,6 +26,7 @@ from controlplane.autoscale.work import (
     erlang_c,
     erlang_c_servers,
     output_quantiles,
+    poisson_at_least,
     prefill_added,
     prefill_occupancy,
     prefill_seconds,
@@ -339,3 +341,11 @@ def test_a_backlog_replica_waits_for_a_ttft_window_measured_with_the_last_replic
 def test_no_backlog_replica_without_a_growing_queue_a_missed_slo_and_every_replica_ready(
         waitings: list[float], ttft: float, starting: int, why: str) -> None:
     assert backlog_plan(waitings, ttft, starting=starting)[-1] == (1, ""), why
+
+
+@pytest.mark.parametrize(("count", "mean"), [(0, 3.0), (1, 1.0), (5, 18.0), (18, 18.0), (37, 18.0),
+                                             (91, 60.0), (1200, 970.0), (3, 0.0)])
+def test_the_poisson_tail_is_exact_on_either_side_of_the_mean(count: int, mean: float) -> None:
+    """P(K >= count): scipy's survival function is the reference, from the bulk to far out in the tail
+    and past ``exp(-mean)``'s underflow."""
+    assert poisson_at_least(count, mean) == pytest.approx(poisson.sf(count - 1, mean), rel=1e-9, abs=1e-300)
