@@ -86,6 +86,10 @@ class Observation:
     # (vllm:prefix_cache_hits over vllm:prefix_cache_queries); None: unknown or none admitted
     prefix_hit_share: float | None = None
     rate_window_s: float | None = None  # what request_rate was measured over (None: unknown, no steady load)
+    # the seconds of arrivals panic_request_rate counts: a rate from scraped counters counts the increase
+    # between the window's first and last samples, about a scrape interval less than the window, and
+    # extrapolates it (None: the whole panic window, as the simulator counts)
+    panic_counted_s: float | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -325,11 +329,14 @@ def surge(obs: Observation, level: float | None, cfg: AutoscalerConfig) -> tuple
     ``panic_window_s`` than a Poisson count at the steady ``level`` gives in more than
     ``FALSE_CHANGES_PER_DAY`` such windows a day, by the exact Poisson tail (at the dozen or two arrivals
     of a 6 s window the normal approximation of :func:`change_z` reads noise as a change several times as
-    often). A burst shows there up to a metrics window before that window's rate does."""
+    often). A burst shows there up to a metrics window before that window's rate does. The count is of
+    the arrivals the rate was measured from (``obs.panic_counted_s``): an extrapolated rate read as a
+    count over the whole window would be noisier than a Poisson count of that size."""
     short, span = obs.panic_request_rate, cfg.panic_window_s
     if short is None or level is None or span <= 0:
         return None
-    expected, seen = level * span, round(short * span)
+    counted = obs.panic_counted_s or span
+    expected, seen = level * counted, round(short * counted)
     if seen <= expected:
         return None
     chance = poisson_at_least(seen, expected)
@@ -474,6 +481,7 @@ def record_body(obs: Observation, plan: Plan, *, tick: int, mode: str, applied: 
                    "metrics": {k: _round(v) for k, v in obs.metrics.items()}, "demand": _round(obs.demand),
                    "request_rate": _round(obs.request_rate), "refused_rate": _round(obs.refused_rate),
                    "panic_request_rate": _round(obs.panic_request_rate),
+                   "panic_counted_s": _round(obs.panic_counted_s),
                    "mean_prompt_tokens": _round(obs.mean_prompt_tokens),
                    "mean_output_tokens": _round(obs.mean_output_tokens),
                    "prompt_tokens_sd": _round(obs.prompt_tokens_sd),

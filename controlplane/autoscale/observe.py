@@ -100,9 +100,12 @@ def observe_telemetry(telemetry: Telemetry, endpoints: list[ReplicaEndpoint], *,
                "engine_load_per_replica": per_replica(load, len(ready))}
     demand = offered_engine_load(profile, request_rate=short, mean_prompt_tokens=mean_prompt,
                                  mean_output_tokens=mean_output, prefix_hit_share=prefix_hits)
+    # a panic window's rate counts the arrivals between its first and last scrapes (at least one interval)
+    interval = telemetry.scrape_interval_s
+    counted = max(panic_window_s - interval, interval) if 0 < interval < panic_window_s else None
     return Observation(now, wall, current, len(ready), starting, metrics, demand, rate, tuple(notes),
                        short, mean_prompt, mean_output, refused_rate=shed, drift=drift,
-                       prefix_hit_share=prefix_hits,
+                       prefix_hit_share=prefix_hits, panic_counted_s=counted,
                        prompt_tokens_sd=_sd(mean_prompt, mean_square),
                        output_tokens_sd=_sd(mean_output, output_square),
                        rate_window_s=window_s or telemetry.window_s)

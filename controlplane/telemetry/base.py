@@ -167,6 +167,9 @@ class Telemetry(abc.ABC):
 
     name: str
     window_s: float
+    # seconds between a series' samples (0: unknown): a rate over a window is the increase between the
+    # window's first and last samples, about this much less than the window, extrapolated to all of it
+    scrape_interval_s: float = 0.0
 
     def start(self) -> None:  # noqa: B027 (sources with nothing to start keep the default)
         """Begin collecting (the in-process scraper); a no-op for sources that need nothing."""

@@ -51,9 +51,10 @@ class PrometheusSource(Telemetry):
     name = "prometheus"
 
     def __init__(self, url: str, *, window_s: float = DEFAULT_WINDOW_S,
-                 timeout_s: float = QUERY_TIMEOUT_S) -> None:
+                 timeout_s: float = QUERY_TIMEOUT_S, scrape_interval_s: float = 0.0) -> None:
         self.url = url.rstrip("/")
         self.window_s = window_s
+        self.scrape_interval_s = scrape_interval_s  # the interval Prometheus was configured with
         session = requests.Session()
         session.trust_env = False  # loopback: no proxy from the environment
         # No retries inside the client: a telemetry read that fails is reported at once, the caller retries.

@@ -228,7 +228,7 @@ class ScraperSource(Telemetry):
         if ring_size < 2:
             raise ValueError(f"ring_size must be >= 2, got {ring_size}")
         self.endpoints = endpoints
-        self.interval_s = interval_s
+        self.interval_s = self.scrape_interval_s = interval_s
         self.ring_size = ring_size
         self.window_s = window_s
         self.clock = clock

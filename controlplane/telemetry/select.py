@@ -28,6 +28,6 @@ def select_source(config: TelemetryConfig, prometheus_url: str | None,
         raise TelemetryError("telemetry.source is prometheus but no Prometheus is running")
     window = window_s or max(DEFAULT_WINDOW_S, RATE_WINDOW_SCRAPES * config.scrape_interval_s)
     if config.source != "scraper" and prometheus_url is not None:
-        return PrometheusSource(prometheus_url, window_s=window)
+        return PrometheusSource(prometheus_url, window_s=window, scrape_interval_s=config.scrape_interval_s)
     return ScraperSource(endpoints_provider, interval_s=config.scrape_interval_s,
                          ring_size=config.ring_size, window_s=window)

@@ -334,6 +334,17 @@ def test_prompt_tokens_the_prefix_caches_held_are_not_counted_as_prefill_work() 
     assert observe(busy_telemetry(), [endpoint("r1")], 1).prefix_hit_share is None  # no counter: unknown
 
 
+def test_the_panic_windows_arrivals_are_counted_over_its_scrapes_span_not_the_whole_window() -> None:
+    """Scraped every 2 s, a 6 s window's rate is the increase between samples about 4 s apart: that is
+    what was counted. A source that does not say how often it samples leaves the whole window."""
+    telemetry = busy_telemetry()
+    telemetry.scrape_interval_s = 2.0
+    assert observe(telemetry, [endpoint("r1")], 1).panic_counted_s == 4.0
+    telemetry.scrape_interval_s = 5.0  # at most two samples in the window: one interval is what they span
+    assert observe(telemetry, [endpoint("r1")], 1).panic_counted_s == 5.0
+    assert observe(busy_telemetry(), [endpoint("r1")], 1).panic_counted_s is None
+
+
 def test_panic_demand_is_the_engine_load_of_the_panic_windows_request_rate() -> None:
     telemetry = busy_telemetry()
     telemetry.panic_rates = {HTTP_REQUESTS: {(): 16.0}}  # a step: 4x the metrics window's rate

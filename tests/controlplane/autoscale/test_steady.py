@@ -195,6 +195,15 @@ def test_the_surge_threshold_is_the_exact_poisson_tail_not_the_normal_approximat
     assert surge(surging(100.0, 3.0, 2.0), 3.0, CONFIG) is None  # fewer than expected: never a surge
 
 
+def test_a_rate_extrapolated_from_fewer_seconds_is_tested_as_the_count_it_was_measured_from() -> None:
+    """6.5 requests/s over a 6 s window at a steady 3: 39 arrivals against 18 is a surge, but from scrapes
+    that spanned 4 s of it the rate is 26 arrivals against 12, which a Poisson count reaches more often
+    than once a day of windows."""
+    whole = surging(100.0, 3.0, 6.5)
+    assert surge(whole, 3.0, CONFIG) is not None
+    assert surge(replace(whole, panic_counted_s=4.0), 3.0, CONFIG) is None
+
+
 def test_a_steady_poisson_load_surges_about_once_a_day_where_the_normal_threshold_reads_more() -> None:
     """Ten days of disjoint 6 s windows at 3 requests/s (144,000 Poisson counts, mean 18): the exact tail
     reads about one false surge a day; the normal approximation at the same daily rate (3.98 standard
