@@ -179,15 +179,17 @@ class _Runner:
 
     async def _send_when_free(self, request: BenchRequest) -> None:
         async with self.slots or contextlib.nullcontext():
-            if not self.is_past_stop():  # a late dispatch or a long wait for a slot must not send after S
-                await self._send(request)
+            await self._send(request)
 
     async def _send(self, request: BenchRequest) -> None:
         record = RequestRecord(index=request.index, request_id=f"{self.cfg.run_id}-{request.index}",
                                prompt_len=request.prompt_len, output_len=request.output_len,
                                scheduled_time=request.arrival, kind=self.kinds.get(request.index, STREAM))
         payload = self._payload(request, record.kind)  # before the clock starts: prompt rendering is ours
-        record.send_time, record.send_wall = self.now(), time.time()
+        sent = self.now()
+        if self.cfg.duration is not None and sent >= self.cfg.duration:
+            return  # a late dispatch, a long wait for a slot or a slow render: nothing is sent after S
+        record.send_time, record.send_wall = sent, time.time()
         self.records.append(record)
         try:
             async with asyncio.timeout(self.cfg.request_timeout):

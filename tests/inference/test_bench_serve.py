@@ -384,10 +384,10 @@ def test_duration_is_a_hard_stop(fake: FakeReplica) -> None:
     assert time.monotonic() - started < 3.0  # unbounded, this run would last for minutes
     s = report.summary
     assert 3 <= s.num_requests < 100
-    # nothing planned after S was sent, and what was sent left at once (the dispatch checks the clock
-    # before it sends: the slack is the event loop's own lag on a busy 2-core host, not the load's)
+    # nothing planned after S was sent, and nothing left after S however late the event loop ran (the
+    # clock read that stamps a request's send is the one that decides it may go)
     assert all(r.scheduled_time is not None and r.scheduled_time < 0.4 for r in report.records)
-    assert all(r.send_time < 0.4 + 0.25 for r in report.records)
+    assert all(r.send_time < 0.4 for r in report.records)
     assert s.errors == {"cancelled": s.num_requests} and s.num_completed == 0
     assert 0.6 <= s.duration < 2.0  # cancelled at duration + grace
 
