@@ -325,8 +325,8 @@ def with_work(obs: Observation, state: LoopState, cfg: AutoscalerConfig,
 
 
 def surge(obs: Observation, level: float | None, cfg: AutoscalerConfig) -> tuple[float, str] | None:
-    """The panic window's rate and why it is a surge, or None: more arrivals over the last
-    ``panic_window_s`` than a Poisson count at the steady ``level`` gives in more than
+    """The panic window's rate and why it is a surge, or None. A surge is a count of arrivals over the
+    last ``panic_window_s`` that a Poisson count at the steady ``level`` reaches in at most
     ``FALSE_CHANGES_PER_DAY`` such windows a day, by the exact Poisson tail (at the dozen or two arrivals
     of a 6 s window the normal approximation of :func:`change_z` reads noise as a change several times as
     often). A burst shows there up to a metrics window before that window's rate does. The count is of
