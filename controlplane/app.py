@@ -115,7 +115,8 @@ def build(config: Config) -> ControlPlane:
                   prepare_model=partial(ensure_bundled_model, state_dir=state)
                   if config.fleet.backend == "local" else None)
     prometheus = _prometheus(config, rule_switches(store), gateways.admin_addresses, tokens)
-    telemetry = select_source(config.telemetry, prometheus.url if prometheus else None, fleet.endpoints)
+    telemetry = select_source(config.telemetry, prometheus.url if prometheus else None, fleet.endpoints,
+                              prometheus_scrape_s=config.prometheus.scrape_interval_s)
     fleet.error_rate = replica_error_rate(telemetry)
     loads = LoadCache(telemetry)
     slices = TrafficSlices(store, gateways.slice_outcomes)  # canary split and experiment colours

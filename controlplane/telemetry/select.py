@@ -16,11 +16,12 @@ from controlplane.telemetry.scraper import ScraperSource
 
 def select_source(config: TelemetryConfig, prometheus_url: str | None,
                   endpoints_provider: EndpointsProvider, *,
-                  window_s: float | None = None) -> Telemetry:
+                  window_s: float | None = None, prometheus_scrape_s: float | None = None) -> Telemetry:
     """The source the configuration asks for; ``auto``: Prometheus when one runs, else the scraper.
 
-    ``prometheus_url`` is the address of a running Prometheus (None: none runs). The scraper comes back
-    not yet started: call ``start()``.
+    ``prometheus_url`` is the address of a running Prometheus (None: none runs), ``prometheus_scrape_s``
+    the interval it scrapes at (None: the scraper's). The scraper comes back not yet started: call
+    ``start()``.
     """
     if config.source not in ("auto", "prometheus", "scraper"):
         raise ValueError(f"telemetry.source must be auto, prometheus or scraper, got {config.source!r}")
@@ -28,6 +29,7 @@ def select_source(config: TelemetryConfig, prometheus_url: str | None,
         raise TelemetryError("telemetry.source is prometheus but no Prometheus is running")
     window = window_s or max(DEFAULT_WINDOW_S, RATE_WINDOW_SCRAPES * config.scrape_interval_s)
     if config.source != "scraper" and prometheus_url is not None:
-        return PrometheusSource(prometheus_url, window_s=window, scrape_interval_s=config.scrape_interval_s)
+        return PrometheusSource(prometheus_url, window_s=window,
+                                scrape_interval_s=prometheus_scrape_s or config.scrape_interval_s)
     return ScraperSource(endpoints_provider, interval_s=config.scrape_interval_s,
                          ring_size=config.ring_size, window_s=window)

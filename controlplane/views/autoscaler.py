@@ -31,6 +31,7 @@ class DecisionInputs:
     demand: float | None = None
     request_rate: float | None = None  # what reached the replicas plus refused_rate
     panic_request_rate: float | None = None
+    panic_counted_s: float | None = None  # the seconds of arrivals that rate counted (None: the whole window)
     mean_prompt_tokens: float | None = None
     mean_output_tokens: float | None = None
     prompt_tokens_sd: float | None = None

@@ -47,7 +47,9 @@ def endpoints() -> list[ReplicaEndpoint]:
 def test_auto_uses_prometheus_when_one_runs_else_the_scraper() -> None:
     source = select_source(TelemetryConfig(), "http://127.0.0.1:9090", endpoints)
     assert isinstance(source, PrometheusSource) and source.name == "prometheus"
-    assert source.scrape_interval_s == 2.0  # the interval Prometheus is configured with: how far samples lie
+    assert source.scrape_interval_s == 2.0  # without Prometheus' own interval, the scraper's
+    told = select_source(TelemetryConfig(), "http://127.0.0.1:9090", endpoints, prometheus_scrape_s=1.0)
+    assert told.scrape_interval_s == 1.0  # the interval Prometheus is configured with: how far samples lie
     scraper = select_source(TelemetryConfig(scrape_interval_s=1.0, ring_size=50), None, endpoints)
     assert isinstance(scraper, ScraperSource)
     assert (scraper.interval_s, scraper.ring_size, scraper.window_s) == (1.0, 50, 30.0)

@@ -166,6 +166,10 @@ def test_step_load_scales_up_within_two_ticks_and_down_only_after_stabilization(
     sized = [d for d in records if d.inputs.mean_output_tokens is not None]
     means = [d.inputs.mean_output_tokens for d in sized]
     assert means and all(m == pytest.approx(48, rel=1e-3) for m in means), means
+    # the panic window's arrivals are counted over its scrapes' span: 5 of its 6 s at the 1 s interval
+    # Prometheus is given here (4 s at the in-process scraper's 2 s, where no Prometheus binary runs)
+    counted = {d.inputs.panic_counted_s for d in sized}
+    assert counted in ({5.0}, {4.0}), counted
     # over the metrics window per ready replica, or over the panic window (its demand, fleet-wide). A tick can
     # size the tokens before the metrics window's request rate holds two scrapes (no load then), and panic
     # may scale up at that very tick on the panic window's demand
