@@ -27,9 +27,11 @@ def select_source(config: TelemetryConfig, prometheus_url: str | None,
         raise ValueError(f"telemetry.source must be auto, prometheus or scraper, got {config.source!r}")
     if config.source == "prometheus" and prometheus_url is None:
         raise TelemetryError("telemetry.source is prometheus but no Prometheus is running")
-    window = window_s or max(DEFAULT_WINDOW_S, RATE_WINDOW_SCRAPES * config.scrape_interval_s)
+    def window(interval: float) -> float:
+        return window_s or max(DEFAULT_WINDOW_S, RATE_WINDOW_SCRAPES * interval)
+
     if config.source != "scraper" and prometheus_url is not None:
-        return PrometheusSource(prometheus_url, window_s=window,
-                                scrape_interval_s=prometheus_scrape_s or config.scrape_interval_s)
+        interval = prometheus_scrape_s or config.scrape_interval_s
+        return PrometheusSource(prometheus_url, window_s=window(interval), scrape_interval_s=interval)
     return ScraperSource(endpoints_provider, interval_s=config.scrape_interval_s,
-                         ring_size=config.ring_size, window_s=window)
+                         ring_size=config.ring_size, window_s=window(config.scrape_interval_s))

@@ -69,3 +69,7 @@ def test_explicit_prometheus_without_one_running_is_an_error() -> None:
 def test_rate_window_spans_at_least_four_scrapes() -> None:
     source = select_source(TelemetryConfig(scrape_interval_s=15.0), None, endpoints)
     assert source.window_s == 60.0
+    # of the source that answers: Prometheus scraping every 15 s, beside a scraper configured at 2 s
+    prometheus = select_source(TelemetryConfig(), "http://127.0.0.1:9090", endpoints,
+                               prometheus_scrape_s=15.0)
+    assert prometheus.window_s == 60.0
