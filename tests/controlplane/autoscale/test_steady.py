@@ -1,4 +1,4 @@
-"""The steady load (``controlplane.autoscale.decide.steady_load``): the rate the work is sized on.
+"""The steady load (``controlplane.autoscale.load.steady_load``): the rate the work is sized on.
 
 Ticks go through the same ``with_work`` and ``decide`` the live loop and the simulator call, each tick's
 rate being what a 30 s window counted: Poisson noise around a steady rate is averaged away, a step is
@@ -19,15 +19,12 @@ import pytest
 from controlplane.autoscale.decide import (
     LoopState,
     Observation,
-    SteadyLoad,
-    change_z,
     decide,
     new_state,
     offered_work,
-    steady_load,
-    surge,
     with_work,
 )
+from controlplane.autoscale.load import SteadyLoad, change_z, steady_load, surge
 from tests.controlplane.autoscale.test_work import CONFIG, PROFILE, QUIET
 
 SHORT = {**QUIET, "waiting_per_replica": 9.0, "ttft_p95_s": 1.4}  # queue and TTFT over their targets
