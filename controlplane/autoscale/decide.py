@@ -82,6 +82,7 @@ class Observation:
     # between the window's first and last samples, about a scrape interval less than the window, and
     # extrapolates it (None: the whole panic window, as the simulator counts)
     panic_counted_s: float | None = None
+    load_changed: bool = False  # this tick's rate is a change of load (with_work, steady_load)
 
 
 @dataclass(slots=True, frozen=True)
@@ -191,7 +192,8 @@ def with_work(obs: Observation, state: LoopState, cfg: AutoscalerConfig,
         surged = sized(surging[0], obs.mean_prompt_tokens, obs.mean_output_tokens)
         if surged is not None and surged.replicas > max(work.replicas, obs.current):
             work, note = surged, surging[1]
-    return replace(obs, work=work, notes=(*obs.notes, note) if note else obs.notes)
+    return replace(obs, work=work, notes=(*obs.notes, note) if note else obs.notes,
+                   load_changed=steady.changed)
 
 
 def backlog_proposal(obs: Observation, cfg: AutoscalerConfig, before: float | None,
@@ -312,6 +314,7 @@ def record_body(obs: Observation, plan: Plan, *, tick: int, mode: str, applied: 
                    "request_rate": _round(obs.request_rate), "refused_rate": _round(obs.refused_rate),
                    "panic_request_rate": _round(obs.panic_request_rate),
                    "panic_counted_s": _round(obs.panic_counted_s),
+                   "rate_window_s": _round(obs.rate_window_s), "load_changed": obs.load_changed,
                    "mean_prompt_tokens": _round(obs.mean_prompt_tokens),
                    "mean_output_tokens": _round(obs.mean_output_tokens),
                    "prompt_tokens_sd": _round(obs.prompt_tokens_sd),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Protocol
 
@@ -206,16 +206,25 @@ def surge(obs: Observation, level: float | None, cfg: AutoscalerConfig) -> tuple
 
 
 def load_after(obs: Observation, state: LoopState, cfg: AutoscalerConfig) -> tuple[LoadSample, ...]:
-    """The load samples after this tick: this one added, those out of the stabilization window dropped;
-    at a change, all before it, and no window that straddles it is kept."""
+    """The load samples after this tick (:func:`remember`)."""
     if obs.request_rate is None:
         return state.load
-    changed = steady_load(obs, state, cfg).changed
-    sample = LoadSample(obs.now, obs.request_rate, obs.mean_prompt_tokens, obs.mean_output_tokens,
-                        change=changed and bool(state.load))
+    return remember(state.load, LoadSample(obs.now, obs.request_rate, obs.mean_prompt_tokens,
+                                           obs.mean_output_tokens),
+                    changed=steady_load(obs, state, cfg).changed, window_s=obs.rate_window_s,
+                    keep_s=cfg.scale_down_stabilization_s)
+
+
+def remember(load: tuple[LoadSample, ...], sample: LoadSample, *, changed: bool, window_s: float | None,
+             keep_s: float) -> tuple[LoadSample, ...]:
+    """The load samples once ``sample`` (a tick's, ``changed``: its rate is a change of load) is added:
+    at a change, only it (marked a change when there were samples before it); otherwise those within
+    ``keep_s`` (the stabilization window) and it, except that a window that straddles the last change is
+    not kept. What each tick's decision record keeps (``request_rate``, the means, ``rate_window_s``,
+    ``load_changed``) rebuilds it tick by tick."""
     if changed:
-        return (sample,)
-    kept = tuple(s for s in state.load if obs.now - s.at <= cfg.scale_down_stabilization_s)
-    if kept and kept[0].change and obs.rate_window_s and obs.now - kept[0].at < obs.rate_window_s:
+        return (replace(sample, change=bool(load)),)
+    kept = tuple(s for s in load if sample.at - s.at <= keep_s)
+    if kept and kept[0].change and window_s and sample.at - kept[0].at < window_s:
         return kept  # this window still counts arrivals from before the change
     return (*kept, sample)

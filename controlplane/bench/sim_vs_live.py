@@ -25,7 +25,10 @@ which is off by as much as the host's speed has moved since it was measured):
 - simulated: the same slice through ``azure_trace`` (the load client's own reader: request count and total
   tokens are compared and must match), ``simulate(..., PolicySpec("ours"))`` with 1 initial replica,
   ``host_cores`` = this machine's cores (the live replicas share them) and ``host_cpu_per_request_s`` =
-  the probe's figure (the processes beside the replicas take that from those cores).
+  the probe's figure (the processes beside the replicas take that from those cores). Its loop starts
+  where the live one stood at the load's start, rebuilt from the live decision records
+  (:mod:`controlplane.bench.live_loop`: the probe's load in its memory, the last queue, its tick phase),
+  and reads P95 TTFT through the replicas' histogram buckets as the live loop does.
 
 Both sides are measured over the same span, from the load's start to the slice's last arrival: SLO
 attainment (:class:`~controlplane.sim.settings.Slo`; a failed request is a miss), P95 TTFT and TPOT,
@@ -68,6 +71,7 @@ from controlplane.autoscale.profile import (
     resolve_profile_path,
 )
 from controlplane.bench.host_cpu import CpuMeter, DataPathProbe
+from controlplane.bench.live_loop import loop_start
 from controlplane.bench.live_speed import host_speed, run_drift, run_on_cpu, speed_at
 from controlplane.bench.sim_vs_live_report import (
     OVERLOAD_TARGET,
@@ -79,7 +83,7 @@ from controlplane.bench.sim_vs_live_report import (
     verdicts,
     write_html,
 )
-from controlplane.client import ControlPlaneClient
+from controlplane.client import ControlPlaneClient, Decision
 from controlplane.config import load_config
 from controlplane.errors import ControlPlaneError
 from controlplane.sim.policies import autoscaler_config
@@ -317,6 +321,7 @@ class LiveRun:
     speed: list[tuple[float, float]] = field(default_factory=list)  # (POSIX s, host speed): host_speed
     probe: DataPathProbe | None = None  # the host's other CPU per request, measured before the slice
     cut: Slice | None = None  # the slice replayed
+    ticks: list[Decision] = field(default_factory=list)  # every decision record, the probe's included
 
 
 def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_state: Path,
@@ -359,12 +364,13 @@ def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_sta
                 load.wait()
         if load.returncode != 0:
             raise SimVsLiveError(f"the load client exited with {load.returncode}; see {workdir / 'load.log'}")
-        records = [d for d in client.autoscaler_decisions(limit=5000) if d.at >= started]
+        ticks = client.autoscaler_decisions(limit=5000)
+    records = [d for d in ticks if d.at >= started]
     decisions = [(d.at, d.applied, d.outcome) for d in records]
     window = autoscaler.metrics_window_s or DEFAULT_WINDOW_S
     return LiveRun(read_jsonl(workdir / "load.jsonl"), fleet, decisions, meter.totals(), run_drift(records),
                    run_on_cpu(records), host_speed(records, window_s=window, cores=os.cpu_count() or 1),
-                   probe, cut)
+                   probe, cut, ticks)
 
 
 def run_probe(cut: Slice, probe_s: float, gateway: str, workdir: Path, control_plane: int) -> DataPathProbe:
@@ -479,7 +485,9 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
     check_same_requests(requests, run.records)
     beside = dataclasses.replace(settings, host_cpu_per_request_s=run.probe.cpu_per_request_s
                                  if run.probe else 0.0)
-    report = simulate(requests, PolicySpec("ours"), profile=profile, settings=beside)
+    begin = loop_start(run.ticks, load_start(run.records), keep_s=autoscaler.scale_down_stabilization_s)
+    report = simulate(requests, PolicySpec("ours"), profile=profile, settings=beside, prior=begin.prior,
+                      first_tick_s=begin.first_tick_s)
     live, sim = live_side(run.records, run.fleet, run.decisions, span, settings.slo), sim_side(report)
     judged = verdicts(live, sim)
     print(f"compared over {span:.1f}s (the load's start to the slice's last arrival)")
@@ -487,6 +495,7 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
     print(f"simulated replicas: {settings.host_cores} host cores, less {beside_ms:.1f} ms of CPU per request "
           "arriving for the processes beside them "
           + ("(the probe)" if run.probe else "(no probe)"))
+    print(f"simulated loop: starts where the live one stood at the load's start: {begin.describe()}")
     print(format_report(live, sim, judged))
     work = engine_seconds(profile, requests)
     speeds = [s for _, s in run.speed]
@@ -501,7 +510,8 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
     at_speed = None
     if run.speed:  # the simulator's own error, once the profile's and the host's are taken out
         at_speed = sim_side(simulate(requests, PolicySpec("ours"), profile=profile, settings=settings,
-                                     speed=speed_at(run.speed, load_start(run.records))))
+                                     speed=speed_at(run.speed, load_start(run.records)), prior=begin.prior,
+                                     first_tick_s=begin.first_tick_s))
         print(f"diagnostic, not judged: the simulator with its replicas at the host's speed window by window "
               f"(the policy sizing on the profile, as live): SLO attainment {at_speed.slo_attainment:.1%}, "
               f"P95 TTFT {at_speed.ttft_p95_s:.3f}s, P95 TPOT {at_speed.tpot_p95_s:.3f}s, replica-seconds "
@@ -529,6 +539,9 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
             "fleet_load": round(capacity.load, 3), "live_profile_drift": run.drift, "live_on_cpu": run.on_cpu,
             "live_host_speed": run.speed,
             "sim_at_live_speed": None if at_speed is None else dataclasses.asdict(at_speed),
+            "sim_loop_start": {"first_tick_s": begin.first_tick_s,
+                               "load": [dataclasses.asdict(s) for s in begin.prior.load],
+                               "ready": begin.prior.ready, "waiting_per_replica": begin.prior.waiting},
             "verdicts": {k: {"met": ok, "detail": why} for k, (ok, why) in judged.items()},
             "leftover_pids": leftover_pids(workdir / "state")}, indent=1))
     return 0 if all(ok for ok, _ in judged.values()) else 1

@@ -109,12 +109,17 @@ class LivePolicy:
     config: AutoscalerConfig
     initial: int
     profile: ReplicaProfile
+    # what the loop remembers from before the trace's start (its load samples, the last queue, the ready
+    # replicas since when: python -m controlplane.bench sim-vs-live, from the live loop's decision records);
+    # None: a loop that starts with the trace
+    prior: LoopState | None = None
     state: LoopState = field(init=False)
 
     def __post_init__(self) -> None:
         # the fleet has been running at its initial size: that is the first recommendation in the window
         first = Recommendation(0.0, self.initial)
-        self.state = LoopState(History(self.config.scale_down_stabilization_s, (first,)))
+        history = History(self.config.scale_down_stabilization_s, (first,))
+        self.state = LoopState(history) if self.prior is None else replace(self.prior, history=history)
 
     def __call__(self, obs: Observation) -> tuple[int, str]:
         live = LiveObservation(
@@ -191,9 +196,10 @@ def hpa_config(live: AutoscalerConfig, settings: SimSettings) -> PolicyConfig:
 
 
 def make_policy(
-    spec: PolicySpec, profile: ReplicaProfile, settings: SimSettings
+    spec: PolicySpec, profile: ReplicaProfile, settings: SimSettings, *, prior: LoopState | None = None
 ) -> tuple[Callable[[Observation], tuple[int, str]] | None, float, int]:
-    """(policy, tick, initial replicas) of ``spec``."""
+    """(policy, tick, initial replicas) of ``spec``; ``prior``: what ``ours`` remembers from before the
+    trace (:class:`LivePolicy`)."""
     if spec.kind == STATIC:
         return None, settings.hpa_tick_s, spec.replicas
     live = autoscaler_config(profile, settings)
@@ -203,5 +209,5 @@ def make_policy(
             settings.hpa_tick_s,
             settings.initial_replicas,
         )
-    policy = LivePolicy(live, settings.initial_replicas, profile)
+    policy = LivePolicy(live, settings.initial_replicas, profile, prior)
     return policy, settings.ours_tick_s, settings.initial_replicas

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from controlplane.autoscale.decide import LoopState
 from controlplane.autoscale.profile import ReplicaProfile, load_profile
 from controlplane.sim.fleet import FleetSim, ScaleEvent
 from controlplane.sim.policies import make_policy
@@ -99,12 +100,16 @@ def simulate(
     settings: SimSettings = SimSettings(),
     progress: Progress | None = None,
     speed: Callable[[float], float] | None = None,
+    prior: LoopState | None = None,
+    first_tick_s: float | None = None,
 ) -> PolicyReport:
     """One policy on the trace. ``speed(t)`` multiplies the replicas' step times at simulated time ``t``
     while the policy prices the work with the profile as given: a fleet whose replicas run off the profile
-    it is sized by (``python -m controlplane.bench sim-vs-live``'s diagnostic); None: at the profile."""
+    it is sized by (``python -m controlplane.bench sim-vs-live``'s diagnostic); None: at the profile.
+    ``prior`` and ``first_tick_s``: the loop's memory from before the trace and its first tick (None: a
+    loop that starts with the trace, first ticking a tick in), to replay a live loop's run."""
     profile = profile or load_profile()
-    policy, tick, initial = make_policy(spec, profile, settings)
+    policy, tick, initial = make_policy(spec, profile, settings, prior=prior)
     started = time.perf_counter()
     hook = None if progress is None else (lambda now, end: progress(min(now / end, 1.0) if end else 1.0))
     sim = FleetSim(
@@ -119,6 +124,7 @@ def simulate(
         host_cores=settings.host_cores,
         speed=speed,
         host_cpu_per_request_s=settings.host_cpu_per_request_s,
+        first_tick_s=first_tick_s,
     ).run()
     return _report(spec.label, sim, settings, time.perf_counter() - started)
 

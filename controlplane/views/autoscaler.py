@@ -41,6 +41,8 @@ class DecisionInputs:
     prefix_hit_share: float | None = None  # of the prompt tokens admitted, the share prefix caches held
     # the replicas' engine time against their profile's: ratio, busy_s_per_s, predicted_s_per_s, replicas
     profile_drift: Mapping[str, Any] | None = None
+    rate_window_s: float | None = None  # the seconds request_rate was measured over
+    load_changed: bool = False  # request_rate was a change of load: the steady load started again from it
 
 
 @dataclass(slots=True, frozen=True)

@@ -48,6 +48,10 @@ def test_a_short_live_run_scales_and_the_simulator_stays_close(tmp_path: Path) -
     assert live["scale_events"] >= 1 and max(n for _, n in live["timeline"]) >= 2  # the live fleet scaled
     assert sim["scale_events"] >= 1
     assert abs(sim["replica_seconds"] - live["replica_seconds"]) <= 0.35 * live["replica_seconds"]
+    # the simulated loop started where the live one stood: the probe's load in its memory, its tick phase
+    begin = result["sim_loop_start"]
+    assert begin["load"] and all(s["at"] < 0 for s in begin["load"]), begin
+    assert 0 <= begin["first_tick_s"] <= result["autoscaler"]["tick_s"], begin
     # the exit status is the verdict the report prints
     assert (run.returncode == 0) == ("NOT MET" not in run.stdout), run.stdout[-2000:]
     assert "attainment: " in run.stdout and "replica_seconds: " in run.stdout and "ttft_p95: " in run.stdout
