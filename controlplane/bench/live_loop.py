@@ -1,7 +1,9 @@
 """Where a live run's autoscaler stood when the load began, read from its decision records, so that the
 simulated loop of ``python -m controlplane.bench sim-vs-live`` starts there: the same load samples (the
 probe before the slice is a change of load the steady load remembers for four windows), the last queue,
-the ready replicas and since when, and the live loop's first tick after the load's start (its phase).
+the ready replicas and since when, the live loop's first tick after the load's start (its phase), and
+the span its panic window's rate counts (the scrapes' span, about 5 of the 6 s: on a ramp the last 5 s
+run faster than the last 6).
 A simulated loop that starts fresh fits a trend to the ramp's first windows where the live one, still
 within four windows of the probe, takes each window's own rate: on the same slice the two then scale a
 tick or two apart, and P95 TTFT, decided by the queue of those seconds, differs by a third. Pure: the
@@ -10,6 +12,7 @@ records in, the start out.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +28,9 @@ class LoopStart:
 
     prior: LoopState  # its load samples, last queue per replica and ready replicas (history left empty)
     first_tick_s: float | None  # its first tick at or after the start; None: it never ticked after
+    # the seconds of arrivals its panic window's rate counted after the start (the span between the
+    # window's first and last scrapes; the median over its ticks); None: not recorded
+    panic_counted_s: float | None = None
 
     def describe(self) -> str:
         load = self.prior.load
@@ -33,7 +39,9 @@ class LoopStart:
         ready = "" if self.prior.ready is None else (
             f", {self.prior.ready[0]} ready since {self.prior.ready[1]:+.0f}s")
         tick = "" if self.first_tick_s is None else f"; first tick {self.first_tick_s:.2f}s after the start"
-        return f"{len(load)} load samples{since}{ready}{tick}"
+        counted = "" if self.panic_counted_s is None else \
+            f"; panic window's rate over its last {self.panic_counted_s:g}s"
+        return f"{len(load)} load samples{since}{ready}{tick}{counted}"
 
 
 def loop_start(decisions: Sequence[Decision], start: float, *, keep_s: float) -> LoopStart:
@@ -52,6 +60,8 @@ def loop_start(decisions: Sequence[Decision], start: float, *, keep_s: float) ->
             sample = LoadSample(at, inputs.request_rate, inputs.mean_prompt_tokens, inputs.mean_output_tokens)
             load = remember(load, sample, changed=inputs.load_changed, window_s=inputs.rate_window_s,
                             keep_s=keep_s)
-    after = [d.at - start for d in decisions if d.at >= start]
+    after = [d for d in decisions if d.at >= start]
+    counted = [c for d in after if (c := d.inputs.panic_counted_s) is not None]
     return LoopStart(LoopState(History(keep_s, ()), waiting=waiting, load=load, ready=ready),
-                     min(after) if after else None)
+                     min(d.at for d in after) - start if after else None,
+                     statistics.median(counted) if counted else None)

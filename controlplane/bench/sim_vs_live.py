@@ -27,7 +27,8 @@ which is off by as much as the host's speed has moved since it was measured):
   ``host_cores`` = this machine's cores (the live replicas share them) and ``host_cpu_per_request_s`` =
   the probe's figure (the processes beside the replicas take that from those cores). Its loop starts
   where the live one stood at the load's start, rebuilt from the live decision records
-  (:mod:`controlplane.bench.live_loop`: the probe's load in its memory, the last queue, its tick phase),
+  (:mod:`controlplane.bench.live_loop`: the probe's load in its memory, the last queue, its tick phase,
+  the span its panic window's rate counts),
   and reads P95 TTFT through the replicas' histogram buckets as the live loop does.
 
 Both sides are measured over the same span, from the load's start to the slice's last arrival: SLO
@@ -487,7 +488,7 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
                                  if run.probe else 0.0)
     begin = loop_start(run.ticks, load_start(run.records), keep_s=autoscaler.scale_down_stabilization_s)
     report = simulate(requests, PolicySpec("ours"), profile=profile, settings=beside, prior=begin.prior,
-                      first_tick_s=begin.first_tick_s)
+                      first_tick_s=begin.first_tick_s, panic_counted_s=begin.panic_counted_s)
     live, sim = live_side(run.records, run.fleet, run.decisions, span, settings.slo), sim_side(report)
     judged = verdicts(live, sim)
     print(f"compared over {span:.1f}s (the load's start to the slice's last arrival)")
@@ -511,7 +512,7 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
     if run.speed:  # the simulator's own error, once the profile's and the host's are taken out
         at_speed = sim_side(simulate(requests, PolicySpec("ours"), profile=profile, settings=settings,
                                      speed=speed_at(run.speed, load_start(run.records)), prior=begin.prior,
-                                     first_tick_s=begin.first_tick_s))
+                                     first_tick_s=begin.first_tick_s, panic_counted_s=begin.panic_counted_s))
         print(f"diagnostic, not judged: the simulator with its replicas at the host's speed window by window "
               f"(the policy sizing on the profile, as live): SLO attainment {at_speed.slo_attainment:.1%}, "
               f"P95 TTFT {at_speed.ttft_p95_s:.3f}s, P95 TPOT {at_speed.tpot_p95_s:.3f}s, replica-seconds "
@@ -539,7 +540,7 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
             "fleet_load": round(capacity.load, 3), "live_profile_drift": run.drift, "live_on_cpu": run.on_cpu,
             "live_host_speed": run.speed,
             "sim_at_live_speed": None if at_speed is None else dataclasses.asdict(at_speed),
-            "sim_loop_start": {"first_tick_s": begin.first_tick_s,
+            "sim_loop_start": {"first_tick_s": begin.first_tick_s, "panic_counted_s": begin.panic_counted_s,
                                "load": [dataclasses.asdict(s) for s in begin.prior.load],
                                "ready": begin.prior.ready, "waiting_per_replica": begin.prior.waiting},
             "verdicts": {k: {"met": ok, "detail": why} for k, (ok, why) in judged.items()},

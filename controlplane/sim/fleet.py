@@ -65,6 +65,9 @@ class Observation:
     prompt_tokens_per_s: float  # prefilled tokens/s, fleet-wide, over the last ``metric_window_s``
     arrivals_per_s: float  # over the last ``metric_window_s``
     arrivals_per_s_short: float = 0.0  # over the last ``short_window_s`` (panic mode's window)
+    # the seconds of arrivals arrivals_per_s_short counts (None: the whole short window): a live loop's
+    # scraped rate counts the span between the window's first and last scrapes
+    panic_counted_s: float | None = None
     # share of the prompt tokens admitted in the last ``metric_window_s`` that replicas' prefix caches held
     # (vllm:prefix_cache_hits over vllm:prefix_cache_queries); None: nothing admitted
     prefix_hit_share: float | None = None
@@ -142,11 +145,14 @@ class FleetSim:
         speed: Callable[[float], float] | None = None,
         host_cpu_per_request_s: float = 0.0,
         first_tick_s: float | None = None,
+        panic_counted_s: float | None = None,
     ) -> None:
         if initial_replicas < 0 or tick_s <= 0 or sample_s <= 0:
             raise ValueError("initial_replicas must be >= 0, tick_s and sample_s > 0")
         if first_tick_s is not None and not first_tick_s >= 0:
             raise ValueError(f"first_tick_s: must be >= 0, got {first_tick_s!r}")
+        if panic_counted_s is not None and not 0 < panic_counted_s <= short_window_s:
+            raise ValueError(f"panic_counted_s: must be in (0, {short_window_s:g}], got {panic_counted_s!r}")
         if host_cores is None and not host_cpu_per_request_s >= 0:  # SharedCores checks its own
             raise ValueError(f"host_cpu_per_request_s: must be >= 0, got {host_cpu_per_request_s!r}")
         self.profile = profile
@@ -155,6 +161,7 @@ class FleetSim:
             replica_cpu_limit=profile.cpu_limit)
         self.speed = speed
         self.short_window_s = short_window_s
+        self.panic_counted_s = panic_counted_s  # as a live loop's scraped rate counts (None: the window)
         self.requests = sorted(requests, key=lambda r: r.arrival)
         self.duration = (
             duration_s if duration_s is not None else max((r.arrival for r in requests), default=0.0)
@@ -440,7 +447,7 @@ class FleetSim:
             self._arrivals.popleft()
         while self._finished and self._finished[0][0] < cutoff:
             self._finished.popleft()
-        short = min(self.short_window_s, max(self.now, 1e-9))
+        short = min(self.panic_counted_s or self.short_window_s, max(self.now, 1e-9))
         num_short = len(self._arrivals) - bisect.bisect_left(self._arrivals, self.now - short)
         ready = [r for r in self.replicas if r.phase is ReplicaPhase.READY]
         starting = sum(r.phase is ReplicaPhase.STARTING for r in self.replicas)
@@ -461,6 +468,7 @@ class FleetSim:
             arrivals_per_s=len(self._arrivals) / window,
             rate_window_s=window,
             arrivals_per_s_short=num_short / short,
+            panic_counted_s=self.panic_counted_s,
             mean_prompt_tokens=_mean(p for _, p, _ in self._finished),
             mean_output_tokens=_mean(o for _, _, o in self._finished),
             prompt_tokens_sd=_sd([p for _, p, _ in self._finished]),

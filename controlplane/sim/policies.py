@@ -132,6 +132,7 @@ class LivePolicy:
             demand=offered_load(obs, self.profile, short=True),
             request_rate=obs.arrivals_per_s,
             panic_request_rate=obs.arrivals_per_s_short,
+            panic_counted_s=obs.panic_counted_s,
             mean_prompt_tokens=obs.mean_prompt_tokens,
             mean_output_tokens=obs.mean_output_tokens,
             prefix_hit_share=obs.prefix_hit_share,

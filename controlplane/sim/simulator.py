@@ -102,12 +102,14 @@ def simulate(
     speed: Callable[[float], float] | None = None,
     prior: LoopState | None = None,
     first_tick_s: float | None = None,
+    panic_counted_s: float | None = None,
 ) -> PolicyReport:
     """One policy on the trace. ``speed(t)`` multiplies the replicas' step times at simulated time ``t``
     while the policy prices the work with the profile as given: a fleet whose replicas run off the profile
     it is sized by (``python -m controlplane.bench sim-vs-live``'s diagnostic); None: at the profile.
-    ``prior`` and ``first_tick_s``: the loop's memory from before the trace and its first tick (None: a
-    loop that starts with the trace, first ticking a tick in), to replay a live loop's run."""
+    ``prior``, ``first_tick_s`` and ``panic_counted_s``: the loop's memory from before the trace, its first
+    tick and the seconds its panic window's rate counts (None: a loop that starts with the trace, first
+    ticking a tick in, counting the whole window), to replay a live loop's run."""
     profile = profile or load_profile()
     policy, tick, initial = make_policy(spec, profile, settings, prior=prior)
     started = time.perf_counter()
@@ -125,6 +127,7 @@ def simulate(
         speed=speed,
         host_cpu_per_request_s=settings.host_cpu_per_request_s,
         first_tick_s=first_tick_s,
+        panic_counted_s=panic_counted_s,
     ).run()
     return _report(spec.label, sim, settings, time.perf_counter() - started)
 

@@ -56,7 +56,7 @@ def live_ticks(until: float) -> tuple[list[Decision], dict[float, LoopState]]:
         obs = Observation(now=now, wall=now, current=ready, ready=ready, starting=0,
                           metrics={**QUIET, "waiting_per_replica": waiting},
                           request_rate=probe_then_ramp(now), mean_prompt_tokens=400.0,
-                          mean_output_tokens=60.0, rate_window_s=30.0)
+                          mean_output_tokens=60.0, rate_window_s=30.0, panic_counted_s=5.0)
         obs = with_work(obs, state, CONFIG, PROFILE)
         plan, state = decide(obs, state, CONFIG, [])
         body = record_body(obs, plan, tick=len(records) + 1, mode="observe_only", applied=False, outcome="")
@@ -81,6 +81,7 @@ def test_the_rebuilt_state_is_the_one_the_loop_held_at_the_loads_start() -> None
     assert begin.prior.waiting == held.waiting == 3.0
     assert held.ready is not None and begin.prior.ready == (2, held.ready[1] - START)
     assert begin.first_tick_s == pytest.approx(1.0)  # START - 119 + 24 x 5 = START + 1
+    assert begin.panic_counted_s == 5.0  # what its panic window's rate counted, for the simulated loop
     assert "since its last change at" in begin.describe()
     # nothing after the start counts, and a loop that never ticked before it starts fresh
     assert loop_start(records, START - 200, keep_s=300.0).prior.load == ()
@@ -143,3 +144,27 @@ def test_the_first_tick_comes_at_the_live_loops_phase() -> None:
     assert seen[:3] == [1.5, 6.5, 11.5]
     with pytest.raises(ValueError, match="first_tick_s"):
         FleetSim(PROFILE, [], initial_replicas=1, policy=policy, tick_s=5.0, first_tick_s=-1.0)
+
+
+def test_the_simulated_panic_window_counts_the_span_a_live_loops_scrapes_count() -> None:
+    # a ramp: the last 5 s of a 6 s window hold more than 5/6 of its arrivals
+    requests = [SimRequest(i, a, 50, 5) for i, a in enumerate(ramp_arrivals(30.0))]
+    seen: dict[float | None, tuple[float, float | None]] = {}
+
+    def reading(counted: float | None) -> None:
+        def policy(obs: SimObservation) -> tuple[int, str]:
+            if obs.now == 20.0:
+                seen[counted] = (obs.arrivals_per_s_short, obs.panic_counted_s)
+            return 1, ""
+
+        FleetSim(PROFILE, requests, initial_replicas=1, policy=policy, tick_s=5.0,
+                 panic_counted_s=counted).run()
+
+    reading(None)
+    reading(5.0)
+    arrivals = ramp_arrivals(30.0)
+    assert seen[None] == (pytest.approx(sum(1 for a in arrivals if 14 <= a <= 20) / 6), None)
+    assert seen[5.0] == (pytest.approx(sum(1 for a in arrivals if 15 <= a <= 20) / 5), 5.0)
+    assert seen[5.0][0] > seen[None][0]
+    with pytest.raises(ValueError, match="panic_counted_s"):
+        FleetSim(PROFILE, requests, initial_replicas=1, policy=None, tick_s=5.0, panic_counted_s=7.0)

@@ -52,6 +52,7 @@ def test_a_short_live_run_scales_and_the_simulator_stays_close(tmp_path: Path) -
     begin = result["sim_loop_start"]
     assert begin["load"] and all(s["at"] < 0 for s in begin["load"]), begin
     assert 0 <= begin["first_tick_s"] <= result["autoscaler"]["tick_s"], begin
+    assert 0 < begin["panic_counted_s"] < result["autoscaler"]["panic_window_s"], begin  # the scrapes' span
     # the exit status is the verdict the report prints
     assert (run.returncode == 0) == ("NOT MET" not in run.stdout), run.stdout[-2000:]
     assert "attainment: " in run.stdout and "replica_seconds: " in run.stdout and "ttft_p95: " in run.stdout
