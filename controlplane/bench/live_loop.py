@@ -2,8 +2,8 @@
 simulated loop of ``python -m controlplane.bench sim-vs-live`` starts there: the same load samples (the
 probe before the slice is a change of load the steady load remembers for four windows), the last queue,
 the ready replicas and since when, the live loop's first tick after the load's start (its phase), and
-the span its panic window's rate counts (the scrapes' span, about 5 of the 6 s: on a ramp the last 5 s
-run faster than the last 6).
+the span its panic window's rate counts (the span between the window's first and last scrapes, 4 of the
+6 s at a 2 s scrape interval: on a ramp the last 4 s run faster than the whole 6).
 A simulated loop that starts fresh fits a trend to the ramp's first windows where the live one, still
 within four windows of the probe, takes each window's own rate: on the same slice the two then scale a
 tick or two apart, and P95 TTFT, decided by the queue of those seconds, differs by a third. Pure: the
