@@ -249,7 +249,7 @@ def decide(obs: Observation, state: LoopState, cfg: AutoscalerConfig,
     """Proposals, merge and clamps for one observation: the plan, and the state after this observation
     (history, panic window, anomaly model). It does not assume the plan was applied: see :func:`applied`."""
     extra: list[Proposal] = []
-    since = _ready_since(obs, state)
+    since = ready_since(obs.ready, obs.now, state.ready)
     if cfg.work_sizing and obs.work is not None and obs.request_rate:
         extra.append(Proposal("work", obs.work.proposal(obs.current), obs.work.reason))
         if (backlog := backlog_proposal(obs, cfg, state.waiting, since)) is not None:
@@ -273,12 +273,13 @@ def decide(obs: Observation, state: LoopState, cfg: AutoscalerConfig,
                                                                      (obs.ready, since))
 
 
-def _ready_since(obs: Observation, state: LoopState) -> float:
-    """Since when the fleet has had no fewer ready replicas than now: this tick when more are ready than at
-    the last one, or when there was none (a loop that starts knows nothing older)."""
-    if state.ready is None or obs.ready > state.ready[0]:
-        return obs.now
-    return state.ready[1]
+def ready_since(ready: int, now: float, last: tuple[int, float] | None) -> float:
+    """Since when the fleet has had no fewer ready replicas than ``ready`` at ``now``, given the last
+    tick's (ready, since): now when more are ready than then, or when there was none (a loop that starts
+    knows nothing older)."""
+    if last is None or ready > last[0]:
+        return now
+    return last[1]
 
 
 def applied(state: LoopState, obs: Observation, plan: Plan) -> LoopState:

@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controlplane.autoscale.decide import LoopState
+from controlplane.autoscale.decide import LoopState, ready_since
 from controlplane.autoscale.load import LoadSample, remember
 from controlplane.autoscale.policies import History
 from controlplane.client import Decision
@@ -47,14 +47,14 @@ class LoopStart:
 def loop_start(decisions: Sequence[Decision], start: float, *, keep_s: float) -> LoopStart:
     """The loop's state once the records before ``start`` (POSIX seconds) were decided, rebuilt as the loop
     built it: each record's load sample remembered (``remember``, over the stabilization window
-    ``keep_s``), its queue, and its ready replicas with since when (more than at the tick before: since
-    this tick)."""
+    ``keep_s``), its queue, and its ready replicas with since when (``ready_since``, as the loop keeps
+    them)."""
     load: tuple[LoadSample, ...] = ()
     ready: tuple[int, float] | None = None
     waiting: float | None = None
     for d in sorted((d for d in decisions if d.at < start), key=lambda d: d.at):
         at, inputs = d.at - start, d.inputs
-        ready = (inputs.ready, at if ready is None or inputs.ready > ready[0] else ready[1])
+        ready = (inputs.ready, ready_since(inputs.ready, at, ready))
         waiting = inputs.metrics.get("waiting_per_replica")
         if inputs.request_rate is not None:
             sample = LoadSample(at, inputs.request_rate, inputs.mean_prompt_tokens, inputs.mean_output_tokens)
