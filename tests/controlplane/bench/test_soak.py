@@ -46,7 +46,13 @@ def test_a_short_soak_meets_every_target_and_watches_every_process(tmp_path: Pat
     assert len(result["windows"]) >= 2 and not any(w["error"] for w in result["windows"])
     kinds = {r["kind"] for r in result["records"]}
     assert kinds == {"stream", "plain", "cancel", "bad"}
-    assert all(r["status"] in (400, 404, 422) for r in result["records"] if r["kind"] == "bad")
+    # A bad request gets its own 4xx, but while a fault has taken a replica away the gateway may shed
+    # every request at once (429 "overloaded", Retry-After): admission control answers before it reads a body.
+    faults = [(w["start_wall"], w["end_wall"]) for w in result["windows"]]
+    for bad in (r for r in result["records"] if r["kind"] == "bad"):
+        shed = bad["status"] == 429 and bad["error_code"] == "overloaded" \
+            and any(start <= bad["send_wall"] <= end for start, end in faults)
+        assert bad["status"] in (400, 404, 422) or shed, bad
     # A cancel request is left after its second visible token (a stream whose tokens all decode to no
     # text, which happens with random prompts, runs to its end instead); the replica frees it at once.
     cancels = [r for r in result["records"] if r["kind"] == "cancel" and r["success"]]
