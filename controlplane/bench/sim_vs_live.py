@@ -80,6 +80,7 @@ from controlplane.bench.sim_vs_live_report import (
     format_report,
     live_side,
     load_start,
+    replica_starts,
     sim_side,
     verdicts,
     write_html,
@@ -323,6 +324,7 @@ class LiveRun:
     probe: DataPathProbe | None = None  # the host's other CPU per request, measured before the slice
     cut: Slice | None = None  # the slice replayed
     ticks: list[Decision] = field(default_factory=list)  # every decision record, the probe's included
+    starts: list[float] = field(default_factory=list)  # scale-up to each new replica ready (replica_starts)
 
 
 def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_state: Path,
@@ -366,12 +368,13 @@ def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_sta
         if load.returncode != 0:
             raise SimVsLiveError(f"the load client exited with {load.returncode}; see {workdir / 'load.log'}")
         ticks = client.autoscaler_decisions(limit=5000)
+        starts = replica_starts(client.events(limit=1000), started)
     records = [d for d in ticks if d.at >= started]
     decisions = [(d.at, d.applied, d.outcome) for d in records]
     window = autoscaler.metrics_window_s or DEFAULT_WINDOW_S
     return LiveRun(read_jsonl(workdir / "load.jsonl"), fleet, decisions, meter.totals(), run_drift(records),
                    run_on_cpu(records), host_speed(records, window_s=window, cores=os.cpu_count() or 1),
-                   probe, cut, ticks)
+                   probe, cut, ticks, starts)
 
 
 def run_probe(cut: Slice, probe_s: float, gateway: str, workdir: Path, control_plane: int) -> DataPathProbe:
@@ -504,6 +507,9 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
           f"{run.drift:.2f}x its predicted engine time over the run (autoscale.drift; 1.00: the profile "
           "holds)") + ("" if not speeds else f"; the host's speed, with core sharing taken out, "
                        f"{min(speeds):.2f}-{max(speeds):.2f}x over {len(speeds)} decision windows"))
+    if run.starts:
+        print("live replica starts, from the scale-up to ready: " + ", ".join(f"{s:.1f}s" for s in run.starts)
+              + f"; the simulator's {profile.start_s:.1f}s (the profile's start, one replica alone)")
     if run.on_cpu is not None and run.drift is not None:
         print(f"live engines on a core {run.on_cpu:.0%} of their steps' time, waiting for one the rest (the "
               f"load client, the gateway, the control plane and the other replicas share the host's cores); "
@@ -538,7 +544,8 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
             "live": dataclasses.asdict(live), "sim": dataclasses.asdict(sim), "cpu": run.cpu,
             "engine_s": round(work, 1), "fleet_core_s": round(capacity.core_s, 1),
             "fleet_load": round(capacity.load, 3), "live_profile_drift": run.drift, "live_on_cpu": run.on_cpu,
-            "live_host_speed": run.speed,
+            "live_host_speed": run.speed, "live_replica_starts_s": run.starts,
+            "profile_start_s": profile.start_s,
             "sim_at_live_speed": None if at_speed is None else dataclasses.asdict(at_speed),
             "sim_loop_start": {"first_tick_s": begin.first_tick_s, "panic_counted_s": begin.panic_counted_s,
                                "load": [dataclasses.asdict(s) for s in begin.prior.load],

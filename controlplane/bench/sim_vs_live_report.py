@@ -13,6 +13,7 @@ from pathlib import Path
 from controlplane.sim.replica import RequestOutcome
 from controlplane.sim.settings import Slo
 from controlplane.sim.simulator import PolicyReport, format_seconds, p95
+from controlplane.views import Event
 from inference.bench.report import RequestRecord
 
 TARGETS = {"attainment_points": 5.0, "replica_seconds": 0.15, "ttft_p95": 0.25}
@@ -54,6 +55,27 @@ def integrate(timeline: Sequence[tuple[float, int]], end: float) -> float:
 def load_start(records: Sequence[RequestRecord]) -> float:
     """The load client's time zero, in POSIX seconds."""
     return statistics.median(r.send_wall - r.send_time for r in records)
+
+
+def replica_starts(events: Sequence[Event], since: float) -> list[float]:
+    """Seconds from each scale-up the live fleet recorded after ``since`` (POSIX seconds) to each replica it
+    added being ready, in order: a replica's start on the live host, the control plane's spawn and its
+    readiness check included, against which the simulator waits the profile's ``start_s`` (measured by
+    ``controlplane calibrate``, one replica alone). A replica not ready before the events end is left
+    out."""
+    ordered = sorted(events, key=lambda e: e.id)
+    starts: list[float] = []
+    for i, event in enumerate(ordered):
+        if event.kind != "fleet.scaled" or event.ts < since:
+            continue
+        added = int(event.detail.get("to", 0)) - int(event.detail.get("from", 0))
+        after = ordered[i + 1:]
+        spawned = [e.subject for e in after if e.kind == "replica.spawned"][:max(added, 0)]
+        for subject in spawned:
+            ready = next((e for e in after if e.kind == "replica.ready" and e.subject == subject), None)
+            if ready is not None:
+                starts.append(ready.ts - event.ts)
+    return starts
 
 
 def live_side(records: Sequence[RequestRecord], fleet: Sequence[tuple[float, int]],

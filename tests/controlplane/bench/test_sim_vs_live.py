@@ -48,6 +48,9 @@ def test_a_short_live_run_scales_and_the_simulator_stays_close(tmp_path: Path) -
     assert live["scale_events"] >= 1 and max(n for _, n in live["timeline"]) >= 2  # the live fleet scaled
     assert sim["scale_events"] >= 1
     assert abs(sim["replica_seconds"] - live["replica_seconds"]) <= 0.35 * live["replica_seconds"]
+    # how long the live fleet's new replicas took, from the scale-up to ready, beside the profile's start
+    assert result["live_replica_starts_s"] and all(s > 0 for s in result["live_replica_starts_s"])
+    assert result["profile_start_s"] > 0 and "live replica starts, from the scale-up to ready: " in run.stdout
     # the simulated loop started where the live one stood: the probe's load in its memory, its tick phase
     begin = result["sim_loop_start"]
     assert begin["load"] and all(s["at"] < 0 for s in begin["load"]), begin

@@ -23,6 +23,7 @@ from controlplane.bench.sim_vs_live_report import (
     integrate,
     live_side,
     outcome,
+    replica_starts,
     verdicts,
 )
 from controlplane.client import Decision, DecisionInputs
@@ -31,6 +32,7 @@ from controlplane.sim.policies import autoscaler_config
 from controlplane.sim.settings import PolicySpec, SimSettings, Slo
 from controlplane.sim.simulator import p95, simulate
 from controlplane.sim.trace import SimRequest, azure_trace
+from controlplane.views import Event
 from inference.bench.datasets import AZURE_TRACE
 from inference.bench.report import RequestRecord
 
@@ -216,3 +218,23 @@ def test_the_default_compression_asks_four_fifths_of_what_the_fleet_can_give() -
     unlimited = fitting_compress(profile, cut, max_replicas=2, host_cores=2, cpu_per_request_s=0.02)
     assert fitting_compress(dataclasses.replace(profile, cpu_limit=0.75), cut, max_replicas=2, host_cores=2,
                             cpu_per_request_s=0.02) < unlimited  # less CPU to give: a lighter slice
+
+
+def test_a_replica_start_counts_from_the_scale_up_to_that_replica_ready() -> None:
+    def event(i: int, ts: float, kind: str, subject: str, **detail: int) -> Event:
+        return Event(i, ts, kind, subject, detail)
+
+    events = [
+        # the first replica, before the load
+        event(1, 90.0, "replica.spawned", "az-a-1"), event(2, 93.0, "replica.ready", "az-a-1"),
+        event(3, 146.0, "fleet.scaled", "fleet", **{"from": 1, "to": 3}),
+        event(4, 146.3, "replica.spawned", "az-b-1"), event(5, 146.4, "replica.spawned", "az-c-1"),
+        event(6, 150.0, "replica.restarted", "az-a-1"), event(7, 150.1, "replica.ready", "az-a-1"),  # not new
+        event(8, 151.9, "replica.ready", "az-c-1"), event(9, 152.1, "replica.ready", "az-b-1"),
+        event(10, 200.0, "fleet.scaled", "fleet", **{"from": 3, "to": 2}),  # a scale-down adds none
+        event(11, 260.0, "fleet.scaled", "fleet", **{"from": 2, "to": 3}),
+        event(12, 260.2, "replica.spawned", "az-a-2"),  # never ready before the run ended: left out
+    ]
+    starts = replica_starts(list(reversed(events)), since=100.0)  # the API's order does not matter
+    assert starts == pytest.approx([6.1, 5.9])  # az-b-1, then az-c-1, each from the decision at 146 s
+    assert replica_starts(events, since=147.0) == []  # only scale-ups after the load's start
