@@ -9,7 +9,8 @@ import sys
 
 from controlplane.bench.fleet import FleetBenchError, add_fleet_arguments, fleet_main
 from controlplane.bench.gateway import BenchError, add_gateway_arguments, gateway_main
-from controlplane.bench.sim_vs_live import SimVsLiveError, add_sim_vs_live_arguments, sim_vs_live_main
+from controlplane.bench.live_slice import SimVsLiveError
+from controlplane.bench.sim_vs_live import add_sim_vs_live_arguments, sim_vs_live_main
 from controlplane.bench.soak import SoakError, add_soak_arguments, soak_main
 from controlplane.lab.network import LabError
 from inference.launcher import unwind_on_sigterm

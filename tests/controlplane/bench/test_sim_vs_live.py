@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.bench.sim_vs_live import leftover_pids
+from controlplane.bench.live_slice import leftover_pids
 
 DURATION_S = 60.0
 # From 450 s of the trace, five times as fast (about 25 requests/s): both fleets scale up, to the host's

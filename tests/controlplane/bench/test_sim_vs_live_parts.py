@@ -14,8 +14,9 @@ import pytest
 
 from controlplane.autoscale.profile import ReplicaProfile, load_profile
 from controlplane.bench.host_cpu import DataPathProbe
+from controlplane.bench.live_slice import Slice, write_config
 from controlplane.bench.live_speed import host_speed, run_drift, run_on_cpu, speed_at
-from controlplane.bench.sim_vs_live import Slice, engine_seconds, fitting_compress, profile_path, write_config
+from controlplane.bench.sim_vs_live import engine_seconds, fitting_compress, profile_path
 from controlplane.bench.sim_vs_live_report import (
     Side,
     fleet_capacity,
