@@ -299,7 +299,8 @@ async def _start(cp: ControlPlane, running: _Running, api_socket: socket.socket)
         cfg.autoscaler.replica_profile, cfg.state_path, cpu_decode_kernel=cfg.fleet.cpu_decode_kernel,
         packed_weights=cfg.fleet.packed_weights))
     services.autoscaler = running.autoscaler = Autoscaler(scaling, cp.fleet, cp.telemetry, cp.store,
-                                                          refused=cp.gateways.refusals.rate)
+                                                          refused=cp.gateways.refusals.rate,
+                                                          inflight_limit=cp.gateways.max_inflight_per_replica)
     if (measured := services.autoscaler.profile.cpu_limit) != cfg.fleet.replica_cpu_limit:
         logger.warning("the replica profile was measured with CPU limit %s, the fleet runs its replicas "
                        "with %s: the autoscaler sizes for replicas of another speed (calibrate again)",

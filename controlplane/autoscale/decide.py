@@ -172,14 +172,24 @@ def offered_work(profile: ReplicaProfile, cfg: AutoscalerConfig, *, request_rate
     return replace(now, with_margin=margin.replicas)
 
 
-def with_work(obs: Observation, state: LoopState, cfg: AutoscalerConfig,
-              profile: ReplicaProfile) -> Observation:
+def with_work(obs: Observation, state: LoopState, cfg: AutoscalerConfig, profile: ReplicaProfile, *,
+              inflight_limit: int | None = None) -> Observation:
     """The observation with the work it offers (:func:`offered_work`) sized on its steady load
     (:func:`steady_load`), whose note joins the observation's: what the live loop and the simulator hand
     to :func:`decide`. Where the panic window shows a :func:`surge` and the work at its rate needs more
     replicas than the steady load's and than the fleet has, that work stands instead (the scale-up comes
     up to a metrics window sooner); where it needs no more, the steady load's stands, since a 6 s peak held
-    through the stabilization window would keep the fleet at a peak it already served."""
+    through the stabilization window would keep the fleet at a peak it already served.
+
+    ``inflight_limit``: the most requests the gateways let one replica hold (``max_inflight_per_replica``).
+    Below the profile's ``max_num_seqs`` it is the largest batch a replica runs, so the decode term sizes
+    on it: a fleet whose gateways shed at one stream per replica holds one sequence per replica, however
+    large a batch its engines could decode."""
+    notes = obs.notes
+    if inflight_limit is not None and 0 < inflight_limit < profile.max_num_seqs:
+        profile = replace(profile, max_num_seqs=inflight_limit)
+        notes = (*notes, f"the gateways let a replica hold {inflight_limit} request(s) at once "
+                         f"(max_inflight_per_replica): decode batches of {inflight_limit} at most")
     steady = steady_load(obs, state, cfg)
 
     def sized(rate: float | None, prompt: float | None, output: float | None) -> WorkNeeds | None:
@@ -192,8 +202,7 @@ def with_work(obs: Observation, state: LoopState, cfg: AutoscalerConfig,
         surged = sized(surging[0], obs.mean_prompt_tokens, obs.mean_output_tokens)
         if surged is not None and surged.replicas > max(work.replicas, obs.current):
             work, note = surged, surging[1]
-    return replace(obs, work=work, notes=(*obs.notes, note) if note else obs.notes,
-                   load_changed=steady.changed)
+    return replace(obs, work=work, notes=(*notes, note) if note else notes, load_changed=steady.changed)
 
 
 def backlog_proposal(obs: Observation, cfg: AutoscalerConfig, before: float | None,

@@ -66,9 +66,11 @@ class Autoscaler:
     def __init__(self, config: AutoscalerConfig, fleet: ScalableFleet, telemetry: Telemetry, store: Store, *,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 refused: Callable[[float], float | None] | None = None) -> None:
+                 refused: Callable[[float], float | None] | None = None,
+                 inflight_limit: Callable[[], int | None] | None = None) -> None:
         self.fleet, self.telemetry, self.store = fleet, telemetry, store
         self.refused = refused  # the gateways' capacity refusals per second over a window (fleet.refusals)
+        self.inflight_limit = inflight_limit  # the gateways' in-flight requests per replica at most, now
         self.clock, self.wall, self.sleep = clock, wall, sleep
         self.config = config
         self.profile = load_profile(config.replica_profile or None)  # validated with the config
@@ -177,7 +179,8 @@ class Autoscaler:
                                       wall=self.wall(), current=current, window_s=window_s,
                                       profile=self.profile, panic_window_s=cfg.panic_window_s,
                                       refused=self.refused)
-        obs = with_work(obs, self.state, cfg, self.profile)
+        obs = with_work(obs, self.state, cfg, self.profile,
+                        inflight_limit=self.inflight_limit() if self.inflight_limit else None)
         plan, self.state = await asyncio.to_thread(decide, obs, self.state, cfg, windows)
         body = self._apply(obs, plan, cfg)
         if body["applied"]:  # only a scale that happened starts a scale-down period

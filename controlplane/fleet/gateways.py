@@ -158,6 +158,11 @@ class GatewaySupervisor:
     def admission(self) -> dict[str, float | int]:
         return dict(self.store.kv_get(ADMISSION_KEY, {}) or {})
 
+    def max_inflight_per_replica(self) -> int:
+        """The most requests the gateways let one replica hold now (set at run time, else configured):
+        the largest batch a replica can run, whatever its engine allows (for the autoscaler)."""
+        return int(self.admission().get("max_inflight_per_replica", self.config.max_inflight_per_replica))
+
     async def _put_admission(self, g: ManagedGateway) -> bool:
         admission = self.admission()
         if not admission or g.state != "ready":

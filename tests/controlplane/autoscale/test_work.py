@@ -17,7 +17,7 @@ import pytest
 from scipy.stats import poisson
 
 from controlplane.autoscale.config import AutoscalerConfig
-from controlplane.autoscale.decide import Observation, decide, new_state, offered_work
+from controlplane.autoscale.decide import Observation, decide, new_state, offered_work, with_work
 from controlplane.autoscale.profile import ReplicaProfile
 from controlplane.autoscale.work import (
     TpotTail,
@@ -349,3 +349,25 @@ def test_the_poisson_tail_is_exact_on_either_side_of_the_mean(count: int, mean: 
     """P(K >= count): scipy's survival function is the reference, from the bulk to far out in the tail
     and past ``exp(-mean)``'s underflow."""
     assert poisson_at_least(count, mean) == pytest.approx(poisson.sf(count - 1, mean), rel=1e-9, abs=1e-300)
+
+
+def test_the_gateways_in_flight_limit_caps_the_decode_batch_the_work_is_sized_on() -> None:
+    """Short requests at 20 per second fit one replica decoding at batch 64. Gateways that let a replica
+    hold one request at a time (``max_inflight_per_replica = 1``) make every replica decode one sequence:
+    the decode term counts the sequences decoding at once as replicas, and the note says why. A limit at or
+    over the engine's batch changes nothing."""
+    obs = Observation(now=100.0, wall=100.0, current=1, ready=1, starting=0, metrics=QUIET,
+                      request_rate=20.0, mean_prompt_tokens=8.0, mean_output_tokens=48.0, rate_window_s=4.0)
+    state = new_state(CONFIG)
+    free = with_work(obs, state, CONFIG, PROFILE)
+    assert free.work is not None and free.work.replicas == 1
+    for limit in (None, PROFILE.max_num_seqs, 1000):
+        same = with_work(obs, state, CONFIG, PROFILE, inflight_limit=limit)
+        assert same.work == free.work and same.notes == free.notes
+    capped = with_work(obs, state, CONFIG, PROFILE, inflight_limit=1)
+    step = decode_batch(replace(PROFILE, max_num_seqs=1), 8.0 + 24.0, CONFIG.tpot_slo_s)[1]
+    assert capped.work is not None and capped.work.decode == math.ceil(20.0 * 48 * step) > 1
+    assert "at batch 1," in capped.work.reason
+    assert any(n.startswith("the gateways let a replica hold 1 request(s) at once") for n in capped.notes)
+    plan, _ = decide(capped, state, CONFIG, [])
+    assert plan.replicas > 1

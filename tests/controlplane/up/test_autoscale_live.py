@@ -244,8 +244,9 @@ def test_requests_the_gateway_sheds_count_as_load_and_scale_the_fleet_up(model_s
                                                                          tmp_path: Path) -> None:
     """The gateway lets one stream per replica through (``max_inflight_per_replica = 1``) and sheds the
     rest with a 429: what reaches the replica is within the autoscaler's target, yet clients are turned
-    away. The gateways' refusals count as offered load, and the fleet grows; the decision says so, and the
-    console's API shows each gateway's refusals."""
+    away. The gateways' refusals count as offered load, the work is sized on one sequence per replica (all
+    the gateways let a replica hold), and the fleet grows; the decision says so, and the console's API shows
+    each gateway's refusals."""
     own_state(tmp_path, model_state)
     running = start(write_config(tmp_path, anomaly=False, engine_load_target=SHED_LOAD_TARGET,
                                  max_inflight_per_replica=1), tmp_path, "admin-token-for-autoscale")
@@ -259,6 +260,8 @@ def test_requests_the_gateway_sheds_count_as_load_and_scale_the_fleet_up(model_s
         assert inputs.refused_rate and inputs.request_rate, inputs
         assert inputs.request_rate > inputs.refused_rate, inputs
         assert any("refused by the gateways for want of capacity" in n for n in inputs.notes), inputs.notes
+        # the work is sized on what a replica may hold: one stream at a time, whatever batch its engine runs
+        assert any(n.startswith("the gateways let a replica hold 1 request(s) at once") for n in inputs.notes)
         # what reached the replica alone was within the target: the refusals scaled it
         load_now = inputs.metrics["engine_load_per_replica"]
         assert load_now is not None and inputs.ready == 1
