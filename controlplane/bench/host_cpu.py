@@ -3,8 +3,14 @@
 Where it sits: the live side of the sim-vs-live bench (:mod:`controlplane.bench.sim_vs_live`) samples
 :class:`CpuMeter` while its load runs, and, before the slice, turns one probe's samples into
 :class:`DataPathProbe`: the CPU the processes beside the replicas (the gateway, the load client, the
-control plane) spend per request, which the simulator then takes from the host's cores
-(``SimSettings.host_cpu_per_request_s``).
+control plane) and the replicas' servers beside their engines spend per request, which the simulator then
+takes from the host's cores (``SimSettings.host_cpu_per_request_s``).
+
+The replicas' servers: a replica process runs its engine's steps and, beside them, the HTTP server that
+parses requests, tokenizes and streams each token as a server-sent event. The profile prices the engine's
+steps; what the server spends per request takes a core from the other replicas as the gateway's does
+(about 20 ms a request on the default model, a quarter of a core at the default slice's rate). It is
+the replica processes' CPU less their engines' (:func:`engine_cpu_s`, from the replicas' own counters).
 """
 
 from __future__ import annotations
@@ -12,10 +18,43 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from inference.metrics import ENGINE_BUSY_SECONDS, ENGINE_STEP_CPU_SECONDS, ENGINE_TURN_SECONDS
+
 BESIDE_REPLICAS = ("gateway", "load client", "control plane", "other processes of the run")
+REPLICA_SERVERS = "replica servers"  # the replica processes' CPU beside their engines
+ENGINE_COUNTERS = tuple(f"{name}_total" for name in (ENGINE_STEP_CPU_SECONDS, ENGINE_BUSY_SECONDS,
+                                                     ENGINE_TURN_SECONDS))
+
+
+def engine_counters(replica_urls: Iterable[str], timeout_s: float = 5.0) -> tuple[float, float, float]:
+    """The replicas' engine counters summed, from their ``/metrics``: (CPU seconds within steps, busy
+    seconds, of those the turns between steps)."""
+    totals = dict.fromkeys(ENGINE_COUNTERS, 0.0)
+    with httpx.Client(timeout=timeout_s, trust_env=False) as http:
+        for url in replica_urls:
+            text = http.get(f"{url.rstrip('/')}/metrics").raise_for_status().text
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name in totals:
+                        totals[sample.name] += sample.value
+    step_cpu, busy, turn = (totals[name] for name in ENGINE_COUNTERS)
+    return step_cpu, busy, turn
+
+
+def engine_cpu_s(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:
+    """The engines' CPU seconds between two readings of :func:`engine_counters`: their steps' CPU, and
+    their turns between steps (scheduling, in Python, which the profile's step times include) taken on a
+    core at the steps' share."""
+    step_cpu, busy, turn = (b - a for a, b in zip(before, after, strict=True))
+    steps = busy - turn
+    return step_cpu * busy / steps if steps > 0 else max(step_cpu, 0.0)
 
 
 @dataclass(slots=True, frozen=True)
@@ -26,20 +65,58 @@ class DataPathProbe:
     requests: int
     seconds: float
     cpu: dict[str, float]  # core-seconds by role (CpuMeter.totals)
+    # the replicas' engines' CPU seconds over the probe (engine_cpu_s); None: not read, the replicas'
+    # servers are not counted
+    engine_cpu_s: float | None = None
+    # replicas under a CPU limit: their servers run within it, as they did while the profile was measured
+    # under the same limit, so the host's cores do not pay for them (measured, not counted)
+    servers_within_limit: bool = False
+
+    @property
+    def server_core_s(self) -> float:
+        """The replica processes' CPU beside their engines."""
+        if self.engine_cpu_s is None:
+            return 0.0
+        return max(self.cpu.get("replicas", 0.0) - self.engine_cpu_s, 0.0)
 
     @property
     def other_core_s(self) -> float:
-        return sum(used for role, used in self.cpu.items() if role in BESIDE_REPLICAS)
+        servers = 0.0 if self.servers_within_limit else self.server_core_s
+        return sum(used for role, used in self.cpu.items() if role in BESIDE_REPLICAS) + servers
 
     @property
     def cpu_per_request_s(self) -> float:
         return self.other_core_s / self.requests if self.requests else 0.0
 
     def describe(self) -> str:
-        parts = ", ".join(f"{role} {self.cpu.get(role, 0.0) / max(self.requests, 1) * 1e3:.1f}"
-                          for role in BESIDE_REPLICAS if role in self.cpu)
+        by_role = {role: self.cpu[role] for role in BESIDE_REPLICAS if role in self.cpu}
+        per_request = max(self.requests, 1)
+        parts = ", ".join(f"{role} {used / per_request * 1e3:.1f}" for role, used in by_role.items())
+        if self.engine_cpu_s is not None:
+            parts += f", {REPLICA_SERVERS} {self.server_core_s / per_request * 1e3:.1f}" + (
+                " (within the replicas' CPU limit: not counted)" if self.servers_within_limit else "")
         return (f"{self.requests} requests in {self.seconds:.0f}s, per request, ms of CPU: {parts}: "
-                f"{self.cpu_per_request_s * 1e3:.1f} ms beside the replicas")
+                f"{self.cpu_per_request_s * 1e3:.1f} ms beside the replicas' engines")
+
+
+class EngineMeter:
+    """The replicas' engines' CPU seconds while the load runs (:func:`engine_cpu_s`), replica by replica:
+    each from its counters when first seen (from zero for one that started after the load did) to when
+    last read, so a replica stopped meanwhile counts up to its last reading."""
+
+    def __init__(self, replica_urls: Iterable[str]) -> None:
+        self.first: dict[str, tuple[float, float, float]] = {}
+        self.last: dict[str, tuple[float, float, float]] = {}
+        self.sample(replica_urls, baseline=True)
+
+    def sample(self, replica_urls: Iterable[str], *, baseline: bool = False) -> None:
+        for url in replica_urls:
+            with contextlib.suppress(httpx.HTTPError, OSError, ValueError):
+                self.last[url] = engine_counters([url])
+                self.first.setdefault(url, self.last[url] if baseline else (0.0, 0.0, 0.0))
+
+    def engine_cpu_s(self) -> float:
+        return sum(engine_cpu_s(self.first[url], last) for url, last in self.last.items())
 
 
 class CpuMeter:

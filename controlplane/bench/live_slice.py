@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import secrets
@@ -30,7 +31,7 @@ from typing import Any
 import httpx
 
 from controlplane.autoscale.config import AutoscalerConfig
-from controlplane.bench.host_cpu import CpuMeter, DataPathProbe
+from controlplane.bench.host_cpu import CpuMeter, DataPathProbe, EngineMeter, engine_counters, engine_cpu_s
 from controlplane.bench.live_speed import host_speed, run_drift, run_on_cpu
 from controlplane.bench.sim_vs_live_report import (
     replica_starts,
@@ -49,6 +50,7 @@ from inference.models.default import ensure_default_model
 ALIVE = frozenset({"starting", "ready", "draining", "ejected"})  # replicas paid for (fleet.py's "alive")
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0
+ENGINE_READ_EVERY = 5  # seconds between two readings of the replicas' engine counters while the load runs
 LOAD_GRACE_S = 120.0  # after the last arrival, for requests in flight to finish
 # The gateway as the simulator models it (``controlplane.sim.fleet``): least-request routing, no admission
 # control, no giving up on a queued request. With its defaults it sheds load (a shed request never reaches
@@ -218,6 +220,14 @@ class LiveRun:
     cut: Slice | None = None  # the slice replayed
     ticks: list[Decision] = field(default_factory=list)  # every decision record, the probe's included
     starts: list[float] = field(default_factory=list)  # scale-up to each new replica ready (replica_starts)
+    engine_cpu_s: float | None = None  # the replicas' engines' CPU seconds while the load ran (EngineMeter)
+
+    def server_cpu_per_request_s(self) -> float | None:
+        """The replica processes' CPU beside their engines while the load ran, per request (the probe
+        measures the same before the slice)."""
+        if self.engine_cpu_s is None or "replicas" not in self.cpu or not self.records:
+            return None
+        return max(self.cpu["replicas"] - self.engine_cpu_s, 0.0) / len(self.records)
 
 
 def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_state: Path,
@@ -234,7 +244,9 @@ def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_sta
         wait_ready(process, client, gateway, workdir / "up.log")
         probe = None
         if probe_s > 0:
-            probe = run_probe(cut, probe_s, gateway, workdir, process.pid)
+            probe = run_probe(cut, probe_s, gateway, workdir, process.pid,
+                              replicas=[r.url for r in client.fleet().replicas if r.state == "ready"],
+                              within_limit=cpu_limit is not None)
             print(f"live: probe of the data path's CPU: {probe.describe()}", flush=True)
             quiet = (autoscaler.metrics_window_s or DEFAULT_WINDOW_S) + autoscaler.tick_s
             time.sleep(quiet)  # the probe's requests leave the autoscaler's window before it may act
@@ -247,13 +259,19 @@ def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_sta
             load = subprocess.Popen(load_command(cut, gateway, workdir), stdout=log, stderr=subprocess.STDOUT,
                                     env=child_environment())
         meter = CpuMeter(process.pid, load.pid, workdir / "state")
+        urls = [r.url for r in client.fleet().replicas if r.state in ALIVE]
+        engines, reads = EngineMeter(urls), itertools.count(1)
         try:
             while load.poll() is None:
                 with contextlib.suppress(ControlPlaneError, httpx.HTTPError, OSError):
                     view = client.fleet()
                     fleet.append((time.time(), sum(r.state in ALIVE for r in view.replicas)))
+                    urls = [r.url for r in view.replicas if r.state in ALIVE]
                 meter.sample()
+                if next(reads) % ENGINE_READ_EVERY == 0:
+                    engines.sample(urls)
                 time.sleep(max(0.0, 1.0 - time.time() % 1.0))
+            engines.sample(urls)
         finally:
             if load.poll() is None:
                 load.kill()
@@ -267,14 +285,19 @@ def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_sta
     window = autoscaler.metrics_window_s or DEFAULT_WINDOW_S
     return LiveRun(read_jsonl(workdir / "load.jsonl"), fleet, decisions, meter.totals(), run_drift(records),
                    run_on_cpu(records), host_speed(records, window_s=window, cores=os.cpu_count() or 1),
-                   probe, cut, ticks, starts)
+                   probe, cut, ticks, starts, engines.engine_cpu_s())
 
 
-def run_probe(cut: Slice, probe_s: float, gateway: str, workdir: Path, control_plane: int) -> DataPathProbe:
+def run_probe(cut: Slice, probe_s: float, gateway: str, workdir: Path, control_plane: int, *,
+              replicas: list[str] | None = None, within_limit: bool = False) -> DataPathProbe:
     """The slice's first ``probe_s`` seconds through the gateway (prompts of another seed), the autoscaler
-    observing only: the CPU the gateway, the load client and the control plane spend per request, which the
-    simulator then takes from the host's cores. Measured before the slice, as the profile is."""
+    observing only: the CPU the gateway, the load client, the control plane and the servers of the
+    ``replicas`` (their URLs; their engines' CPU from their counters is left out) spend per request, which
+    the simulator then takes from the host's cores. Measured before the slice, as the profile is.
+    ``within_limit``: the replicas run under a CPU limit, which their servers' CPU comes out of (reported,
+    not counted)."""
     probe = dataclasses.replace(cut, duration_s=probe_s)
+    engines = engine_counters(replicas) if replicas else None
     with (workdir / "probe.log").open("wb") as log:
         load = subprocess.Popen(load_command(probe, gateway, workdir, name="probe", seed=1), stdout=log,
                                 stderr=subprocess.STDOUT, env=child_environment())
@@ -295,4 +318,5 @@ def run_probe(cut: Slice, probe_s: float, gateway: str, workdir: Path, control_p
     done = [r for r in read_jsonl(workdir / "probe.jsonl") if r.is_success]
     if not done:
         raise SimVsLiveError(f"no probe request succeeded; see {workdir / 'probe.log'}")
-    return DataPathProbe(len(done), time.monotonic() - started, meter.totals())
+    engine_cpu = None if engines is None or not replicas else engine_cpu_s(engines, engine_counters(replicas))
+    return DataPathProbe(len(done), time.monotonic() - started, meter.totals(), engine_cpu, within_limit)

@@ -260,6 +260,11 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
     print("host CPU while the load ran, core-seconds: "
           + ", ".join(f"{role} {used:g}" for role, used in run.cpu.items())
           + f"; the slice's engine-seconds by the profile (its reference batch): {work:.0f}")
+    if (served := run.server_cpu_per_request_s()) is not None:
+        probed = "" if run.probe is None or run.probe.engine_cpu_s is None else \
+            f" (the probe's {run.probe.server_core_s / max(run.probe.requests, 1) * 1e3:.1f} ms)"
+        print(f"replica servers beside their engines while the load ran: {served * 1e3:.1f} ms of CPU per "
+              f"request{probed}")
     capacity = fleet_capacity(work, span_s=span, compress=cut.compress, max_replicas=args.max_replicas,
                               cpu_limit=profile.cpu_limit, host_cores=settings.host_cores or 1,
                               beside_core_s=beside.host_cpu_per_request_s * len(requests))
@@ -279,6 +284,8 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
             "engine_s": round(work, 1), "fleet_core_s": round(capacity.core_s, 1),
             "fleet_load": round(capacity.load, 3), "live_profile_drift": run.drift, "live_on_cpu": run.on_cpu,
             "live_host_speed": run.speed, "live_replica_starts_s": run.starts,
+            "live_engine_cpu_s": run.engine_cpu_s,
+            "live_server_cpu_per_request_s": run.server_cpu_per_request_s(),
             "profile_start_s": profile.start_s,
             "sim_at_live_speed": None if at_speed is None else dataclasses.asdict(at_speed),
             "sim_loop_start": {"first_tick_s": begin.first_tick_s, "panic_counted_s": begin.panic_counted_s,

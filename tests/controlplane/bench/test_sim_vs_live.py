@@ -51,6 +51,19 @@ def test_a_short_live_run_scales_and_the_simulator_stays_close(tmp_path: Path) -
     # how long the live fleet's new replicas took, from the scale-up to ready, beside the profile's start
     assert result["live_replica_starts_s"] and all(s > 0 for s in result["live_replica_starts_s"])
     assert result["profile_start_s"] > 0 and "live replica starts, from the scale-up to ready: " in run.stdout
+    # the probe read the replicas' engines' CPU from their counters: the rest of their processes' CPU (their
+    # HTTP servers) counts beside them, with the gateway's, the load client's and the control plane's
+    probe = result["probe"]
+    engines, replicas = probe["engine_cpu_s"], probe["cpu"]["replicas"]
+    assert 0 < engines <= replicas * 1.1 + 0.1, probe  # /proc counts in ticks: a tick's slack
+    beside = sum(probe["cpu"].get(role, 0.0) for role in ("gateway", "load client", "control plane",
+                                                         "other processes of the run"))
+    servers = 0.0 if probe["servers_within_limit"] else max(replicas - engines, 0.0)  # limited: in the quota
+    assert result["host_cpu_per_request_s"] == pytest.approx((beside + servers) / probe["requests"]), probe
+    # the same split while the slice ran, every replica counted, the one added included
+    assert 0 < result["live_engine_cpu_s"] <= result["cpu"]["replicas"] * 1.1 + 0.5, result["cpu"]
+    assert result["live_server_cpu_per_request_s"] >= 0
+    assert "replica servers beside their engines while the load ran: " in run.stdout
     # the simulated loop started where the live one stood: the probe's load in its memory, its tick phase
     begin = result["sim_loop_start"]
     assert begin["load"] and all(s["at"] < 0 for s in begin["load"]), begin

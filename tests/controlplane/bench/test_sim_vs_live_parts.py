@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.autoscale.profile import ReplicaProfile, load_profile
-from controlplane.bench.host_cpu import DataPathProbe
+from controlplane.bench.host_cpu import DataPathProbe, engine_cpu_s
 from controlplane.bench.live_slice import Slice, write_config
 from controlplane.bench.live_speed import host_speed, run_drift, run_on_cpu, speed_at
 from controlplane.bench.sim_vs_live import engine_seconds, fitting_compress, profile_path
@@ -63,8 +63,27 @@ def test_the_probe_counts_what_runs_beside_the_replicas_per_request() -> None:
     probe = DataPathProbe(200, 12.0, {"control plane": 0.2, "replicas": 20.0, "gateway": 1.0,
                                       "load client": 2.4, "rest of the host": 0.5, "available": 24.0})
     assert probe.cpu_per_request_s == pytest.approx(3.6 / 200)  # not the replicas' nor the rest's
-    assert "gateway 5.0, load client 12.0, control plane 1.0: 18.0 ms beside the replicas" in probe.describe()
+    assert "gateway 5.0, load client 12.0, control plane 1.0: 18.0 ms beside the replicas' engines" \
+        in probe.describe()
     assert DataPathProbe(0, 1.0, {}).cpu_per_request_s == 0.0
+    # with the engines' CPU read from the replicas' counters, their servers' share counts beside them
+    served = dataclasses.replace(probe, engine_cpu_s=16.0)
+    assert served.server_core_s == pytest.approx(4.0)
+    assert served.cpu_per_request_s == pytest.approx((3.6 + 4.0) / 200)
+    assert "control plane 1.0, replica servers 20.0: 38.0 ms" in served.describe()
+    assert dataclasses.replace(probe, engine_cpu_s=25.0).server_core_s == 0.0  # never below nothing
+    # replicas under a CPU limit pay for their servers within it (their profile was measured so): reported,
+    # not taken from the host's cores
+    limited = dataclasses.replace(served, servers_within_limit=True)
+    assert limited.cpu_per_request_s == pytest.approx(3.6 / 200)
+    assert "replica servers 20.0 (within the replicas' CPU limit: not counted): 18.0 ms" in limited.describe()
+
+
+def test_the_engines_cpu_counts_their_turns_at_their_steps_share_on_a_core() -> None:
+    """10 busy seconds, 2 of them turns between steps, 6 CPU seconds within the 8 of steps: the turns
+    ran on a core at the same 75%, 7.5 CPU seconds in all."""
+    assert engine_cpu_s((1.0, 5.0, 1.0), (7.0, 15.0, 3.0)) == pytest.approx(7.5)
+    assert engine_cpu_s((0.0, 0.0, 0.0), (0.0, 0.0, 0.0)) == 0.0  # an idle engine
 
 
 def test_a_calibrated_profile_in_the_state_folder_is_chosen(tmp_path: Path) -> None:
