@@ -9,8 +9,9 @@ takes from the host's cores (``SimSettings.host_cpu_per_request_s``).
 The replicas' servers: a replica process runs its engine's steps and, beside them, the HTTP server that
 parses requests, tokenizes and streams each token as a server-sent event. The profile prices the engine's
 steps; what the server spends per request takes a core from the other replicas as the gateway's does
-(about 20 ms a request on the default model, a quarter of a core at the default slice's rate). It is
-the replica processes' CPU less their engines' (:func:`engine_cpu_s`, from the replicas' own counters).
+(7-9 ms a request on the default model, measured on 2026-12-07). It is the replica processes' CPU less
+their engines' (:func:`engine_cpu_s`, from the replicas' own counters). A replica under a CPU limit pays
+for its server within its quota, as it did while its profile was measured under the same limit.
 """
 
 from __future__ import annotations

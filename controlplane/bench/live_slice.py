@@ -50,7 +50,7 @@ from inference.models.default import ensure_default_model
 ALIVE = frozenset({"starting", "ready", "draining", "ejected"})  # replicas paid for (fleet.py's "alive")
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0
-ENGINE_READ_EVERY = 5  # seconds between two readings of the replicas' engine counters while the load runs
+ENGINE_READ_EVERY = 5  # of the 1 s fleet readings while the load runs, one in this many reads the engines
 LOAD_GRACE_S = 120.0  # after the last arrival, for requests in flight to finish
 # The gateway as the simulator models it (``controlplane.sim.fleet``): least-request routing, no admission
 # control, no giving up on a queued request. With its defaults it sheds load (a shed request never reaches
