@@ -1,9 +1,7 @@
 """A real multi-host lab (one network namespace per zone, a real Ray cluster in them) and a real
 ``controlplane up`` on the Ray backend, shared by the tests of one module.
 
-The lab is built once for the whole run and torn down by the fixture's finalizer when the run ends, also
-when a test fails: the Ray modules share it (each module's control plane leaves the cluster as it found
-it: its own actors stopped at its shutdown), which spares a lab's build (25-30 s on a 2-core host). The
+The lab is built once per module and torn down by the fixture's finalizer, also when a test fails; the
 control plane joins it as a Ray Client, as a user would (``[fleet] backend = "ray"``). The tests need root
 (namespaces, a bridge) and Ray; where either is missing they are skipped with "unavailable: <reason>".
 """
@@ -43,7 +41,7 @@ def lab_unavailable() -> str | None:
     return reason
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def lab() -> Iterator[Lab]:
     reason = lab_unavailable()
     if reason:
