@@ -11,23 +11,21 @@ Measured on this 2-core machine with two CPU hogs: a normal thread of the same p
 (p50) while an idle-priority thread computed beside it, against 0.10 ms without it. A process of its own
 shares no lock with anything.
 
-The worker reads one request as a JSON line on stdin, writes its progress and then its result (or its
-error) as JSON lines on stdout, and exits at once when its stdin closes: a control plane that stops, even
-by ``kill -9``, takes its what-if with it.
+The worker reads each request as a JSON line on stdin, writes its progress and then its result (or its
+error) as JSON lines on stdout, waits for the next (kept idle for a while, :mod:`controlplane.sim.batch`),
+and exits at once when its stdin closes: a control plane that stops, even by ``kill -9``, takes its
+what-if with it.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from controlplane.sim.batch import as_batch_work, run_batch_process
+from controlplane.sim.batch import run_batch_process, serve_batch_work
 from controlplane.sim.config import CPU_PRIORITIES
 from controlplane.vocabulary import (
     AZURE_TRACE,
@@ -35,6 +33,7 @@ from controlplane.vocabulary import (
     SIMULATION_TRACES,
     SYNTHETIC_BURSTY,
 )
+from inference.bench.datasets import trace_file
 
 MAX_REQUESTS = 50_000
 MAX_DURATION_S = 4 * 3600.0
@@ -80,9 +79,10 @@ class SimulateRequest(BaseModel):
 
 
 def run_what_if(body: SimulateRequest, progress: Progress | None = None, *,
-                profile_path: str = "") -> dict[str, Any]:
+                profile_path: str = "", trace_path: str = "") -> dict[str, Any]:
     """The simulation behind the endpoints (also callable without HTTP); ValueError for bad input.
-    ``profile_path``: the replica profile the control plane runs on ("": the shipped one).
+    ``profile_path``: the replica profile the control plane runs on ("": the shipped one); ``trace_path``:
+    the file the ``azure`` trace stands for ("": ``$CONTROLPLANE_AZURE_TRACE`` or the shipped one).
 
     ``progress`` sees the fraction of all policies' runs done and the policy simulated now.
     """
@@ -99,7 +99,7 @@ def run_what_if(body: SimulateRequest, progress: Progress | None = None, *,
     if body.trace == SYNTHETIC_BURSTY:
         requests = synthetic_bursty(BurstyConfig(seed=body.seed, duration_s=body.duration_s or 3600.0), shape)
     elif body.trace == AZURE_TRACE:
-        requests = azure_trace(AZURE_TRACE, shape)
+        requests = azure_trace(trace_path or AZURE_TRACE, shape)
     else:
         requests = shaped([(r.arrival, r.prompt_len, r.output_len) for r in body.requests], shape)
     if not requests:
@@ -134,57 +134,28 @@ def run_what_if_process(body: SimulateRequest, progress: Progress | None = None,
     calling thread (not the CPU) until it is done."""
     if cpu_priority not in CPU_PRIORITIES:
         raise ValueError(f"cpu_priority: one of {', '.join(CPU_PRIORITIES)}, got {cpu_priority!r}")
-    request = {"body": body.model_dump(), "profile_path": profile_path, "cpu_priority": cpu_priority}
+    # the server's own trace file, named here: a worker kept from an earlier run has the environment of then
+    trace_path = str(trace_file(AZURE_TRACE)) if body.trace == AZURE_TRACE else ""
+    request = {"body": body.model_dump(), "profile_path": profile_path, "trace_path": trace_path,
+               "cpu_priority": cpu_priority}
 
     def forward(message: dict[str, Any]) -> None:
         if progress is not None:
             progress(float(message["fraction"]), str(message["policy"]))
 
-    return run_batch_process(WORKER, request, forward)
+    return run_batch_process(WORKER, request, forward, priority=cpu_priority)
 
 
-def _worker() -> int:
-    request = _read_request(sys.stdin.readline())  # None: refused below, at the lowest priority still
-    # before any work: every thread the process starts inherits it
-    as_batch_work(idle=request is None or request.get("cpu_priority", "idle") == "idle")
-    threading.Thread(target=_exit_when_stdin_closes, name="parent-watch", daemon=True).start()
-    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")  # the protocol's own channel ...
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # ... and whatever else prints goes to the log
-    out_lock = threading.Lock()
-
-    def emit(message: dict[str, Any]) -> None:
-        with out_lock:
-            answers.write(json.dumps(message) + "\n")
-            answers.flush()
-
-    try:
-        if request is None:
-            raise ValueError("the request is not a JSON object")
-        body = SimulateRequest.model_validate(request["body"])
-        result = run_what_if(body, lambda f, p: emit({"progress": {"fraction": f, "policy": p}}),
-                             profile_path=str(request.get("profile_path", "")))
-    except ValueError as exc:  # pydantic's ValidationError is one too
-        emit({"error": str(exc), "bad_input": True})
-        return 0
-    except Exception as exc:
-        emit({"error": f"{type(exc).__name__}: {exc}", "bad_input": False})
-        return 1
-    emit({"result": result})
-    return 0
+def _serve(request: dict[str, Any], progress: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    body = SimulateRequest.model_validate(request.get("body"))
+    return run_what_if(body, lambda fraction, policy: progress({"fraction": fraction, "policy": policy}),
+                       profile_path=str(request.get("profile_path", "")),
+                       trace_path=str(request.get("trace_path", "")))
 
 
-def _read_request(line: str) -> dict[str, Any] | None:
-    try:
-        request = json.loads(line)
-    except ValueError:
-        return None
-    return request if isinstance(request, dict) else None
-
-
-def _exit_when_stdin_closes() -> None:
-    sys.stdin.read()  # returns at EOF: the control plane is gone, or it gave up on this run
-    os._exit(1)
+def _idle(request: dict[str, Any] | None) -> bool:
+    return request is None or request.get("cpu_priority", "idle") == "idle"
 
 
 if __name__ == "__main__":
-    sys.exit(_worker())
+    sys.exit(serve_batch_work(_serve, _idle))

@@ -1,4 +1,5 @@
-"""Fixtures shared by the control plane's unit tests: a simulated clock and a store on it."""
+"""Fixtures shared by the control plane's unit tests: a simulated clock and a store on it; no test leaves an
+idle what-if worker (kept for the next run, :mod:`controlplane.sim.batch`) to the next."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.sim.batch import close_idle_workers
 from controlplane.store.database import Store
 
 
@@ -27,3 +29,9 @@ def clock() -> FakeClock:
 def store(tmp_path: Path, clock: FakeClock) -> Iterator[Store]:
     with Store(tmp_path / "state.db", clock=clock) as opened:
         yield opened
+
+
+@pytest.fixture(autouse=True)
+def _no_idle_worker_left() -> Iterator[None]:
+    yield
+    close_idle_workers()

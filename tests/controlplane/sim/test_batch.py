@@ -10,38 +10,40 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from controlplane.sim.batch import BATCH_NICE, as_batch_work, run_batch_process
+from controlplane.sim import batch
+from controlplane.sim.batch import BATCH_NICE, as_batch_work, close_idle_workers, run_batch_process
 from controlplane.sim.what_if import WORKER, SimulateRequest, run_what_if_process
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="per-thread SCHED_IDLE is Linux's")
 
-# A worker as run_batch_process expects one: it reports its own priority, what it was asked and whether a
-# secret of the caller's environment reached it.
+# A worker as run_batch_process expects one: it reports its own priority, what it was asked, its pid and
+# whether a secret of the caller's environment reached it.
 PROBE = textwrap.dedent("""
-    import json, os, sys
-    from controlplane.sim.batch import as_batch_work
-    as_batch_work()
-    request = json.loads(sys.stdin.readline())
-    print(json.dumps({"progress": {"step": 1}}), flush=True)
-    if request["do"] == "refuse":
-        print(json.dumps({"error": "no such policy: kpa", "bad_input": True}), flush=True)
-    elif request["do"] == "crash":
-        print(json.dumps({"error": "ZeroDivisionError: division by zero", "bad_input": False}), flush=True)
-    elif request["do"] == "die":
-        os._exit(3)
-    elif request["do"] == "chatty":
-        print("a library's stray print", flush=True)
-        print(json.dumps({"result": {"said": "anyway"}}), flush=True)
-    else:
-        print(json.dumps({"result": {"policy": os.sched_getscheduler(0), "nice": os.getpriority(
-            os.PRIO_PROCESS, 0), "asked": request, "secret": os.environ.get("CONTROLPLANE_ADMIN_TOKEN"),
-            "pid": os.getpid()}}), flush=True)
+    import os, sys
+    from controlplane.sim.batch import serve_batch_work
+
+    def handle(request, progress):
+        progress({"step": 1})
+        if request["do"] == "refuse":
+            raise ValueError("no such policy: kpa")
+        if request["do"] == "crash":
+            return 1 / 0
+        if request["do"] == "die":
+            os._exit(3)
+        if request["do"] == "chatty":
+            print("a library's stray print", flush=True)
+            return {"said": "anyway"}
+        return {"policy": os.sched_getscheduler(0), "nice": os.getpriority(os.PRIO_PROCESS, 0),
+                "asked": request, "secret": os.environ.get("CONTROLPLANE_ADMIN_TOKEN"), "pid": os.getpid()}
+
+    sys.exit(serve_batch_work(handle))
 """)
 
 
@@ -72,27 +74,82 @@ def test_batch_work_runs_on_an_idle_thread_and_leaves_the_others_as_they_were() 
     assert priority() == before  # the calling thread (the event loop's, in the control plane) is untouched
 
 
-def test_a_worker_runs_at_idle_priority_without_the_callers_secrets_and_is_gone_when_it_answers(
+def gone(pid: int) -> bool:
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+
+
+def test_a_worker_runs_at_idle_priority_without_the_callers_secrets_and_serves_the_next_request(
         probe: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CONTROLPLANE_ADMIN_TOKEN", "s3cret")
     before = priority()
     progress: list[dict[str, Any]] = []
-    result = run_batch_process(probe, {"do": "answer", "n": 7}, progress.append)
-    assert result["policy"] == os.SCHED_IDLE and result["nice"] >= BATCH_NICE
-    assert result["asked"] == {"do": "answer", "n": 7} and progress == [{"step": 1}]
-    assert result["secret"] is None
-    assert not psutil.pid_exists(result["pid"]) or psutil.Process(result["pid"]).status() == "zombie"
-    assert priority() == before  # the caller's own thread keeps its priority
+    try:
+        result = run_batch_process(probe, {"do": "answer", "n": 7}, progress.append)
+        assert result["policy"] == os.SCHED_IDLE and result["nice"] >= BATCH_NICE
+        assert result["asked"] == {"do": "answer", "n": 7} and progress == [{"step": 1}]
+        assert result["secret"] is None
+        assert priority() == before  # the caller's own thread keeps its priority
+        again = run_batch_process(probe, {"do": "answer", "n": 8})
+        assert again["pid"] == result["pid"] and again["asked"]["n"] == 8  # kept, not started again
+        other = run_batch_process(probe, {"do": "answer"}, priority="low")
+        assert other["pid"] != result["pid"]  # a worker serves one priority only: it cannot leave SCHED_IDLE
+    finally:
+        close_idle_workers()
+    assert gone(result["pid"]) and gone(other["pid"])
+
+
+def test_an_idle_worker_is_closed_after_its_idle_time_and_the_next_request_starts_another(
+        probe: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batch, "WORKER_IDLE_S", 0.2)
+    first = run_batch_process(probe, {"do": "answer"})["pid"]
+    deadline = time.monotonic() + 30
+    while not gone(first) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(first)
+    second = run_batch_process(probe, {"do": "answer"})["pid"]
+    assert second != first
+    close_idle_workers()
+    assert gone(second)
+
+
+def test_a_kept_worker_that_died_while_idle_is_replaced_without_the_caller_seeing_it(probe: str) -> None:
+    first = run_batch_process(probe, {"do": "answer"})["pid"]
+    psutil.Process(first).kill()  # not waited for: it may still look alive when the next request comes
+    try:
+        assert run_batch_process(probe, {"do": "answer"})["pid"] != first
+    finally:
+        close_idle_workers()
 
 
 def test_a_refusal_is_a_value_error_and_a_crash_or_death_a_runtime_error(probe: str) -> None:
-    with pytest.raises(ValueError, match="no such policy: kpa"):
-        run_batch_process(probe, {"do": "refuse"})
-    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
-        run_batch_process(probe, {"do": "crash"})
-    with pytest.raises(RuntimeError, match="exited with status 3 and no answer"):
-        run_batch_process(probe, {"do": "die"})
-    assert run_batch_process(probe, {"do": "chatty"}) == {"said": "anyway"}  # a stray line is not an answer
+    try:
+        with pytest.raises(ValueError, match="no such policy: kpa"):
+            run_batch_process(probe, {"do": "refuse"})
+        kept = run_batch_process(probe, {"do": "answer"})["pid"]  # a refusal leaves the worker serving
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            run_batch_process(probe, {"do": "crash"})
+        assert gone(kept)  # a worker that failed is not trusted with the next request
+        with pytest.raises(RuntimeError, match="exited with status 3 and no answer"):
+            run_batch_process(probe, {"do": "die"})
+        assert run_batch_process(probe, {"do": "chatty"}) == {"said": "anyway"}  # a stray line is no answer
+    finally:
+        close_idle_workers()
+
+
+def test_a_caller_that_gives_up_mid_run_stops_its_worker(probe: str) -> None:
+    running: list[int] = []
+
+    def give_up(message: dict[str, Any]) -> None:
+        running.extend(p.pid for p in psutil.Process().children() if probe in " ".join(p.cmdline()))
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_batch_process(probe, {"do": "answer"}, give_up)
+    assert len(running) == 1 and gone(running[0])
+    try:
+        assert run_batch_process(probe, {"do": "answer"})["pid"] != running[0]
+    finally:
+        close_idle_workers()
 
 
 @pytest.mark.parametrize(("cpu_priority", "policy"), [("idle", "SCHED_IDLE"), ("low", "SCHED_OTHER")])

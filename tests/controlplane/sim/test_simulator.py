@@ -38,7 +38,7 @@ from controlplane.autoscale.policies import (
 from controlplane.autoscale.profile import ReplicaProfile, load_profile
 from controlplane.config import load_config
 from controlplane.fleet.reconcile import Fleet
-from controlplane.sim.batch import BATCH_NICE
+from controlplane.sim.batch import BATCH_NICE, close_idle_workers
 from controlplane.sim.fleet import FleetSim, ScaleEvent
 from controlplane.sim.replica import RequestOutcome
 from controlplane.sim.settings import PolicySpec, SimSettings
@@ -685,7 +685,10 @@ def test_the_api_runs_each_what_if_in_a_worker_at_the_configured_priority(
     assert os.sched_getscheduler(running.pid) == getattr(os, policy) and running.nice() >= BATCH_NICE
     done, _ = api.follow(job_id)
     assert done["status"] == "done", done
-    assert worker() is None  # gone with its answer
+    kept = worker()  # kept, blocked on its stdin, for the next what-if at this priority
+    assert kept is not None and kept.pid == running.pid and kept.status() == psutil.STATUS_SLEEPING
+    close_idle_workers()  # as the control plane's exit does, or its idle time
+    assert worker() is None
 
 
 def test_simulation_jobs_are_started_by_operators_and_read_by_viewers(store: Store, clock: FakeClock) -> None:
