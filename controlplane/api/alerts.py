@@ -16,7 +16,8 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane.alerts.engine import AlertEngine, AlertError, ExternalAlert
-from controlplane.auth import Auditor, Principal, Role, require
+from controlplane.api.guards import require
+from controlplane.auth import Auditor, Principal, Role
 
 MAX_WEBHOOK_ALERTS = 1_000
 

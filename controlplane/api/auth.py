@@ -30,6 +30,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from controlplane.api.guards import openai_error, public, require
 from controlplane.api.throttle import LoginThrottle
 from controlplane.auth import (
     Auditor,
@@ -38,9 +39,6 @@ from controlplane.auth import (
     TokenAuthority,
     check_password,
     hash_password,
-    openai_error,
-    public,
-    require,
     unmatchable_hash,
 )
 from controlplane.config import LoginLimits

@@ -17,7 +17,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from controlplane.auth import Auditor, Principal, Role, require
+from controlplane.api.guards import require
+from controlplane.auth import Auditor, Principal, Role
 from controlplane.autoscale.config import ScheduleWindowConfig
 from controlplane.autoscale.loop import COLLECTION, Autoscaler
 from controlplane.autoscale.windows import Window

@@ -38,7 +38,8 @@ from chaos.safety import (
     ready_replicas_below,
 )
 from chaos.targets import Selector
-from controlplane.auth import Auditor, Principal, Role, bearer_token, require
+from controlplane.api.guards import bearer_token, require
+from controlplane.auth import Auditor, Principal, Role
 from controlplane.drills.port import fleet_targets
 from controlplane.errors import Conflict, NotFound, Refused
 from controlplane.fleet.reconcile import Fleet

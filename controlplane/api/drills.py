@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from chaos.drills import DrillError
 from chaos.scenarios import SCENARIOS
 from controlplane.api.errors import field_of
-from controlplane.auth import Auditor, Principal, Role, require
+from controlplane.api.guards import require
+from controlplane.auth import Auditor, Principal, Role
 from controlplane.drills.report import compare, to_markdown
 from controlplane.drills.service import KEEP_REPORTS, DrillService
 from controlplane.errors import Conflict, NotFound, Refused

@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 from fastapi import APIRouter, Depends, Query
 
-from controlplane.auth import Principal, Role, require
+from controlplane.api.guards import require
+from controlplane.auth import Principal, Role
 from controlplane.errors import Refused
 from controlplane.telemetry.base import Scope, Telemetry
 from controlplane.telemetry.experts import ExpertLoad, expert_load

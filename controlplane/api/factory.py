@@ -30,6 +30,7 @@ from controlplane.api.errors import install_error_handlers
 from controlplane.api.experts import experts_router
 from controlplane.api.gate import Gate
 from controlplane.api.gateways import Gateways, gateways_router
+from controlplane.api.guards import install, public, require
 from controlplane.api.process_metrics import process_metrics_router
 from controlplane.api.rollouts import rollouts_router
 from controlplane.api.schedules import schedules_router
@@ -38,7 +39,7 @@ from controlplane.api.slice_experiments import slice_experiments_router
 from controlplane.api.spec import document
 from controlplane.api.state_metrics import ControlPlaneState, StateSources
 from controlplane.api.throttle import LoginThrottle
-from controlplane.auth import Auditor, Principal, Role, TokenAuthority, install, public, require
+from controlplane.auth import Auditor, Principal, Role, TokenAuthority
 from controlplane.autoscale.loop import Autoscaler
 from controlplane.config import ApiConfig
 from controlplane.drills.service import DrillService

@@ -29,7 +29,7 @@ from starlette.routing import BaseRoute, compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlplane.api.errors import error_response
-from controlplane.auth import GUARDED_KEY, AuthError, access_of
+from controlplane.api.guards import GUARDED_KEY, AuthError, access_of
 from controlplane.errors import ControlPlaneError
 from inference.protocol import error_body
 

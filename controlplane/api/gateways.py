@@ -24,7 +24,8 @@ from typing import Any, Protocol
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from controlplane.auth import Auditor, AuthError, Principal, Role, bearer_token, guard, require
+from controlplane.api.guards import AuthError, bearer_token, guard, require
+from controlplane.auth import Auditor, Principal, Role
 from controlplane.errors import Refused
 from controlplane.fleet.feed import MAX_WAIT_S, EndpointsFeed
 from controlplane.gateway.admin import AdmissionRequest

@@ -20,7 +20,8 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 
-from controlplane.auth import Role, public, require
+from controlplane.api.guards import public, require
+from controlplane.auth import Role
 from inference.runtime_metrics import register_runtime_metrics
 
 STATE_PATH = "/metrics/state"

@@ -16,7 +16,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from controlplane.auth import Auditor, Principal, Role, require
+from controlplane.api.guards import require
+from controlplane.auth import Auditor, Principal, Role
 from controlplane.errors import ControlPlaneError
 from controlplane.rollouts.analysis import Thresholds
 from controlplane.rollouts.canary import CanaryController, CanaryPolicy

@@ -19,7 +19,8 @@ from pydantic import BaseModel, Field
 
 from controlplane.api.drills import LoadRequest
 from controlplane.api.errors import field_of, status_of
-from controlplane.auth import Auditor, Principal, Role, require
+from controlplane.api.guards import require
+from controlplane.auth import Auditor, Principal, Role
 from controlplane.errors import Refused
 from controlplane.schedules.scheduler import DrillScheduler, Schedule, ScheduleError
 

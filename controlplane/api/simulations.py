@@ -27,7 +27,8 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Query
 
-from controlplane.auth import Auditor, Principal, Role, require
+from controlplane.api.guards import require
+from controlplane.auth import Auditor, Principal, Role
 from controlplane.errors import Conflict, NotFound, Refused
 from controlplane.sim.what_if import SimulateRequest, run_what_if_process
 from controlplane.store.database import Store, StoreError

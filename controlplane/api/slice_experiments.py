@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from chaos.faults.base import FaultError
 from controlplane.api.errors import field_of
-from controlplane.auth import Auditor, Principal, Role, require
+from controlplane.api.guards import require
+from controlplane.auth import Auditor, Principal, Role
 from controlplane.errors import Conflict, NotFound, Refused
 from controlplane.rollouts.experiment import KEEP_RECORDS, Bounds, ExperimentSpec, SliceExperiments
 

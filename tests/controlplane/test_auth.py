@@ -11,6 +11,7 @@ import pytest
 from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 
+from controlplane.api.guards import install, require
 from controlplane.auth import (
     BOOTSTRAP_ADMIN_NAME,
     Auditor,
@@ -19,8 +20,6 @@ from controlplane.auth import (
     TokenAuthority,
     check_password,
     hash_password,
-    install,
-    require,
     unmatchable_hash,
 )
 from controlplane.store.database import Store

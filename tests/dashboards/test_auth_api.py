@@ -19,7 +19,8 @@ from controlplane.api.auth import (
     ensure_users,
     parse_users,
 )
-from controlplane.auth import Auditor, Role, TokenAuthority, check_password, hash_password, install
+from controlplane.api.guards import install
+from controlplane.auth import Auditor, Role, TokenAuthority, check_password, hash_password
 from controlplane.store.database import Store
 from tests.controlplane.conftest import FakeClock
 

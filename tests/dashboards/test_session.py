@@ -18,7 +18,8 @@ from flask.testing import FlaskClient
 
 from controlplane.api.auth import auth_router
 from controlplane.api.errors import install_error_handlers
-from controlplane.auth import Auditor, TokenAuthority, hash_password, install
+from controlplane.api.guards import install
+from controlplane.auth import Auditor, TokenAuthority, hash_password
 from controlplane.client import ControlPlaneClient
 from controlplane.store.database import Store
 from dashboards.app import ConsoleConfig, create_console

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from controlplane.api.gate import route_table
-from controlplane.auth import ACCESS
+from controlplane.api.guards import ACCESS
 
 from .conftest import Served
 

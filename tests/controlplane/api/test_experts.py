@@ -19,8 +19,9 @@ from fastapi.testclient import TestClient
 
 from controlplane.api.errors import install_error_handlers
 from controlplane.api.experts import experts_router
+from controlplane.api.guards import install
 from controlplane.api.spec import document
-from controlplane.auth import Auditor, Role, TokenAuthority, install
+from controlplane.auth import Auditor, Role, TokenAuthority
 from controlplane.client import ApiError, ControlPlaneClient, ExpertLoad, ReplicaExpertLoad
 from controlplane.errors import Unavailable
 from controlplane.store.database import Store

@@ -19,9 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from chaos.catalogue import Catalogue
 from chaos.faults.base import FaultSpec
 from chaos.safety import FaultManager, Ledger
+from controlplane.api.guards import install
 from controlplane.api.process_metrics import STATE_PATH, process_metrics_router
 from controlplane.api.state_metrics import ActiveFaultCount, ControlPlaneState, StateSources
-from controlplane.auth import Role, TokenAuthority, install
+from controlplane.auth import Role, TokenAuthority
 from controlplane.store.database import FaultRow, Store
 from tests.chaos.fakes import FakeClock, RecordingFault, fleet
 

@@ -20,7 +20,8 @@ import pytest
 from fastapi import FastAPI
 
 from controlplane.api.gateways import gateways_router
-from controlplane.auth import Auditor, Role, TokenAuthority, install
+from controlplane.api.guards import install
+from controlplane.auth import Auditor, Role, TokenAuthority
 from controlplane.fleet.feed import EndpointsFeed
 from controlplane.fleet.gateways import gateway_token
 from controlplane.gateway.discovery import Discovery
