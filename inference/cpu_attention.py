@@ -17,9 +17,9 @@ scores, softmax and sums in float32 (float32 and bfloat16 caches). It is built w
 built for (``torch.utils.cpp_extension``, ``-O3 -march=native``) the first time it is asked for (about 20
 to 40 s, with a log line saying so), then loaded from torch's extension cache
 (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``, under a name that carries a hash of
-the CPU's instruction sets) in well under a second. Without a
-compiler, or when the build fails, the engine logs ``CPU decode kernel unavailable: <reason>`` and runs
-the torch path; nothing else changes.
+the CPU's instruction sets, the source and the Python environment: :func:`build_signature`) in well
+under a second. Without a compiler, or when the build fails, the engine logs ``CPU decode kernel
+unavailable: <reason>`` and runs the torch path; nothing else changes.
 
 Not covered (the torch path runs): the INT8 cache and multi-head latent attention.
 """
@@ -31,8 +31,10 @@ import hashlib
 import logging
 import platform
 import shutil
+import sys
 import threading
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -112,6 +114,17 @@ def cpu_signature() -> str:
     return hashlib.sha256(flags.encode()).hexdigest()[:10]
 
 
+def build_signature(source: Path) -> str:
+    """A short hash of what one build is made from: this CPU (:func:`cpu_signature`), the kernel's source
+    (its path and its text), the Python environment and torch's version. Part of the extension's name,
+    so each checkout or environment on a machine keeps a build of its own: under one name, ninja rebuilt
+    the kernel whenever another checkout's replica had loaded it last (its command line names the source
+    and torch's headers), and a replica of the other waited 47 s for the compiler where it takes 2 s."""
+    parts = [cpu_signature(), str(source.resolve()), hashlib.sha256(source.read_bytes()).hexdigest(),
+             sys.prefix, torch.__version__]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:10]
+
+
 def _build() -> tuple[Any, str | None]:
     compiler = shutil.which("c++") or shutil.which("g++")
     if compiler is None:
@@ -123,7 +136,8 @@ def _build() -> tuple[Any, str | None]:
 
         with resources.as_file(resources.files("inference") / "kernels" / SOURCE) as source:
             logger.info("CPU decode kernel: building or loading %s (the first build takes 20-40 s)", SOURCE)
-            module = cpp_extension.load(name=f"{EXTENSION_NAME}_{cpu_signature()}", sources=[str(source)],
+            module = cpp_extension.load(name=f"{EXTENSION_NAME}_{build_signature(source)}",
+                                        sources=[str(source)],
                                         extra_cflags=["-O3", "-march=native", "-fopenmp"],
                                         extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # a compiler error, a missing header: say which, run the torch path

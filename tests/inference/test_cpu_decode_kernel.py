@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from torch import nn
 
 from inference.attention import AttentionContext, DecodeKernel, attention_context, decode_group
 from inference.config import EngineConfig
-from inference.cpu_attention import CpuDecodeKernel, load_cpu_decode_kernel
+from inference.cpu_attention import CpuDecodeKernel, build_signature, load_cpu_decode_kernel
 from inference.engine import LLMEngine
 from inference.kv_quant import KVCacheStore
 from inference.models.llama import LlamaDecoderLayer, RMSNorm
@@ -119,6 +120,25 @@ def test_bad_input_is_refused_with_a_message(kernel: DecodeKernel) -> None:
 
 
 TORCH_PATH = EngineConfig(device="cpu", num_kv_blocks=64, cpu_decode_kernel=False)
+
+
+def test_each_checkout_and_environment_has_a_build_of_its_own(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The build's name in torch's extension cache: one per source file, text and environment, so that two
+    checkouts (or venvs) on a machine do not rebuild each other's kernel at every replica start."""
+    text = "// the kernel\n"
+    here, there = tmp_path / "a" / "paged_decode.cpp", tmp_path / "b" / "paged_decode.cpp"
+    for source in (here, there):
+        source.parent.mkdir()
+        source.write_text(text)
+    mine = build_signature(here)
+    assert build_signature(here) == mine and len(mine) == 10  # stable: a second start loads the same build
+    assert build_signature(there) != mine  # another checkout, the same text
+    here.write_text(text + "// changed\n")
+    assert build_signature(here) != mine  # another version of the kernel
+    here.write_text(text)
+    monkeypatch.setattr(sys, "prefix", "/srv/another-venv")
+    assert build_signature(here) != mine  # another environment (torch's headers, its ABI)
 
 
 def test_asked_for_where_it_cannot_serve_the_engine_says_why_and_runs_torch(tiny_llama_dir: Path) -> None:
