@@ -209,9 +209,8 @@ def _run_on(worker: subprocess.Popen[str], key: tuple[str, str], request: dict[s
             WORKERS.give_back(key, worker)
         else:
             _close(worker)
-    if not said:
-        raise _NoAnswer(f"{module} exited with status {worker.returncode} and no answer (see the log)")
-    raise RuntimeError(f"{module} exited with status {worker.returncode} and no answer (see the log)")
+    gone = f"{module} exited with status {worker.returncode} and no answer (see the log)"
+    raise RuntimeError(gone) if said else _NoAnswer(gone)
 
 
 def serve_batch_work(handle: Callable[[dict[str, Any], Callable[[dict[str, Any]], None]], dict[str, Any]],
