@@ -22,11 +22,19 @@ requests that finished in the window into four replica counts, each from the rep
   as long, and a long tail of prompts longer. ``cs^2`` comes from the prompts' standard deviation through
   the prefill time's slope around the mean prompt (:func:`prefill_variability`); with prefix hits the
   spread of what is computed is unknown, and M/M/c stands.
-- **decode** (TPOT): the largest batch ``b`` whose step, at the requests' mean context, takes at most half
-  the TPOT SLO (the other half is for the prefill chunks that share those steps); Little's law gives the
-  sequences decoding at once, ``L = rate x output x step(b)``, and ``L / b`` replicas hold them. The
-  same replicas' steps carry the prefills, whose tokens take ``rate x`` :func:`prefill_added` seconds of
-  engine time a second from the decode slots' time, so the count is ``ceil(L / b + rate x added)``.
+- **decode** (TPOT, and the wait for a slot): the largest batch ``b`` whose step, at the requests' mean
+  context, takes at most half the TPOT SLO (the other half is for the prefill chunks that share those
+  steps); Little's law gives the sequences decoding at once, ``L = rate x output x step(b)``, and ``L / b``
+  replicas hold them. The same replicas' steps carry the prefills, whose tokens take ``p = rate x``
+  :func:`prefill_added` seconds of engine time a second from the decode slots' time, so no fewer than
+  ``ceil(L / b + p)`` replicas serve the sequences at all. That count runs the slots full: a sequence
+  that finds all ``n x b`` of them taken waits, unprefilled, for one to free, and near full the wait grows
+  without bound. So the slots are a queue too (:func:`decode_slot_replicas`): ``n x b`` servers, each
+  holding a sequence for ``output`` steps of ``step(b) / (1 - p / n)`` (a full batch's step, stretched by
+  the prefills riding on it), and the count is the fewest ``n`` from that floor up whose wait for a slot
+  meets the TTFT budget at the SLO quantile, by the same Erlang C and Allen-Cunneen factor as the prefill
+  queue, ``cs^2`` from the outputs' spread. Many slots take a high load with short waits (64 slots run
+  about 90% full before the wait reaches the budget, where one prefill server runs about half full).
 - **KV cache**: those ``L`` sequences hold ``prompt + output / 2`` tokens each on average; the count keeps
   the fleet's KV capacity at most ``kv_headroom`` full (the target of the KV-usage metric, so preemption
   stays rare).
@@ -120,7 +128,10 @@ def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: floa
     # decode slots' time, so both terms are met by the same replicas
     prefilling = rate * prefill_added(profile, prompt, cached=max(cached, 0),
                                       budget=max(profile.max_num_batched_tokens - carried, 1))
-    decode = math.ceil(in_decode / batch + prefilling - 1e-9)
+    floor = math.ceil(in_decode / batch + prefilling - 1e-9)
+    decode, slot_step = decode_slot_replicas(rate=rate, output=output, output_sd=output_sd, batch=batch,
+                                             step=step, prefilling=prefilling, floor=floor,
+                                             wait_budget_s=budget, quantile=quantile)
     kv = math.ceil(in_decode * context / (kv_headroom * profile.kv_capacity_tokens))
     lengths = output_quantiles(output, output_sd)
     tail = TpotTail(profile, rate=rate, prompt=prompt, cached=max(cached, 0), context=context,
@@ -139,9 +150,16 @@ def work_needs(profile: ReplicaProfile, *, rate: float | None, mean_prompt: floa
         spread = "prefill times taken as exponential"
     prefill_note = (f"{prefill} (Erlang C: {rate:.3g} req/s x {service * 1e3:.0f} ms prefill of {tokens}, "
                     f"{spread}, P{quantile * 100:g} wait within {within})")
+    slot_note = ""
+    if decode > floor:  # the slots at the floor, full enough that the wait for one misses the budget
+        full = rate * output * step / max(1 - prefilling / floor, 1e-9) / (floor * batch)
+        slot_note = (f"; {floor} would keep their {floor * batch} slots {min(full, 1):.0%} full, and the "
+                     f"wait for one within the P{quantile * 100:g} TTFT budget needs {decode} (a sequence "
+                     f"holds one for {output:.0f} steps of {slot_step * 1e3:.0f} ms with the prefills)")
     reason = (f"prefill {prefill_note}; decode {decode} ({in_decode:.1f} sequences of {output:.0f} tokens "
               f"at batch {batch}, {step * 1e3:.0f} ms steps within {tpot_slo_s:g}s TPOT / 2: "
-              f"{in_decode / batch:.2f} replicas, plus {prefilling:.2f} of prefill in their steps); KV {kv} "
+              f"{in_decode / batch:.2f} replicas, plus {prefilling:.2f} of prefill in their steps"
+              f"{slot_note}); KV {kv} "
               f"({in_decode * context:,.0f} tokens held, {kv_headroom:.0%} of {profile.kv_capacity_tokens:,} "
               f"each); TPOT tail {tpot} ({tpot_share:.1%} of requests over {tpot_slo_s:g}s TPOT "
               f"there, within {1 - quantile:.0%}; outputs "
@@ -270,6 +288,29 @@ def decode_batch(profile: ReplicaProfile, context: float, tpot_slo_s: float) -> 
         if _decode_step(profile, batch, context) <= tpot_slo_s / 2:
             best = batch
     return best, _decode_step(profile, best, context)
+
+
+def decode_slot_replicas(*, rate: float, output: float, output_sd: float | None, batch: int, step: float,
+                         prefilling: float, floor: int, wait_budget_s: float,
+                         quantile: float) -> tuple[int, float]:
+    """The fewest replicas from ``floor`` up whose ``batch`` decode slots each keep the wait for a slot
+    within ``wait_budget_s`` at ``quantile`` (module docstring, decode), and the step a full batch takes
+    on that many with ``prefilling`` engine-seconds a second of prefill riding on their steps.
+    ``output_sd`` None: outputs geometric, ``cs^2`` about 1."""
+    cs2 = 1.0 - 1.0 / output if output_sd is None else (output_sd / output) ** 2
+    variability = (1 + cs2) / 2
+    n = max(floor, 1)
+    while n < MAX_REPLICAS_CONSIDERED:
+        left = 1 - prefilling / n  # the share of each replica's time its decode steps get
+        if left > 0:
+            full_step = step / left
+            hold = output * full_step  # seconds a sequence holds its slot
+            offered, servers = rate * hold, n * batch
+            if offered < servers and wait_budget_s > 0 and erlang_c(servers, offered) * math.exp(
+                    -(servers - offered) * wait_budget_s / (hold * variability)) <= 1 - quantile:
+                return n, full_step
+        n += 1
+    return MAX_REPLICAS_CONSIDERED, step
 
 
 def _decode_step(profile: ReplicaProfile, batch: int, context: float) -> float:

@@ -188,6 +188,24 @@ def test_long_outputs_scale_up_by_the_decode_slots_they_hold() -> None:
     assert f"decode {long} (" in reason
 
 
+def test_decode_slots_near_full_add_a_replica_for_the_wait_for_one() -> None:
+    """Short prompts and answers of 40 tokens at the rate where the slots' floor (``L / b`` plus the
+    prefills' share) just fits one replica: its 64 slots would run nearly full, and a sequence that finds
+    them taken waits for one, so the decode term asks for a second and says why. Well under that rate the
+    wait is short and the floor stands."""
+    batch, step = decode_batch(PROFILE, 100 + 20, 0.1)
+    prefill = prefill_added(PROFILE, 100)
+    edge = 0.98 / (40 * step / batch + prefill)  # the rate at which the floor is 0.98 of one replica
+    near = work_needs(PROFILE, rate=edge, mean_prompt=100, mean_output=40, ttft_slo_s=1.0, tpot_slo_s=0.1,
+                      output_sd=30.0)
+    under = work_needs(PROFILE, rate=0.7 * edge, mean_prompt=100, mean_output=40, ttft_slo_s=1.0,
+                       tpot_slo_s=0.1, output_sd=30.0)
+    assert near is not None and under is not None
+    assert near.decode == 2 and under.decode == 1
+    assert f"1 would keep their {batch} slots" in near.reason and "TTFT budget needs 2" in near.reason
+    assert "slots" not in under.reason.split("; KV")[0].split("decode 1 (")[1]
+
+
 def test_short_answers_behind_long_prompts_scale_up_for_their_tpot_tail() -> None:
     """A 1,000-token prompt adds about 0.2 s to the step it rides on, twice the 0.1 s TPOT SLO. At 2
     requests/s one replica holds the prefill queue (TTFT) and the mean step (decode), yet a 4-token answer

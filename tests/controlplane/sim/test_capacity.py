@@ -59,3 +59,17 @@ def test_the_command_prints_one_row_per_rate_and_refuses_bad_rates_on_one_line(
     for bad in ("0", "4,x", "nan"):
         with pytest.raises(SystemExit, match="--rates: "):
             main(["capacity", "long-prompt", "--replicas", "2", "--rates", bad])
+
+
+def test_the_decode_slots_are_a_queue_so_one_replica_is_not_sized_up_to_its_collapse() -> None:
+    """Shared-prefix requests (prompts mostly served by the prefix cache, answers of about 44 tokens) keep
+    a replica's 64 decode slots nearly full: at 29 requests/s one replica meets the SLO, at 31 its slots
+    are full most of the time, sequences wait for one unprefilled and the queue runs away. The slots'
+    floor (``L / b`` plus the prefills' share) still reads one replica at 31 and up to 32; counted as a
+    queue of 64 servers whose wait must meet the TTFT budget, the decode term asks for two where the
+    simulated replica collapses, and for one where it holds."""
+    profile = load_reference_profile()
+    holds, collapses = (capacity_row("shared-prefix", rate, 1, profile=profile, duration_s=600.0)
+                        for rate in (29.0, 31.0))
+    assert holds.report.slo_attainment > 0.99 and collapses.report.slo_attainment < 0.5
+    assert holds.work == 1 and collapses.work == 2
