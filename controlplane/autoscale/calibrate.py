@@ -4,9 +4,11 @@ It starts a replica as the control plane does (its own process, ``num_threads`` 
 start (spawn to ``/ready``), prefills of several lengths (time to first token of a one-token completion;
 each prompt is fresh random ids, so the prefix cache never skips the work) and decode steps of several
 batch sizes at several context lengths (the median gap between tokens while every stream of the batch
-decodes), in rounds over all points, each point keeping its median round; reads its KV capacity from
-``vllm:cache_config_info``; fits :class:`~controlplane.autoscale.profile.ReplicaProfile` to the calibration
-points and reports its error on held-out points measured the same way but never fitted.
+decodes), in rounds over all points, each point keeping its median round; times a second replica's
+start while the first serves a steady decode load (a scale-up's start: the fleet grows when its replicas
+are busy); reads its KV capacity from ``vllm:cache_config_info``; fits
+:class:`~controlplane.autoscale.profile.ReplicaProfile` to the calibration points and reports its error
+on held-out points measured the same way but never fitted.
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ class Decode:
     context: int
 
 
+# The load the first replica serves while a second starts: a full steady batch, each stream longer than any
+# start takes (1,500 steps of 10-30 ms), cut once the second replica is ready.
+BUSY_LOAD = Decode(16, 256)
+BUSY_TOKENS = 1500
+BUSY_RAMP_S = 1.0  # the load's prefills (16 of 256 tokens, about 0.6 s) before the second replica starts
+
+
 @dataclass(slots=True, frozen=True)
 class CalibrationPlan:
     prefill_lens: tuple[int, ...] = (64, 256, 512, 1024)
@@ -58,12 +67,13 @@ class CalibrationPlan:
     cpu_decode_kernel: bool | None = None  # the replica's C++ decode kernel ([fleet] cpu_decode_kernel)
     packed_weights: bool | None = None  # the replica's packed linear weights ([fleet] packed_weights)
     cpu_limit: float | None = None  # the replica's CPU limit in cores ([fleet] replica_cpu_limit)
+    busy_starts: int = 3  # starts of a second replica beside the busy first; the profile keeps the median
 
     def __post_init__(self) -> None:
         if len(self.prefill_lens) + len(self.decodes) < 5:
             raise ValueError("a calibration needs at least 5 points for the model's 5 coefficients")
-        if self.repeats < 1 or self.decode_tokens < 4 or self.num_threads < 1:
-            raise ValueError("repeats and num_threads: >= 1; decode_tokens: >= 4")
+        if self.repeats < 1 or self.decode_tokens < 4 or self.num_threads < 1 or self.busy_starts < 0:
+            raise ValueError("repeats and num_threads: >= 1; decode_tokens: >= 4; busy_starts: >= 0")
         if self.cpu_limit is not None and not self.cpu_limit > 0:
             raise ValueError(f"cpu_limit: must be > 0 cores, got {self.cpu_limit!r}")
 
@@ -74,12 +84,13 @@ class CalibrationPlan:
 
     @property
     def num_measurements(self) -> int:
-        return self.num_points * self.repeats
+        return self.num_points * self.repeats + self.busy_starts
 
 
 QUICK_PLAN = CalibrationPlan(
     prefill_lens=(64, 384, 1024), decodes=(Decode(1, 128), Decode(8, 128), Decode(24, 768)),
-    held_out_prefill_lens=(256,), held_out_decodes=(Decode(12, 512),), decode_tokens=16, repeats=2)
+    held_out_prefill_lens=(256,), held_out_decodes=(Decode(12, 512),), decode_tokens=16, repeats=2,
+    busy_starts=1)
 
 
 def calibrate(plan: CalibrationPlan = CalibrationPlan(), *,
@@ -102,12 +113,53 @@ def calibrate(plan: CalibrationPlan = CalibrationPlan(), *,
         start_s = time.monotonic() - started
         say(0, plan.num_measurements, f"replica ready after {start_s:.2f}s")
         points, held_out, limits = asyncio.run(_measure(replica.base_url, plan, say))
+        busy_start_s = busy_start(replica.base_url, plan, say) if plan.busy_starts else None
     kernel, packed = limits.pop("cpu_decode_kernel", 0), limits.pop("packed_weights", 0)
     source = (f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.node()} "
               f"({platform.processor() or platform.machine()}), default model, {plan.num_threads} torch "
               f"thread(s){', CPU decode kernel' if kernel else ''}{', packed weights' if packed else ''}"
               f"{'' if plan.cpu_limit is None else f', CPU limit {plan.cpu_limit:g} cores'}")
-    return fit(points, held_out, start_s=round(start_s, 3), source=source, cpu_limit=plan.cpu_limit, **limits)
+    return fit(points, held_out, start_s=round(start_s, 3), source=source, cpu_limit=plan.cpu_limit,
+               busy_start_s=busy_start_s, **limits)
+
+
+def busy_start(url: str, plan: CalibrationPlan, say: Progress) -> float:
+    """Spawn to ready of a second replica (the fleet's flags) while the replica at ``url`` decodes
+    :data:`BUSY_LOAD`: the median of ``plan.busy_starts`` tries. Alone a replica starts on idle cores; at a
+    scale-up it shares them with a busy replica and the processes serving its traffic, and starts slower
+    (1.5-2.3x the start alone, in the live runs of ``python -m controlplane.bench sim-vs-live``)."""
+    done = plan.num_points * plan.repeats
+    times = []
+    for i in range(plan.busy_starts):
+        replica_id = f"calibrate-{i + 1}"
+        times.append(asyncio.run(_start_beside_load(url, plan, seed=1000 + i, replica_id=replica_id)))
+        say(done + i + 1, plan.num_measurements, f"a replica started beside a busy one in {times[-1]:.2f}s")
+    return round(statistics.median(times), 3)
+
+
+async def _start_beside_load(url: str, plan: CalibrationPlan, *, seed: int, replica_id: str) -> float:
+    from inference.launcher import ReplicaProcess, free_port
+
+    def start() -> float:
+        second = ReplicaProcess(free_port(), replica_id=replica_id, extra_args=replica_args(plan))
+        started = time.monotonic()
+        with second:
+            second.wait_ready(timeout=180)
+            return time.monotonic() - started
+
+    rng = random.Random(seed)
+    async with httpx.AsyncClient(base_url=url, timeout=120, trust_env=False) as client:
+        load = [asyncio.create_task(_stream(client, _prompt(rng, BUSY_LOAD.context), BUSY_TOKENS))
+                for _ in range(BUSY_LOAD.batch)]
+        try:
+            await asyncio.sleep(BUSY_RAMP_S)
+            if any(task.done() for task in load):  # a refused request: its error, not a start time
+                await next(task for task in load if task.done())
+            return await asyncio.to_thread(start)
+        finally:
+            for task in load:
+                task.cancel()
+            await asyncio.gather(*load, return_exceptions=True)
 
 
 def kernel_build_command(plan: CalibrationPlan) -> list[str] | None:

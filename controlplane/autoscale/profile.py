@@ -108,6 +108,10 @@ class ReplicaProfile:
     # none, the replica had whatever the host gave it. The simulator counts a busy replica as this much of
     # a core when replicas share the host's cores.
     cpu_limit: float | None = None
+    # spawn to ready while another replica serves a steady decode load on the same host (``controlplane
+    # calibrate``): what a scale-up gets, since the fleet grows when its replicas are busy. None: not
+    # measured (profiles before 2026-12-07, hand-written ones); ``start_s`` stands for it.
+    busy_start_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("step_base_s", "per_seq_s", "per_prefill_token_s", "per_context_token_s", "start_s",
@@ -122,6 +126,14 @@ class ReplicaProfile:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)!r}")
         if self.cpu_limit is not None and not self.cpu_limit > 0:
             raise ValueError(f"cpu_limit: must be > 0 or null, got {self.cpu_limit!r}")
+        if self.busy_start_s is not None and not self.busy_start_s >= 0:
+            raise ValueError(f"busy_start_s: must be >= 0 or null, got {self.busy_start_s!r}")
+
+    @property
+    def scale_up_start_s(self) -> float:
+        """Spawn to ready of a replica added beside busy ones: measured so when calibrated, else the start
+        alone."""
+        return self.start_s if self.busy_start_s is None else self.busy_start_s
 
     def step_time(self, *, num_decode: int, num_prefill_tokens: int, context_tokens: int,
                   prefill_pairs: int | None = None) -> float:

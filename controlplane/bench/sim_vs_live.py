@@ -243,7 +243,9 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
                        f"{min(speeds):.2f}-{max(speeds):.2f}x over {len(speeds)} decision windows"))
     if run.starts:
         print("live replica starts, from the scale-up to ready: " + ", ".join(f"{s:.1f}s" for s in run.starts)
-              + f"; the simulator's {profile.start_s:.1f}s (the profile's start, one replica alone)")
+              + f"; the simulator's {profile.scale_up_start_s:.1f}s (the profile's start "
+              + ("beside a busy replica)" if profile.busy_start_s is not None
+                 else "alone: not measured beside a busy one)"))
     if run.on_cpu is not None and run.drift is not None:
         print(f"live engines on a core {run.on_cpu:.0%} of their steps' time, waiting for one the rest (the "
               f"load client, the gateway, the control plane and the other replicas share the host's cores); "
@@ -286,7 +288,7 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
             "live_host_speed": run.speed, "live_replica_starts_s": run.starts,
             "live_engine_cpu_s": run.engine_cpu_s,
             "live_server_cpu_per_request_s": run.server_cpu_per_request_s(),
-            "profile_start_s": profile.start_s,
+            "profile_start_s": profile.start_s, "profile_busy_start_s": profile.busy_start_s,
             "sim_at_live_speed": None if at_speed is None else dataclasses.asdict(at_speed),
             "sim_loop_start": {"first_tick_s": begin.first_tick_s, "panic_counted_s": begin.panic_counted_s,
                                "load": [dataclasses.asdict(s) for s in begin.prior.load],

@@ -100,8 +100,10 @@ def report(profile: ReplicaProfile) -> str:
         f"step = {profile.step_base_s * 1e3:.2f} ms + {profile.per_seq_s * 1e3:.3f} ms/decoding seq + "
         f"{profile.per_prefill_token_s * 1e3:.4f} ms/prefill token + {profile.per_prefill_pair_s * 1e9:.2f} "
         f"ns/prefill attention pair + {profile.per_context_token_s * 1e6:.4f} us/context token")
-    lines.append(f"start {profile.start_s:.2f}s; KV capacity {profile.kv_capacity_tokens:,} tokens; "
-                 f"{profile.max_num_seqs} sequences, {profile.max_num_batched_tokens} tokens a step at most")
+    beside = "" if profile.busy_start_s is None else f", {profile.busy_start_s:.2f}s beside a busy replica"
+    lines.append(f"start {profile.start_s:.2f}s alone{beside}; KV capacity {profile.kv_capacity_tokens:,} "
+                 f"tokens; {profile.max_num_seqs} sequences, {profile.max_num_batched_tokens} tokens a step "
+                 "at most")
     lines.append(f"fit error: {profile.fit_error().describe()} (bound {HELD_OUT_BOUND:.0%} held out)")
     return "\n".join(lines)
 

@@ -11,9 +11,10 @@ token comes at the end of the step that finishes its prefill. A step lasts ``pro
 space is reserved for prompt + output on admission (no preemption). A request whose prompt opens with a
 shared prefix the replica has cached skips its whole blocks, as with the engine's prefix cache (see
 :mod:`controlplane.sim.replica`); the observation carries the share of prompt tokens so served. A replica
-is not ready (gets no requests) until ``start_s`` after it was started; a replica being removed drains
-(finishes what it runs, hands its waiting requests back to the router); a crashed replica hands every
-request back and the fleet starts a replacement.
+is not ready (gets no requests) until ``start_s`` after it was started, or the profile's start beside a
+busy replica (``busy_start_s``, where calibrated) when one of the others is busy; a replica being removed
+drains (finishes what it runs, hands its waiting requests back to the router); a crashed replica hands
+every request back and the fleet starts a replacement.
 
 Speed: between two events a replica that only decodes runs ``k`` identical steps as one segment (until
 its next sequence finishes, or until an arrival it could admit), so the cost is per request, not per
@@ -374,7 +375,11 @@ class FleetSim:
         if ready_now:
             replica.phase = ReplicaPhase.READY
         else:
-            self.clock.push(self.now + self.profile.start_s, "ready", replica)
+            # beside a busy replica a start shares the cores with it (the profile's busy start, when
+            # measured); on an idle fleet it has them to itself
+            busy = any(r.busy for r in self.replicas)
+            start = self.profile.scale_up_start_s if busy else self.profile.start_s
+            self.clock.push(self.now + start, "ready", replica)
         return replica
 
     def _alive(self) -> list[Replica]:

@@ -133,6 +133,23 @@ def test_a_crashed_replica_is_replaced_and_its_requests_resume_elsewhere() -> No
     assert len(sim.replicas) == 3 and sim.replicas[2].started_at == pytest.approx(1.0)
 
 
+def test_a_replica_started_beside_a_busy_one_takes_the_profiles_busy_start() -> None:
+    """A replacement started while the other replica decodes is ready after the profile's start beside a
+    busy replica (measured by ``controlplane calibrate``), not its start alone; a profile without that
+    measurement starts it in ``start_s``."""
+    # both replicas decode until about 8 s; the last arrival keeps the fleet sampled until 10 s
+    requests = [*(req(i, 0.0, output=800) for i in range(4)), req(4, 10.0)]
+
+    def ready_at(profile: ReplicaProfile) -> float:
+        sim = run(profile, requests, initial_replicas=2, crashes=(1.0,), sample_s=0.25)
+        return min(s.at for s in sim.samples if s.at > 1.0 and s.ready == 2)
+
+    assert ready_at(fixed(start_s=2.0, busy_start_s=3.5)) == pytest.approx(4.5, abs=0.25)
+    assert ready_at(fixed(start_s=2.0)) == pytest.approx(3.0, abs=0.25)
+    with pytest.raises(ValueError, match="busy_start_s"):
+        fixed(busy_start_s=-1.0)
+
+
 def test_static_n_replicas_cost_n_times_the_duration() -> None:
     requests = [req(i, i * 2.0) for i in range(50)]
     report = simulate(requests, PolicySpec.parse("static:3"), profile=fixed())
@@ -411,6 +428,10 @@ def test_calibrate_measures_a_real_replica_and_prints_its_fit(tmp_path: Path) ->
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     profile = load_profile(written)
     assert profile.start_s > 0 and len(profile.points) == 6 and len(profile.held_out) == 2
+    # a second replica started while the first decoded a steady batch: a scale-up's start
+    assert profile.busy_start_s is not None and profile.busy_start_s > 0
+    starts = f"start {profile.start_s:.2f}s alone, {profile.busy_start_s:.2f}s beside a busy replica"
+    assert starts in done.stdout
     prefill_64, prefill_1024 = profile.points[0], profile.points[2]
     assert prefill_1024.seconds > prefill_64.seconds  # a longer prefill takes longer
     assert profile.kv_capacity_tokens > 1000 and profile.max_num_seqs >= 1
