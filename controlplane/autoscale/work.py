@@ -33,8 +33,9 @@ requests that finished in the window into four replica counts, each from the rep
   holding a sequence for ``output`` steps of ``step(b) / (1 - p / n)`` (a full batch's step, stretched by
   the prefills riding on it), and the count is the fewest ``n`` from that floor up whose wait for a slot
   meets the TTFT budget at the SLO quantile, by the same Erlang C and Allen-Cunneen factor as the prefill
-  queue, ``cs^2`` from the outputs' spread. Many slots take a high load with short waits (64 slots run
-  about 90% full before the wait reaches the budget, where one prefill server runs about half full).
+  queue, ``cs^2`` from the outputs' spread. Many slots take a high load with short waits: on the
+  evaluation set's shared-prefix requests one replica is sized up to its 64 slots 92% full (30 requests/s),
+  two from 94% (30.5).
 - **KV cache**: those ``L`` sequences hold ``prompt + output / 2`` tokens each on average; the count keeps
   the fleet's KV capacity at most ``kv_headroom`` full (the target of the KV-usage metric, so preemption
   stays rare).
