@@ -306,9 +306,7 @@ def decode_slot_replicas(*, rate: float, output: float, output_sd: float | None,
         if left > 0:
             full_step = step / left
             hold = output * full_step  # seconds a sequence holds its slot
-            offered, servers = rate * hold, n * batch
-            if offered < servers and wait_budget_s > 0 and erlang_c(servers, offered) * math.exp(
-                    -(servers - offered) * wait_budget_s / (hold * variability)) <= 1 - quantile:
+            if waits_within(n * batch, rate * hold, hold, wait_budget_s, quantile, variability):
                 return n, full_step
         n += 1
     return MAX_REPLICAS_CONSIDERED, step
@@ -390,11 +388,20 @@ def erlang_c_servers(offered: float, service_s: float, wait_budget_s: float, qua
         return MAX_REPLICAS_CONSIDERED
     c = max(1, math.floor(offered) + 1)
     while c < MAX_REPLICAS_CONSIDERED:
-        tail = math.exp(-(c - offered) * wait_budget_s / (service_s * variability))
-        if erlang_c(c, offered) * tail <= 1 - quantile:
+        if waits_within(c, offered, service_s, wait_budget_s, quantile, variability):
             return c
         c += 1
     return MAX_REPLICAS_CONSIDERED
+
+
+def waits_within(servers: int, offered: float, service_s: float, wait_budget_s: float, quantile: float,
+                 variability: float = 1.0) -> bool:
+    """Whether an M/G/c queue of ``servers`` at ``offered`` Erlangs keeps ``P(wait > wait_budget_s)``
+    within ``1 - quantile``: Erlang C times the wait's exponential tail, scaled by ``variability``."""
+    if offered >= servers or wait_budget_s <= 0:
+        return False
+    tail = math.exp(-(servers - offered) * wait_budget_s / (service_s * variability))
+    return erlang_c(servers, offered) * tail <= 1 - quantile
 
 
 def erlang_c(servers: int, offered: float) -> float:
