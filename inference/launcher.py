@@ -1,7 +1,8 @@
 """Start one replica as a child process and wait until it is ready (used by benchmarks and tests).
 
 The control plane's process backend manages fleets; this is the small single-replica version: spawn
-``python -m inference serve``, poll ``/ready`` with a deadline, and always stop what was started.
+``python -m inference serve`` (or fork it from a :class:`~inference.forkserver.ForkServer`, as the fleet
+does), poll ``/ready`` with a deadline, and always stop what was started.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import httpx
 
 from inference.cpu_limit import sweep
 from inference.environment import child_environment
+from inference.forkserver import ForkedProcess, ForkServer, still_running
 
 
 def unwind_on_sigterm() -> None:
@@ -57,7 +59,8 @@ class ReplicaProcess:
     extra_args: Sequence[str] = ()
     env: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
-    process: subprocess.Popen[bytes] | None = None
+    forkserver: ForkServer | None = None  # fork it from this (as the fleet does) instead of exec'ing it
+    process: subprocess.Popen[bytes] | ForkedProcess | None = None
 
     @property
     def base_url(self) -> str:
@@ -67,7 +70,9 @@ class ReplicaProcess:
         cmd = [sys.executable, "-m", "inference", "serve", "--port", str(self.port),
                "--replica-id", self.replica_id, "--zone", self.zone, *self.extra_args]
         env = replica_environment(self.env)
-        if self.log_path is None:
+        if self.forkserver is not None:
+            self.process = self.forkserver.spawn(cmd[3:], env, self.log_path)
+        elif self.log_path is None:
             self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
         else:
             with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
@@ -77,7 +82,7 @@ class ReplicaProcess:
     def wait_ready(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
+            if self.process is not None and not still_running(self.process):
                 raise RuntimeError(f"replica {self.replica_id} exited with {self.process.returncode} "
                                    f"before it was ready{self._log_tail()}")
             try:
@@ -90,13 +95,13 @@ class ReplicaProcess:
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM (drain), then SIGKILL after ``timeout``; returns the exit status."""
-        if self.process is None or self.process.poll() is not None:
+        if self.process is None or not still_running(self.process):
             return None if self.process is None else self.process.returncode
         self.process.send_signal(signal.SIGTERM)
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            self.process.send_signal(signal.SIGKILL)
             return self.process.wait()
 
     def _log_tail(self) -> str:

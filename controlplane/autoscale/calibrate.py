@@ -31,6 +31,7 @@ from controlplane.autoscale.profile import ProfilePoint, ReplicaProfile, fit
 from controlplane.errors import Unavailable
 from inference.config import switch_args
 from inference.environment import child_environment
+from inference.forkserver import ForkServer, ForkServerError
 from inference.metrics import ENGINE_INFO
 
 # token ids below this are the default model's special tokens (see inference.bench.datasets)
@@ -68,6 +69,7 @@ class CalibrationPlan:
     packed_weights: bool | None = None  # the replica's packed linear weights ([fleet] packed_weights)
     cpu_limit: float | None = None  # the replica's CPU limit in cores ([fleet] replica_cpu_limit)
     busy_starts: int = 3  # starts of a second replica beside the busy first; the profile keeps the median
+    fork: bool = True  # replicas forked from a fork server, as the fleet starts them ([fleet] fork_replicas)
 
     def __post_init__(self) -> None:
         if len(self.prefill_lens) + len(self.decodes) < 5:
@@ -106,24 +108,49 @@ def calibrate(plan: CalibrationPlan = CalibrationPlan(), *,
         # it cannot build, the command says why and the replica runs the torch path, as in the fleet
         subprocess.run(build, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        env=child_environment(), timeout=KERNEL_BUILD_TIMEOUT_S)
-    replica = ReplicaProcess(free_port(), replica_id="calibrate-0", extra_args=replica_args(plan))
-    started = time.monotonic()
-    with replica:
-        replica.wait_ready(timeout=180)  # a replica that could not have its CPU limit exits: said here
-        start_s = time.monotonic() - started
-        say(0, plan.num_measurements, f"replica ready after {start_s:.2f}s")
-        points, held_out, limits = asyncio.run(_measure(replica.base_url, plan, say))
-        busy_start_s = busy_start(replica.base_url, plan, say) if plan.busy_starts else None
+    server = fork_server(plan, say)
+    try:
+        replica = ReplicaProcess(free_port(), replica_id="calibrate-0", extra_args=replica_args(plan),
+                                 forkserver=server)
+        started = time.monotonic()
+        with replica:
+            replica.wait_ready(timeout=180)  # a replica that could not have its CPU limit exits: said here
+            start_s = time.monotonic() - started
+            say(0, plan.num_measurements, f"replica ready after {start_s:.2f}s")
+            points, held_out, limits = asyncio.run(_measure(replica.base_url, plan, say))
+            busy_start_s = busy_start(replica.base_url, plan, say, server) if plan.busy_starts else None
+    finally:
+        if server is not None:
+            server.close()
     kernel, packed = limits.pop("cpu_decode_kernel", 0), limits.pop("packed_weights", 0)
     source = (f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.node()} "
               f"({platform.processor() or platform.machine()}), default model, {plan.num_threads} torch "
               f"thread(s){', CPU decode kernel' if kernel else ''}{', packed weights' if packed else ''}"
-              f"{'' if plan.cpu_limit is None else f', CPU limit {plan.cpu_limit:g} cores'}")
+              f"{'' if plan.cpu_limit is None else f', CPU limit {plan.cpu_limit:g} cores'}"
+              f"{', forked starts' if server is not None else ''}")
     return fit(points, held_out, start_s=round(start_s, 3), source=source, cpu_limit=plan.cpu_limit,
                busy_start_s=busy_start_s, **limits)
 
 
-def busy_start(url: str, plan: CalibrationPlan, say: Progress) -> float:
+def fork_server(plan: CalibrationPlan, say: Progress) -> ForkServer | None:
+    """A fork server with its imports done, where the plan forks replicas (at ``controlplane up`` the fork
+    server imports while the control plane starts, so that is no part of a replica's start); None, with the
+    reason said, where it cannot run: the fleet then exec's its replicas, and so does the calibration."""
+    from inference.launcher import replica_environment
+
+    if not plan.fork:
+        return None
+    server = ForkServer(replica_environment())
+    try:
+        server.wait_ready()
+    except ForkServerError as exc:
+        server.close()
+        say(0, plan.num_measurements, f"replicas exec'd, not forked: {exc}")
+        return None
+    return server
+
+
+def busy_start(url: str, plan: CalibrationPlan, say: Progress, server: ForkServer | None = None) -> float:
     """Spawn to ready of a second replica (the fleet's flags) while the replica at ``url`` decodes
     :data:`BUSY_LOAD`: the median of ``plan.busy_starts`` tries. Alone a replica starts on idle cores; at a
     scale-up it shares them with a busy replica and the processes serving its traffic, and starts slower
@@ -132,16 +159,19 @@ def busy_start(url: str, plan: CalibrationPlan, say: Progress) -> float:
     times = []
     for i in range(plan.busy_starts):
         replica_id = f"calibrate-{i + 1}"
-        times.append(asyncio.run(_start_beside_load(url, plan, seed=1000 + i, replica_id=replica_id)))
+        times.append(asyncio.run(_start_beside_load(url, plan, seed=1000 + i, replica_id=replica_id,
+                                                    server=server)))
         say(done + i + 1, plan.num_measurements, f"a replica started beside a busy one in {times[-1]:.2f}s")
     return round(statistics.median(times), 3)
 
 
-async def _start_beside_load(url: str, plan: CalibrationPlan, *, seed: int, replica_id: str) -> float:
+async def _start_beside_load(url: str, plan: CalibrationPlan, *, seed: int, replica_id: str,
+                             server: ForkServer | None) -> float:
     from inference.launcher import ReplicaProcess, free_port
 
     def start() -> float:
-        second = ReplicaProcess(free_port(), replica_id=replica_id, extra_args=replica_args(plan))
+        second = ReplicaProcess(free_port(), replica_id=replica_id, extra_args=replica_args(plan),
+                                forkserver=server)
         started = time.monotonic()
         with second:
             second.wait_ready(timeout=180)

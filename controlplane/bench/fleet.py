@@ -12,8 +12,12 @@ its REST API as an operator would see it:
 - ``rto_capacity_s``: a ``kill`` fault on one replica's process (through the chaos API) -> 3 ready again.
 
 The ``ray`` backend runs on the lab of :mod:`controlplane.lab`, built for the benchmark and torn down after
-it, unless ``--ray-address`` names a cluster. The model is built before any clock starts. A failed run is
-reported and makes the command exit non-zero.
+it, unless ``--ray-address`` names a cluster. ``local-exec`` is the local backend with ``[fleet]
+fork_replicas = false``: each replica a fresh ``python -m inference serve``, the baseline for the forked
+replicas of ``local``; with both in a run the report gives forked over exec'd for each figure, and the
+command exits non-zero where a replica added or restarted is not at most :data:`FORK_TARGET` of the exec'd
+one's time. The model is built before any clock starts. A failed run is reported and makes the command exit
+non-zero.
 """
 
 from __future__ import annotations
@@ -42,11 +46,15 @@ from inference.environment import child_environment
 from inference.launcher import free_port
 from inference.models.default import ensure_default_model
 
-BACKENDS = ("local", "ray")
+BACKENDS = ("local", "local-exec", "ray")
+# A forked replica skips the 2-3 s of imports of an exec'd one; what the figures add to both (the fleet's
+# 1 s health checks, the model's load and first forward pass) leaves it at about 0.3-0.5 of the time.
+FORK_TARGET = 0.75
 READY_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 60.0
 POLL_S = 0.1
 T = TypeVar("T")
+FIGURES = ("up_to_3_ready_s", "spawn_to_3_ready_s", "per_added_replica_s", "rto_capacity_s")
 
 
 class FleetBenchError(ControlPlaneError, RuntimeError):
@@ -76,7 +84,8 @@ class FleetBenchResult:
 
 def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="local,ray",
-                        help="comma-separated: local, ray (default %(default)s)")
+                        help="comma-separated: local, local-exec (replicas exec'd, not forked), ray "
+                             "(default %(default)s)")
     parser.add_argument("--runs", type=int, default=1, help="runs per backend (default %(default)s)")
     parser.add_argument("--ray-address", default=None,
                         help="a Ray cluster (ray://host:port); default: build the lab and use it")
@@ -99,10 +108,15 @@ def fleet_main(args: argparse.Namespace) -> int:
             for backend in backends:  # interleaved: drift and noise fall on both backends alike
                 result.runs.append(_one_run(backend, run, workdir / f"{backend}-{run}", ray_address))
     print(format_fleet_report(result))
+    ratios = fork_ratios(result)
+    if ratios:
+        print(format_fork_ratios(ratios))
     if args.out:
         Path(args.out).write_text(json.dumps({"runs": [asdict(r) for r in result.runs],
-                                              "machine": result.machine}, indent=2))
-    return 1 if result.failed else 0
+                                              "machine": result.machine, "forked_over_exec": ratios},
+                                             indent=2))
+    missed = any(ratios.get(name, 0.0) > FORK_TARGET for name in ("per_added_replica_s", "rto_capacity_s"))
+    return 1 if result.failed or missed else 0
 
 
 @contextmanager
@@ -158,6 +172,8 @@ def _one_run(backend: str, run: int, state: Path, ray_address: str) -> FleetRun:
 def _write_config(state: Path, backend: str, ray_address: str) -> tuple[Path, str]:
     api_port = free_port()
     ray = f'ray_address = "{ray_address}"\n' if backend == "ray" else ""
+    if backend == "local-exec":
+        backend, ray = "local", "fork_replicas = false\n"
     config = state / "controlplane.toml"
     config.write_text(f"""state_dir = "{state / 'state'}"
 [api]
@@ -237,16 +253,42 @@ def _row(r: FleetRun) -> str:
 def format_fleet_report(result: FleetBenchResult) -> str:
     """One line per backend: the median of its runs for each figure."""
     lines = [f"fleet bench: {result.machine.get('cpus')} CPUs, Python {result.machine.get('python')}",
-             f"{'backend':<8} {'runs':>4} {'up->3 ready s':>14} {'spawn->3 ready s':>17} "
+             f"{'backend':<10} {'runs':>4} {'up->3 ready s':>14} {'spawn->3 ready s':>17} "
              f"{'per added s':>12} {'RTO_capacity s':>15}"]
     for backend in dict.fromkeys(r.backend for r in result.runs):
         ok = [r for r in result.runs if r.backend == backend and r.error is None]
-        lines.append(f"{backend:<8} {len(ok):>4} " + " ".join(
+        lines.append(f"{backend:<10} {len(ok):>4} " + " ".join(
             f"{_median([getattr(r, name) for r in ok]):>{width}}" for name, width in (
                 ("up_to_3_ready_s", 14), ("spawn_to_3_ready_s", 17), ("per_added_replica_s", 12),
                 ("rto_capacity_s", 15))))
     lines += [f"FAILED {r.backend} run {r.run}: {r.error}" for r in result.failed]
     return "\n".join(lines)
+
+
+def fork_ratios(result: FleetBenchResult) -> dict[str, float]:
+    """Each figure's median for forked replicas (``local``) over exec'd ones (``local-exec``) of the same
+    run; empty without both."""
+    def medians(backend: str) -> dict[str, float]:
+        ok = [r for r in result.runs if r.backend == backend and r.error is None]
+        return {name: statistics.median(values) for name in FIGURES
+                if (values := [v for r in ok if (v := getattr(r, name)) is not None])}
+
+    forked, execd = medians("local"), medians("local-exec")
+    return {name: round(forked[name] / execd[name], 3) for name in FIGURES
+            if name in forked and execd.get(name, 0) > 0}
+
+
+def format_fork_ratios(ratios: dict[str, float]) -> str:
+    """One line: each figure forked over exec'd ("-" where either side did not measure it), and the
+    verdict on the two a scale-up and a crash wait for."""
+    def ratio(name: str) -> str:
+        return f"{ratios[name]:.2f}" if name in ratios else "-"
+
+    verdicts = ", ".join(f"{name} {'met' if ratios[name] <= FORK_TARGET else 'NOT MET'}"
+                         for name in ("per_added_replica_s", "rto_capacity_s") if name in ratios)
+    return (f"forked over exec'd (local / local-exec): up->3 ready {ratio('up_to_3_ready_s')}, spawn->3 "
+            f"ready {ratio('spawn_to_3_ready_s')}, per added {ratio('per_added_replica_s')}, RTO_capacity "
+            f"{ratio('rto_capacity_s')}; target <= {FORK_TARGET:g}: {verdicts or 'not measured'}")
 
 
 def _median(values: list[float | None]) -> str:

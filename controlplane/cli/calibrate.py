@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
                                       else args.cpu_decode_kernel),
                    packed_weights=(config.fleet.packed_weights if args.packed_weights is None
                                    else args.packed_weights),
-                   cpu_limit=config.fleet.replica_cpu_limit if args.cpu_limit is None else args.cpu_limit)
+                   cpu_limit=config.fleet.replica_cpu_limit if args.cpu_limit is None else args.cpu_limit,
+                   fork=config.fleet.fork_replicas)
     started = time.monotonic()
     profile = calibrate_with_bar(plan)
     print(report(profile))

@@ -194,6 +194,9 @@ class Fleet:
 
     # ---- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
+        prepare = getattr(self.backend, "prepare", None)  # a fork server's imports: before the first spawn
+        if prepare is not None:
+            await asyncio.to_thread(prepare)
         self.adopt_or_clean()
         self._task = asyncio.create_task(self._loop(), name="fleet-reconcile")
 

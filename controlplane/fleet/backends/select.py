@@ -13,7 +13,7 @@ def replica_backend(cfg: FleetConfig, state: Path) -> ReplicaBackend:
     """Local processes, or actors on the Ray cluster at ``ray_address`` (joined here: RayUnavailable, in
     one line, when Ray is not installed or the cluster does not answer)."""
     if cfg.backend == "local":
-        return LocalProcessBackend(log_dir=state / "logs", state_dir=state)
+        return LocalProcessBackend(log_dir=state / "logs", state_dir=state, fork=cfg.fork_replicas)
     from controlplane.fleet.backends.ray import RayBackend, connect, namespace_for
     from controlplane.fleet.backends.ray_thread import RayPlacement
 
