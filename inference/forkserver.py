@@ -254,11 +254,12 @@ class ForkServer:
         return ForkedProcess(int(answer["pid"]), self)
 
     def exit_status(self, pid: int, timeout: float) -> int | None:
-        """The status of ``pid`` once the fork server reaped it; None when it cannot say within ``timeout``
-        (it is gone: init reaped the child instead)."""
+        """The status of ``pid`` once the fork server reaped it, handed out once (its
+        :class:`ForkedProcess` keeps it); None when it cannot say within ``timeout`` (it is gone: init
+        reaped the child instead)."""
         with self._cond:
             self._cond.wait_for(lambda: pid in self._exits or self.failure is not None, timeout)
-            return self._exits.get(pid)
+            return self._exits.pop(pid, None)
 
     def close(self, timeout: float = 5.0) -> None:
         """End its input: it exits, and the replicas it forked go on."""
