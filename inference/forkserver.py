@@ -178,6 +178,15 @@ def set_command_line(args: Sequence[str]) -> None:
 
 # ---- the client ----------------------------------------------------------------------------------------
 
+def unavailable() -> str | None:
+    """Why replicas cannot be forked here, or None: each forked replica is held by a pidfd (Linux 5.3)."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError) as exc:
+        return f"no pidfd on this system ({type(exc).__name__}: {exc})"
+    return None
+
+
 class ForkServer:
     """A fork server of our own: started at once (it imports in the background), asked for replicas by
     :meth:`spawn` once :meth:`wait_ready`; :meth:`close` stops it (its replicas go on)."""
@@ -194,6 +203,7 @@ class ForkServer:
         self._exits: dict[int, int] = {}
         self._ready = False
         self.failure: str | None = None  # why it cannot fork, once it cannot
+        self.died = False  # it was ready, then exited (killed, or its input closed)
         self._next_id = 0
         threading.Thread(target=self._read, name="forkserver-reader", daemon=True).start()
 
@@ -213,6 +223,7 @@ class ForkServer:
                 self._cond.notify_all()
         status = self.process.wait()
         with self._cond:
+            self.died = self._ready  # it had forked, or could have: another one may be started
             self.failure = self.failure or f"the fork server exited with {status}"
             self._cond.notify_all()
 

@@ -32,6 +32,7 @@ from controlplane.errors import Unavailable
 from inference.config import switch_args
 from inference.environment import child_environment
 from inference.forkserver import ForkServer, ForkServerError
+from inference.forkserver import unavailable as forking_unavailable
 from inference.metrics import ENGINE_INFO
 
 # token ids below this are the default model's special tokens (see inference.bench.datasets)
@@ -139,6 +140,9 @@ def fork_server(plan: CalibrationPlan, say: Progress) -> ForkServer | None:
     from inference.launcher import replica_environment
 
     if not plan.fork:
+        return None
+    if (why := forking_unavailable()) is not None:
+        say(0, plan.num_measurements, f"replicas exec'd, not forked: {why}")
         return None
     server = ForkServer(replica_environment())
     try:

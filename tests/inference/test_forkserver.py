@@ -163,3 +163,16 @@ def test_the_local_backend_forks_adopts_and_execs_when_its_fork_server_is_gone(
             backend.kill(ReplicaHandle(spec.replica_id, pid))
         backend.close()
     assert backend._forkserver is not None and backend._forkserver.process.poll() is not None
+
+
+def test_without_pidfds_the_backend_execs_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A kernel before Linux 5.3 has no pidfd, which holds each forked replica: no fork server then."""
+    def no_pidfd(pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    with caplog.at_level(logging.WARNING):
+        backend = LocalProcessBackend(log_dir=tmp_path / "logs", state_dir=tmp_path, fork=True)
+    assert backend._forkserver is None
+    assert "replicas start with exec, not forked: no pidfd on this system" in caplog.text

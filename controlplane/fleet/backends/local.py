@@ -28,6 +28,7 @@ import psutil
 from controlplane.fleet.backends.base import NodeState, ReplicaHandle, ReplicaLocation, ReplicaSpec
 from inference.cpu_limit import sweep
 from inference.forkserver import ForkedProcess, ForkServer, ForkServerError, still_running
+from inference.forkserver import unavailable as forking_unavailable
 from inference.launcher import replica_environment
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,9 @@ class LocalProcessBackend:
         self._children: dict[int, subprocess.Popen[bytes] | ForkedProcess] = {}
         log_dir.mkdir(parents=True, exist_ok=True)
         self._forkserver: ForkServer | None = None
-        if fork:  # it imports while the control plane starts
+        if fork and (why := forking_unavailable()) is not None:
+            logger.warning("replicas start with exec, not forked: %s", why)
+        elif fork:  # it imports while the control plane starts
             self._forkserver = self._new_forkserver()
 
     def prepare(self) -> None:
@@ -93,7 +96,7 @@ class LocalProcessBackend:
         that died is started again for the next replicas."""
         server = self._forkserver
         if server is None or not server.ready:
-            if server is not None and server.failure is not None and "exited" in server.failure:
+            if server is not None and server.died:
                 logger.warning("the fork server is gone (%s): starting another", server.failure)
                 self._forkserver = self._new_forkserver()
             return None
