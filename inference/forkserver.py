@@ -47,7 +47,6 @@ from inference.environment import child_environment
 
 PRELOAD = ("inference.__main__", "inference.replica")
 ROOM = 4096  # bytes of command line a forked replica may show (a fleet's replica takes 300-600)
-REAP_INTERVAL_S = 0.2
 READY_TIMEOUT_S = 60.0  # the imports take 1.5-3 s on a quiet host; a busy one may take several times that
 ANSWER_TIMEOUT_S = 10.0  # a fork takes milliseconds
 
@@ -69,23 +68,26 @@ def main() -> int:
     gc.freeze()  # what the imports made stays in pages the children share, not copied by their collector
     _send({"ready": True})
     buffer = b""
-    with selectors.DefaultSelector() as selector:
+    with selectors.EpollSelector() as selector:
         selector.register(0, selectors.EVENT_READ)
         while True:
-            events = selector.select(REAP_INTERVAL_S)
-            _reap()
-            if not events:
-                continue
-            chunk = os.read(0, 1 << 16)
-            if not chunk:  # the client is gone
-                return 0
-            buffer += chunk
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                _fork(json.loads(line), selector.fileno())
+            for key, _ in selector.select():
+                if key.fd != 0:  # a child's pidfd: it exited
+                    selector.unregister(key.fd)
+                    os.close(key.fd)
+                    _reap()
+                    continue
+                chunk = os.read(0, 1 << 16)
+                if not chunk:  # the client is gone
+                    return 0
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    _fork(json.loads(line), selector)
 
 
-def _fork(request: dict[str, Any], selector_fd: int) -> None:
+def _fork(request: dict[str, Any], selector: selectors.EpollSelector) -> None:
+    """Fork the replica; its pidfd in ``selector`` wakes the loop when it exits, to reap it at once."""
     title = [sys.executable, "-m", "inference", *request["argv"]]
     try:
         _fits(title)
@@ -94,17 +96,22 @@ def _fork(request: dict[str, Any], selector_fd: int) -> None:
         _send({"id": request["id"], "error": str(exc)})
         return
     if pid == 0:
-        _become(request, title, selector_fd)
+        _become(request, title, [selector.fileno(), *(k.fd for k in selector.get_map().values() if k.fd)])
     _send({"id": request["id"], "pid": pid})
+    try:
+        selector.register(os.pidfd_open(pid), selectors.EVENT_READ)
+    except OSError:  # gone and reaped already, or no pidfd: the next wake-up reaps it
+        _reap()
 
 
-def _become(request: dict[str, Any], title: list[str], selector_fd: int) -> NoReturn:
+def _become(request: dict[str, Any], title: list[str], inherited: list[int]) -> NoReturn:
     """In the child: what an exec would have given it, then ``python -m inference`` itself; never returns
     into the fork server's loop."""
     code = 1
     try:
         set_command_line(title)  # first: a moment after the fork it already reads as the replica
-        os.close(selector_fd)  # the fork server's; its pipes are replaced below
+        for fd in inherited:  # the fork server's selector and its other children's pidfds
+            os.close(fd)
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
         log = null if request["log"] is None else \
