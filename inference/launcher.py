@@ -34,10 +34,21 @@ def unwind_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port free now and not handed out by this process before: the kernel may give a port just closed
+    to the next ``bind(0)``, and a configuration of several listeners written with one call each would then
+    name one port twice (a clean-clone run saw a gateway refused its port, Prometheus' own)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise OSError(f"no free port on {host} that this process had not handed out already")
 
 
 def replica_environment(extra: Mapping[str, str] = {}) -> dict[str, str]:

@@ -292,6 +292,9 @@ def test_drill_schedules_are_created_edited_paused_and_deleted(console: Console,
         assert (schedule.scenario_id, schedule.cron, schedule.overrides) == (
             "replica-crash", "0 3 * * 1", {"rate": 2.0, "replicas": [aimed.replica_id]})
 
+        # the form still holds what was created: a cron of its own first, so that the wait below sees the
+        # pick's answer land (a pick answered after the typing below would put the stored cron back)
+        _type(driver, "drills-sched-cron", "5 5 * * 5")
         choose(driver, "drills-sched-pick", "weekly-crash")
         WebDriverWait(driver, 10).until(
             lambda b: b.find_element(By.ID, "drills-sched-cron").get_attribute("value") == "0 3 * * 1")

@@ -212,7 +212,13 @@ def test_cli_shows_status_and_decisions_and_switches_observe_only(fleet: Running
         return subprocess.run([sys.executable, "-m", "controlplane", "autoscaler", *args], env=env,
                               capture_output=True, text=True, timeout=60)
 
-    first = wait_until(lambda: decisions(fleet), timeout=30, what="a first decision", interval=0.5)[0]
+    # three decisions for `decisions --limit 3` below (a fleet of forked replicas is ready a tick or two
+    # after `up`, when the loop may have made only one or two)
+    def three() -> list[Decision] | None:
+        made = decisions(fleet)
+        return made if len(made) >= 3 else None
+
+    first = wait_until(three, timeout=30 + 3 * TICK_S, what="three decisions", interval=0.5)[0]
     # the anomaly source runs in the loop
     assert first.anomaly is not None and first.anomaly["note"].startswith("warming up (")
     status = cli("status")
