@@ -200,7 +200,10 @@ class ForkServer:
 
     def __init__(self, env: Mapping[str, str], log_path: Path | None = None) -> None:
         """``env`` less any secret (:func:`~inference.environment.child_environment`): every replica it
-        forks shows it in ``/proc/<pid>/environ``; a replica's secret comes with its request."""
+        forks shows it in ``/proc/<pid>/environ``; a replica's secret comes with its request.
+        ``ForkServerError`` where this system cannot hold forked replicas (:func:`unavailable`)."""
+        if (why := unavailable()) is not None:
+            raise ForkServerError(why)
         with open(log_path, "ab") if log_path is not None else open(os.devnull, "wb") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "inference.forkserver", " " * ROOM],
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,

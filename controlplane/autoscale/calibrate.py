@@ -32,7 +32,6 @@ from controlplane.errors import Unavailable
 from inference.config import switch_args
 from inference.environment import child_environment
 from inference.forkserver import ForkServer, ForkServerError
-from inference.forkserver import unavailable as forking_unavailable
 from inference.metrics import ENGINE_INFO
 
 # token ids below this are the default model's special tokens (see inference.bench.datasets)
@@ -141,14 +140,13 @@ def fork_server(plan: CalibrationPlan, say: Progress) -> ForkServer | None:
 
     if not plan.fork:
         return None
-    if (why := forking_unavailable()) is not None:
-        say(0, plan.num_measurements, f"replicas exec'd, not forked: {why}")
-        return None
-    server = ForkServer(replica_environment())
+    server = None
     try:
+        server = ForkServer(replica_environment())
         server.wait_ready()
     except ForkServerError as exc:
-        server.close()
+        if server is not None:
+            server.close()
         say(0, plan.num_measurements, f"replicas exec'd, not forked: {exc}")
         return None
     return server

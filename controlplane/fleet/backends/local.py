@@ -28,7 +28,6 @@ import psutil
 from controlplane.fleet.backends.base import NodeState, ReplicaHandle, ReplicaLocation, ReplicaSpec
 from inference.cpu_limit import sweep
 from inference.forkserver import ForkedProcess, ForkServer, ForkServerError, still_running
-from inference.forkserver import unavailable as forking_unavailable
 from inference.launcher import replica_environment
 
 logger = logging.getLogger(__name__)
@@ -43,10 +42,11 @@ class LocalProcessBackend:
         self._children: dict[int, subprocess.Popen[bytes] | ForkedProcess] = {}
         log_dir.mkdir(parents=True, exist_ok=True)
         self._forkserver: ForkServer | None = None
-        if fork and (why := forking_unavailable()) is not None:
-            logger.warning("replicas start with exec, not forked: %s", why)
-        elif fork:  # it imports while the control plane starts
-            self._forkserver = self._new_forkserver()
+        if fork:  # it imports while the control plane starts
+            try:
+                self._forkserver = self._new_forkserver()
+            except ForkServerError as exc:
+                logger.warning("replicas start with exec, not forked: %s", exc)
 
     def prepare(self) -> None:
         """Wait for the fork server's imports (a few seconds; called off the event loop before the first
