@@ -382,8 +382,12 @@ class CrashDrill:
         state = self.order.state_dir
         found: list[str] = []
         consoles: list[int] = []
-        for proc in psutil.process_iter(["pid", "cmdline"]):
+        procs = list(psutil.process_iter(["pid", "ppid", "cmdline"]))
+        commands = {proc.pid: proc.info["cmdline"] for proc in procs}
+        for proc in procs:
             cmd = proc.info["cmdline"] or []
+            if commands.get(proc.info["ppid"]) == cmd:
+                continue  # a child between its fork and its exec (a replica's ninja, a gateway's ldconfig)
             if "inference" in cmd and "serve" in cmd and proc.pid not in owned_replicas and \
                     _env_of(proc).get("LLMSRE_STATE_DIR") == state:
                 found.append(f"replica pid {proc.pid}")

@@ -101,50 +101,47 @@ def routable_at(gateway: str) -> list[str]:
     return list(health["routable"])
 
 
-def replica_pids(state_dir: Path) -> set[int]:
-    """Processes serving a replica for this state dir (children of any control plane)."""
-    pids = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-            env = (proc / "environ").read_bytes()
-        except OSError:
-            continue
-        if b"serve" in cmd and b"inference" in cmd and str(state_dir).encode() in env:
-            pids.add(int(proc.name))
-    return pids
-
-
-def console_pids_of(api: str) -> set[int]:
-    """Console processes serving this control plane (they outlive a killed control plane, to be adopted)."""
-    pids = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"dashboards" in cmd and b"--api" in cmd and cmd[cmd.index(b"--api") + 1] == api.encode():
-            pids.add(int(proc.name))
-    return pids
-
-
-def gateway_pids(state_dir: Path) -> set[int]:
-    """Gateway processes whose state lives under this state dir (they outlive a killed control plane)."""
-    pids = set()
+def processes(match: Callable[[list[bytes], Path], bool]) -> set[int]:
+    """Processes whose command line (split on NULs) and ``/proc`` folder ``match`` accepts, less any
+    whose parent has the same command line: a child between its fork and its exec reads as its parent for
+    that moment (a gateway's imports run ``ldconfig -p``, a replica's start runs ``ninja``), and a scan
+    once caught a third gateway that way."""
+    found: dict[int, bytes] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             cmd = (proc / "cmdline").read_bytes()
+            if match(cmd.split(b"\0"), proc):
+                found[int(proc.name)] = cmd
         except OSError:
             continue
-        if b"controlplane.gateway\0" in cmd and f"{state_dir}/gateways/".encode() in cmd:
-            pids.add(int(proc.name))
-    return pids
+    return {pid for pid, cmd in found.items() if found.get(_parent(pid)) != cmd}
+
+
+def _parent(pid: int) -> int | None:
+    try:  # the field after the command name, which may itself hold ") "
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def replica_pids(state_dir: Path) -> set[int]:
+    """Processes serving a replica for this state dir (children of any control plane)."""
+    return processes(lambda cmd, proc: b"serve" in cmd and b"inference" in cmd
+                     and str(state_dir).encode() in (proc / "environ").read_bytes())
+
+
+def console_pids_of(api: str) -> set[int]:
+    """Console processes serving this control plane (they outlive a killed control plane, to be adopted)."""
+    return processes(lambda cmd, _: b"dashboards" in cmd and b"--api" in cmd
+                     and cmd[cmd.index(b"--api") + 1] == api.encode())
+
+
+def gateway_pids(state_dir: Path) -> set[int]:
+    """Gateway processes whose state lives under this state dir (they outlive a killed control plane)."""
+    return processes(lambda cmd, _: b"controlplane.gateway" in cmd
+                     and any(a.startswith(f"{state_dir}/gateways/".encode()) for a in cmd))
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from inference.bench.datasets import read_trace, shipped_trace
 from inference.bench.report import read_jsonl
 from inference.launcher import free_port
 
-from .conftest import Running, poll, shutdown, start, wait_ready
+from .conftest import Running, poll, processes, shutdown, start, wait_ready
 
 # the timeout is a backstop: each wait below has its own bound
 pytestmark = [pytest.mark.exclusive, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -343,17 +343,9 @@ def test_replica_crash_aimed_at_a_named_replica_under_trace_load_hits_it_and_rep
     assert_meets_targets(report)
 
 
-def processes_serving(model: Path) -> list[int]:
+def processes_serving(model: Path) -> set[int]:
     """Replica processes started with ``--model`` inside ``model``'s folder."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
-        except OSError:
-            continue
-        if b"inference" in cmd and str(model).encode() in cmd:
-            pids.append(int(proc.name))
-    return pids
+    return processes(lambda cmd, _: b"inference" in cmd and str(model).encode() in cmd)
 
 
 def test_a_rollout_whose_new_model_crashes_at_start_rolls_back_under_load_with_no_failed_stream(
@@ -393,7 +385,7 @@ def test_a_rollout_whose_new_model_crashes_at_start_rolls_back_under_load_with_n
             load.kill()
     assert (after.model, after.generation) == (before.model, before.generation)
     assert {r.replica_id for r in after.replicas} == {r.replica_id for r in before.replicas}
-    assert gone == [], f"replicas of the rolled-back model still run: {gone}"
+    assert gone == set(), f"replicas of the rolled-back model still run: {gone}"
     records = read_jsonl(jsonl)
     during = [r for r in records if rolled_back[0].ts - 5 <= r.send_wall <= rolled_back[0].ts]
     assert len(records) > 20 and during, "the load did not span the rollout"
