@@ -9,9 +9,10 @@ mix of streamed, non-streamed, cancelled and invalid requests (``serve --mix``).
 seconds it injects a fault drawn from the catalogue (a seeded draw among the kinds this control plane
 offers) into one replica through the chaos API; each fault reverts by its own duration. Every
 ``--sample-s`` seconds it records the RSS and open file descriptors of every process (control plane,
-gateways, replicas, Prometheus), their asyncio tasks (``llmsre_asyncio_tasks`` on each ``/metrics``),
-each replica's KV blocks in use, the store's size and row counts and Prometheus' head series. Once the
-load has stopped and the replicas have drained, it reads every replica's KV blocks in use once more.
+gateways, replicas, Prometheus, the fork server), their asyncio tasks (``llmsre_asyncio_tasks`` on each
+``/metrics``), each replica's KV blocks in use, the store's size and row counts and Prometheus' head
+series. Once the load has stopped and the replicas have drained, it reads every replica's KV blocks in
+use once more.
 
 The targets and the report are :mod:`controlplane.bench.soak_report`; the exit status is 0 when every target
 is met, 1 when one is missed, 2 when the soak could not run.
@@ -252,8 +253,11 @@ class Sampler:
             if KV_BLOCKS_IN_USE in page:
                 kv[r.replica_id] = int(page[KV_BLOCKS_IN_USE])
                 running[r.replica_id] = int(page.get("vllm:num_requests_running", 0))
+        children = _children(self.cp.process.pid)
         processes += [_process("prometheus", pid, None, warmup_s=self.prometheus_warmup_s,
-                               since=self.load_start_wall) for pid in _prometheus_pids(self.cp.process.pid)]
+                               since=self.load_start_wall) for pid in children.get("prometheus", ())]
+        # the fork server holds a pidfd per live replica it forked: a restart that leaks one shows here
+        processes += [_process("fork-server", pid, None) for pid in children.get("fork-server", ())]
         return Sample(t=round(time.time() - self.load_start_wall, 3), wall=time.time(),
                       processes=tuple(p for p in processes if p is not None), kv_blocks_in_use=kv,
                       requests_running=running, store_bytes=_store_bytes(self.cp.state),
@@ -282,16 +286,20 @@ def _process(role: str, pid: int, tasks: float | None, *, warmup_s: float | None
         return None
 
 
-def _prometheus_pids(root: int) -> list[int]:
+def _children(root: int) -> dict[str, list[int]]:
+    """The control plane's own children the soak watches beside the fleet's processes, by role: Prometheus
+    and the fork server the local replicas are forked from (the replicas are its children)."""
     try:
-        children = psutil.Process(root).children(recursive=True)
+        children = psutil.Process(root).children()
     except psutil.Error:
-        return []
-    out = []
+        return {}
+    out: dict[str, list[int]] = {}
     for child in children:
         with contextlib.suppress(psutil.Error):
             if child.name() == "prometheus":
-                out.append(child.pid)
+                out.setdefault("prometheus", []).append(child.pid)
+            elif "inference.forkserver" in child.cmdline():
+                out.setdefault("fork-server", []).append(child.pid)
     return out
 
 
