@@ -18,8 +18,9 @@ built for (``torch.utils.cpp_extension``, ``-O3 -march=native``) the first time 
 to 40 s, with a log line saying so), then loaded from torch's extension cache
 (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``, under a name that carries a hash of
 the CPU's instruction sets, the source and the Python environment: :func:`build_signature`) in well
-under a second. Without a compiler, or when the build fails, the engine logs ``CPU decode kernel
-unavailable: <reason>`` and runs the torch path; nothing else changes.
+under a second. One process builds or loads at a time (:func:`builder_turn`), and none waits on a build
+that a killed process left unfinished. Without a compiler, or when the build fails, the engine logs
+``CPU decode kernel unavailable: <reason>`` and runs the torch path; nothing else changes.
 
 Not covered (the torch path runs): the INT8 cache and multi-head latent attention.
 """
@@ -27,12 +28,15 @@ Not covered (the torch path runs): the INT8 cache and multi-head latent attentio
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import logging
+import os
 import platform
 import shutil
 import sys
 import threading
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -136,12 +140,43 @@ def _build() -> tuple[Any, str | None]:
 
         with resources.as_file(resources.files("inference") / "kernels" / SOURCE) as source:
             logger.info("CPU decode kernel: building or loading %s (the first build takes 20-40 s)", SOURCE)
-            module = cpp_extension.load(name=f"{EXTENSION_NAME}_{build_signature(source)}",
-                                        sources=[str(source)],
-                                        extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                                        extra_ldflags=["-fopenmp"], verbose=False)
+            name = f"{EXTENSION_NAME}_{build_signature(source)}"
+            folder = build_folder(name)
+            with builder_turn(folder):
+                module = cpp_extension.load(name=name, sources=[str(source)], build_directory=str(folder),
+                                            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                                            extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # a compiler error, a missing header: say which, run the torch path
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return None, f"build failed: {first[:300]}"
     logger.info("CPU decode kernel: loaded")
     return module, None
+
+
+def build_folder(name: str) -> Path:
+    """Where extension ``name`` is built and kept: ``TORCH_EXTENSIONS_DIR``, else torch's default root
+    (``~/.cache/torch_extensions``), then the name."""
+    from torch.utils import cpp_extension
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    return Path(root) / name
+
+
+@contextlib.contextmanager
+def builder_turn(folder: Path) -> Iterator[None]:
+    """Build or load in ``folder`` one process at a time, and never wait on a dead builder.
+
+    torch's builder marks a build in progress with a ``lock`` file that it removes when it is done, and
+    every other process waits, polling, for as long as that file exists. A process killed while it
+    builds (a Ctrl-C at the first ``controlplane up``, a replica stopped during its start) leaves the file
+    behind, and every replica after it would wait forever. Here a builder first takes an ``flock`` on
+    ``builder.lock`` in the same folder, which the kernel drops when its holder exits however it exits:
+    whoever holds it is the only builder, so a ``lock`` file found then was left by a dead one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "builder.lock", "a") as turn:
+        fcntl.flock(turn, fcntl.LOCK_EX)  # released at close, or when this process dies
+        left = folder / "lock"
+        if left.exists():
+            logger.warning("CPU decode kernel: removing %s, left by a build that did not finish", left)
+            left.unlink(missing_ok=True)
+        yield

@@ -10,8 +10,12 @@ is unavailable and these tests fail with that reason.
 from __future__ import annotations
 
 import math
+import os
 import random
+import shutil
+import subprocess
 import sys
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -21,7 +25,14 @@ from torch import nn
 
 from inference.attention import AttentionContext, DecodeKernel, attention_context, decode_group
 from inference.config import EngineConfig
-from inference.cpu_attention import CpuDecodeKernel, build_signature, load_cpu_decode_kernel
+from inference.cpu_attention import (
+    EXTENSION_NAME,
+    SOURCE,
+    CpuDecodeKernel,
+    build_folder,
+    build_signature,
+    load_cpu_decode_kernel,
+)
 from inference.engine import LLMEngine
 from inference.kv_quant import KVCacheStore
 from inference.models.llama import LlamaDecoderLayer, RMSNorm
@@ -139,6 +150,26 @@ def test_each_checkout_and_environment_has_a_build_of_its_own(tmp_path: Path,
     here.write_text(text)
     monkeypatch.setattr(sys, "prefix", "/srv/another-venv")
     assert build_signature(here) != mine  # another environment (torch's headers, its ABI)
+
+
+def test_a_build_lock_left_by_a_killed_builder_is_not_waited_on(kernel: DecodeKernel, tmp_path: Path) -> None:
+    """torch's builder marks a build in progress with a ``lock`` file and waits, polling, for as long as
+    one exists; a builder killed midway (Ctrl-C at the first ``controlplane up``) leaves it, and before
+    ``builder_turn`` every later start waited forever. Here: this machine's build, copied into a fresh
+    extensions folder with such a file beside it, loads in seconds and the file is gone."""
+    with resources.as_file(resources.files("inference") / "kernels" / SOURCE) as source:
+        name = f"{EXTENSION_NAME}_{build_signature(source)}"
+    built = build_folder(name)
+    assert (built / f"{name}.so").exists(), f"no build in {built}"  # the kernel fixture made sure of it
+    copy = tmp_path / "extensions" / name
+    shutil.copytree(built, copy, ignore=shutil.ignore_patterns("lock", "builder.lock"))
+    (copy / "lock").touch()  # what a killed builder leaves
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")}
+    done = subprocess.run([sys.executable, "-m", "inference", "kernel"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "CPU decode kernel: on" in done.stdout, done.stdout + done.stderr
+    assert not (copy / "lock").exists()
+    assert "left by a build that did not finish" in done.stderr
 
 
 def test_asked_for_where_it_cannot_serve_the_engine_says_why_and_runs_torch(tiny_llama_dir: Path) -> None:

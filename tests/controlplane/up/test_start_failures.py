@@ -7,6 +7,7 @@ API port was found after the replicas had started, and they were left running wi
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -20,11 +21,16 @@ from .conftest import console_pids_of, gateway_pids, replica_pids, write_config
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
+# where this run's decode kernel was built (a replica that starts before the failure loads it from there,
+# not from the default folder, where it would build it again)
+_KERNEL_CACHE = {k: os.environ[k] for k in ("TORCH_EXTENSIONS_DIR",) if k in os.environ}
+
+
 def _up(config: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "controlplane", "up", "--config", str(config)],
                           capture_output=True, text=True, timeout=240,
                           env={"CONTROLPLANE_ADMIN_TOKEN": "admin-token-for-start-failures",
-                               "PATH": "/usr/bin:/bin"})
+                               "PATH": "/usr/bin:/bin", **_KERNEL_CACHE})
 
 
 def _occupy(port: int) -> socket.socket:
