@@ -253,13 +253,16 @@ def decision_reason(decision: Decision) -> str:
 
 
 def profile_drift_text(last: Decision | None) -> str:
-    """The last decision's profile drift: engine time observed over the profile's prediction, and the share
-    of the engines' step time on a core (the rest they waited for one) where the replicas count it."""
+    """The last decision's profile drift: engine time observed over the profile's prediction, and the shares
+    of the engines' step time on a core and waiting for one (the rest they waited for the interpreter lock)
+    where the replicas count them."""
     drift = None if last is None else last.inputs.profile_drift
     if not drift:
         return "– (replicas too idle to judge)"
     ratio = float(drift["ratio"])
     on_cpu = "" if drift.get("on_cpu") is None else f", {float(drift['on_cpu']):.0%} on a core"
+    if on_cpu and drift.get("waiting_core") is not None:
+        on_cpu += f", {float(drift['waiting_core']):.0%} waiting for one"
     return f"{ratio:.2f}x{on_cpu}" + (" (stale: run controlplane calibrate)" if drift.get("stale") else "")
 
 

@@ -31,6 +31,7 @@ from inference.models.loader import load_model
 from inference.npu_attention import make_npu_decode_kernel
 from inference.output import Clock, RequestMetrics, RequestOutput, TextAssembler, TokenLogprob
 from inference.packed_linear import BlockedOps, pack_linears, unavailable_reason
+from inference.run_delay import run_delay
 from inference.sampler import SamplingRow
 from inference.sampling_params import InvalidParameterError, SamplingParams
 from inference.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -82,6 +83,10 @@ class StepStat:
     # CPU seconds the stepping thread ran within ``duration`` (its own CPU clock): less than ``duration``
     # when it waited for a core (other processes or replicas on the same cores) or the interpreter lock.
     cpu: float = 0.0
+    # Of ``duration``, the seconds the stepping thread waited for a core (its run delay, see
+    # inference.run_delay); the rest not on a CPU it slept, on the interpreter lock mostly. None where the
+    # kernel does not count it.
+    runqueue: float | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -265,7 +270,7 @@ class LLMEngine:
 
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        start, cpu_start = self.clock(), time.thread_time()
+        start, cpu_start, waited_before = self.clock(), time.thread_time(), run_delay()
         profile = step_profile.current()
         if profile is not None:
             profile.begin()
@@ -279,13 +284,15 @@ class LLMEngine:
         sampled, logprobs = self.runner.run(out, rows)
         self.scheduler.update_after_step(out, sampled)
         cpu = time.thread_time() - cpu_start  # read inside the step's wall span: never more than it
+        waited_after = run_delay()
         now = self.clock()
+        runqueue = None if waited_before is None or waited_after is None else waited_after - waited_before
         if self.record_prefill_chunks:
             self._record_prefill_chunks(out, start, now)
         outputs = [o for item, token, logprob in zip(out.scheduled, sampled, logprobs)
                    if token is not None and
                    (o := self._postprocess(self._by_seq[item.seq.seq_id], token, logprob, now)) is not None]
-        self._record_step(out, start, now, cpu)
+        self._record_step(out, start, now, cpu, runqueue)
         if profile is not None:
             profile.lap(POSTPROCESS)
             decode = self.step_stats[-1].num_decode_tokens
@@ -391,7 +398,8 @@ class LLMEngine:
                 chunks = metrics.prefill_chunks = metrics.prefill_chunks or []
                 chunks.append((start, end, item.num_new_tokens))
 
-    def _record_step(self, out: SchedulerOutput, start: float, end: float, cpu: float) -> None:
+    def _record_step(self, out: SchedulerOutput, start: float, end: float, cpu: float,
+                     runqueue: float | None) -> None:
         """The step's shape and time (after ``update_after_step``: each sequence's computed tokens include
         this step's)."""
         decode = context = pairs = 0
@@ -404,7 +412,7 @@ class LLMEngine:
                 pairs += new * (computed - new) + new * (new + 1) // 2
         self.step_stats.append(StepStat(start, end - start, out.num_batched_tokens - decode, decode,
                                         self.scheduler.num_running, self.scheduler.num_waiting, context,
-                                        pairs, cpu))
+                                        pairs, cpu, runqueue))
 
 
 ProgressCallback = Callable[[int, int], None]

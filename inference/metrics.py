@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from inference.output import RequestOutput
+from inference.run_delay import unavailable_reason as run_delay_unavailable
 from inference.runtime_metrics import NAMESPACE, register_runtime_metrics
 
 if TYPE_CHECKING:
@@ -68,6 +69,9 @@ EXPERT_IMBALANCE = f"{NAMESPACE}moe_expert_load_imbalance"
 ENGINE_BUSY_SECONDS = f"{NAMESPACE}engine_busy_seconds"
 ENGINE_TURN_SECONDS = f"{NAMESPACE}engine_turn_seconds"  # of the busy seconds, those between two steps
 ENGINE_STEP_CPU_SECONDS = f"{NAMESPACE}engine_step_cpu_seconds"  # of the steps' seconds, those on a CPU
+# of the steps' seconds, those the engine's thread waited for a core (not exported where the kernel does not
+# count it: inference.run_delay)
+ENGINE_STEP_RUNQUEUE_SECONDS = f"{NAMESPACE}engine_step_runqueue_seconds"
 ENGINE_STEP_WORK = f"{NAMESPACE}engine_step_work"
 STEP_WORK_TERMS = ("steps", "decode_sequences", "prefill_tokens", "context_tokens", "prefill_pairs")
 
@@ -287,6 +291,12 @@ class ReplicaMetrics:
                                        "(other processes or replicas on the same cores) or for the "
                                        "interpreter lock. With several torch threads, the engine thread's "
                                        "own share.")
+        # Only where the kernel counts run delays: a counter stuck at 0 would read as never waiting.
+        self.engine_step_runqueue = None if run_delay_unavailable() else counter(
+            ENGINE_STEP_RUNQUEUE_SECONDS, "Of the engine's step seconds, those its thread waited for a core "
+            "(runnable, on the kernel's run queue): other processes or replicas on the same cores. Step "
+            "seconds neither on a CPU nor waiting for one, it slept: on the interpreter lock, held by the "
+            "replica's HTTP server, mostly.")
         self.step_work = counter(ENGINE_STEP_WORK, "Engine steps and their work by term: decoded sequences, "
                                  "prefill tokens, keys the decoded tokens attended to, prefill attention "
                                  "pairs.", ("term",))
@@ -301,6 +311,8 @@ class ReplicaMetrics:
         self._busy_series = self.engine_busy.labels(*lv)
         self._turn_series = self.engine_turn.labels(*lv)
         self._step_cpu_series = self.engine_step_cpu.labels(*lv)
+        self._step_runqueue_series = None if self.engine_step_runqueue is None else \
+            self.engine_step_runqueue.labels(*lv)
         self._work_series = tuple(self.step_work.labels(*lv, term) for term in STEP_WORK_TERMS)
         self._busy_until: float | None = None  # the last step's end while the engine still had work
         self._last_step: StepStat | None = None
@@ -316,6 +328,8 @@ class ReplicaMetrics:
                        self.params_n, self.params_max_tokens, self.engine_busy, self.engine_turn,
                        self.engine_step_cpu):
             metric.labels(*lv)
+        if self.engine_step_runqueue is not None:
+            self.engine_step_runqueue.labels(*lv)
         for reason in FINISH_REASONS:
             self.request_success.labels(*lv, reason)
         for reason in REJECT_REASONS:
@@ -374,6 +388,8 @@ class ReplicaMetrics:
         self._busy_series.inc(step.duration + turn)
         self._turn_series.inc(turn)
         self._step_cpu_series.inc(step.cpu)
+        if self._step_runqueue_series is not None and step.runqueue is not None:
+            self._step_runqueue_series.inc(step.runqueue)
         steps, decode, prefill, context, pairs = self._work_series
         steps.inc()
         decode.inc(step.num_decode_tokens)

@@ -141,7 +141,12 @@ def _autoscaler(autoscaler: AutoscalerView) -> Iterable[Metric]:
         if drift.get("on_cpu") is not None:  # absent when the replicas do not count their steps' CPU time
             yield _gauge("autoscaler_engine_on_cpu_ratio", "The share of the replicas' engine step time on a "
                          "core, at the last decision (below 1: they waited for cores held by other "
-                         "processes or replicas).", drift["on_cpu"])
+                         "processes or replicas, or for the interpreter lock).", drift["on_cpu"])
+        if drift.get("waiting_core") is not None:  # absent where the replicas' kernel does not count it
+            yield _gauge("autoscaler_engine_waiting_core_ratio", "The share of the replicas' engine step "
+                         "time waiting for a core held by other processes or replicas (their run delay), at "
+                         "the last decision; the rest not on a core they waited for the interpreter lock.",
+                         drift["waiting_core"])
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

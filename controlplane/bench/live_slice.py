@@ -32,7 +32,7 @@ import httpx
 
 from controlplane.autoscale.config import AutoscalerConfig
 from controlplane.bench.host_cpu import CpuMeter, DataPathProbe, EngineMeter, engine_counters, engine_cpu_s
-from controlplane.bench.live_speed import host_speed, run_drift, run_on_cpu
+from controlplane.bench.live_speed import host_speed, run_drift, run_share
 from controlplane.bench.sim_vs_live_report import (
     replica_starts,
 )
@@ -221,6 +221,7 @@ class LiveRun:
     ticks: list[Decision] = field(default_factory=list)  # every decision record, the probe's included
     starts: list[float] = field(default_factory=list)  # scale-up to each new replica ready (replica_starts)
     engine_cpu_s: float | None = None  # the replicas' engines' CPU seconds while the load ran (EngineMeter)
+    waiting_core: float | None = None  # the share of the replicas' step time waiting for a core
 
     def server_cpu_per_request_s(self) -> float | None:
         """The replica processes' CPU beside their engines while the load ran, per request (the probe
@@ -284,8 +285,9 @@ def run_live(cut: Slice, autoscaler: AutoscalerConfig, workdir: Path, source_sta
     decisions = [(d.at, d.applied, d.outcome) for d in records]
     window = autoscaler.metrics_window_s or DEFAULT_WINDOW_S
     return LiveRun(read_jsonl(workdir / "load.jsonl"), fleet, decisions, meter.totals(), run_drift(records),
-                   run_on_cpu(records), host_speed(records, window_s=window, cores=os.cpu_count() or 1),
-                   probe, cut, ticks, starts, engines.engine_cpu_s())
+                   run_share(records, "on_cpu"),
+                   host_speed(records, window_s=window, cores=os.cpu_count() or 1), probe, cut, ticks, starts,
+                   engines.engine_cpu_s(), run_share(records, "waiting_core"))
 
 
 def run_probe(cut: Slice, probe_s: float, gateway: str, workdir: Path, control_plane: int, *,

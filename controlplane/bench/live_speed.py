@@ -1,7 +1,8 @@
 """What a live run's autoscaler decisions say about how fast its replicas ran against their profile: the
-drift over the run, the share of their step time on a core, and the host's speed window by window (with
-the core sharing the simulator models taken out) as a step function the simulator can replay. Pure: the
-decision records in, figures out; :mod:`controlplane.bench.sim_vs_live` reads the records and prints these.
+drift over the run, the shares of their step time on a core and waiting for one, and the host's speed
+window by window (with the core sharing the simulator models taken out) as a step function the simulator
+can replay. Pure: the decision records in, figures out; :mod:`controlplane.bench.sim_vs_live` reads the
+records and prints these.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ def run_drift(decisions: Sequence[Decision]) -> float | None:
     return busy / predicted if predicted > 0 else None
 
 
-def run_on_cpu(decisions: Sequence[Decision]) -> float | None:
-    """The share of the replicas' step time on a core across the run (``ProfileDrift.on_cpu``), each
-    decision's weighed by its engine time; None when no decision had it (replicas that do not count it)."""
-    shares = [(float(x["on_cpu"]), float(x["busy_s_per_s"])) for d in decisions
-              if (x := d.inputs.profile_drift) and x.get("on_cpu") is not None]
+def run_share(decisions: Sequence[Decision], share: str) -> float | None:
+    """A share of the replicas' step time across the run, as the decision records' drift names it
+    (``on_cpu``: on a core; ``waiting_core``: waiting for one; :class:`~controlplane.autoscale.drift.
+    ProfileDrift`), each decision's weighed by its engine time; None when no decision had it (replicas
+    that do not count it)."""
+    shares = [(float(x[share]), float(x["busy_s_per_s"])) for d in decisions
+              if (x := d.inputs.profile_drift) and x.get(share) is not None]
     weight = sum(w for _, w in shares)
     return sum(v * w for v, w in shares) / weight if weight > 0 else None
 

@@ -247,9 +247,12 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
               + ("beside a busy replica)" if profile.busy_start_s is not None
                  else "alone: not measured beside a busy one)"))
     if run.on_cpu is not None and run.drift is not None:
-        print(f"live engines on a core {run.on_cpu:.0%} of their steps' time, waiting for one the rest (the "
-              f"load client, the gateway, the control plane and the other replicas share the host's cores); "
-              f"on a core, {run.drift * run.on_cpu:.2f}x the profile")
+        print(f"live engines on a core {run.on_cpu:.0%} of their steps' time, " + (
+              "waiting for one or for the interpreter lock the rest" if run.waiting_core is None else
+              f"waiting for one {run.waiting_core:.0%} (the load client, the gateway, the control plane and "
+              f"the other replicas share the host's cores) and for the interpreter lock "
+              f"{max(1 - run.on_cpu - run.waiting_core, 0):.0%} (each replica's own HTTP server)")
+              + f"; on a core, {run.drift * run.on_cpu:.2f}x the profile")
     at_speed = None
     if run.speed:  # the simulator's own error, once the profile's and the host's are taken out
         at_speed = sim_side(simulate(requests, PolicySpec("ours"), profile=profile, settings=settings,
@@ -285,6 +288,7 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
             "live": dataclasses.asdict(live), "sim": dataclasses.asdict(sim), "cpu": run.cpu,
             "engine_s": round(work, 1), "fleet_core_s": round(capacity.core_s, 1),
             "fleet_load": round(capacity.load, 3), "live_profile_drift": run.drift, "live_on_cpu": run.on_cpu,
+            "live_waiting_core": run.waiting_core,
             "live_host_speed": run.speed, "live_replica_starts_s": run.starts,
             "live_engine_cpu_s": run.engine_cpu_s,
             "live_server_cpu_per_request_s": run.server_cpu_per_request_s(),

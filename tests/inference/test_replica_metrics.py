@@ -60,13 +60,14 @@ def test_a_token_or_a_step_looks_up_no_labelled_series(monkeypatch: pytest.Monke
 
 
 def _step(start: float, duration: float, *, decode: int = 0, prefill: int = 0, context: int = 0,
-          pairs: int = 0, cpu: float = 0.0) -> StepStat:
-    return StepStat(start, duration, prefill, decode, 0, 0, context, pairs, cpu)
+          pairs: int = 0, cpu: float = 0.0, runqueue: float | None = None) -> StepStat:
+    return StepStat(start, duration, prefill, decode, 0, 0, context, pairs, cpu, runqueue)
 
 
 def test_engine_time_counts_the_turn_between_back_to_back_steps_and_not_the_idle_between() -> None:
     metrics = _metrics()
-    metrics.observe_step(_step(10.0, 0.5, prefill=16, pairs=136, cpu=0.375), more_work=True)
+    metrics.observe_step(_step(10.0, 0.5, prefill=16, pairs=136, cpu=0.375, runqueue=0.0625),
+                         more_work=True)
     metrics.observe_step(_step(10.6, 0.2, decode=1, context=17, cpu=0.125), more_work=False)  # 0.1 s turn
     metrics.observe_step(_step(50.0, 0.3, decode=1, context=18, cpu=0.25), more_work=False)  # idle: not
 
@@ -74,6 +75,8 @@ def test_engine_time_counts_the_turn_between_back_to_back_steps_and_not_the_idle
     assert busy == pytest.approx(0.5 + 0.1 + 0.2 + 0.3)
     assert _value(metrics.registry, "llmsre_engine_turn_seconds_total") == pytest.approx(0.1)
     assert _value(metrics.registry, "llmsre_engine_step_cpu_seconds_total") == 0.75  # within steps only
+    # a step whose run delay was not read adds none
+    assert _value(metrics.registry, "llmsre_engine_step_runqueue_seconds_total") == 0.0625
     work = {term: _value(metrics.registry, "llmsre_engine_step_work_total", term=term) for term in
             ("steps", "decode_sequences", "prefill_tokens", "context_tokens", "prefill_pairs")}
     assert work == {"steps": 3, "decode_sequences": 2, "prefill_tokens": 16, "context_tokens": 35,

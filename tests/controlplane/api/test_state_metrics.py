@@ -93,6 +93,7 @@ def test_a_fresh_control_plane_shows_its_fleet_and_no_decision_yet(store: Store)
     assert "llmsre_autoscaler_recommended_replicas" not in values  # no decision: no number
     assert "llmsre_autoscaler_profile_drift_ratio" not in values
     assert "llmsre_autoscaler_engine_on_cpu_ratio" not in values
+    assert "llmsre_autoscaler_engine_waiting_core_ratio" not in values
     assert values["llmsre_autoscaler_mode{mode=active}"] == 1
     assert values["llmsre_autoscaler_mode{mode=paused}"] == 0
     assert values["llmsre_drill_running"] == 0 and values["llmsre_faults_active"] == 0
@@ -104,7 +105,8 @@ def test_the_page_follows_the_loop_the_drill_and_the_ledger_at_each_scrape(store
     page.read()
     page.autoscaler.ticks, page.autoscaler.mode = 7, "observe_only"
     page.autoscaler.last = {"recommendation": 5, "final": 4,
-                            "inputs": {"profile_drift": {"ratio": 1.31, "stale": True, "on_cpu": 0.77}}}
+                            "inputs": {"profile_drift": {"ratio": 1.31, "stale": True, "on_cpu": 0.77,
+                                                         "waiting_core": 0.09}}}
     page.drills.running, page.faults, page.fleet.ready = True, 2, 3
 
     values = page.read()
@@ -114,6 +116,7 @@ def test_the_page_follows_the_loop_the_drill_and_the_ledger_at_each_scrape(store
     assert values["llmsre_autoscaler_final_replicas"] == 4
     assert values["llmsre_autoscaler_profile_drift_ratio"] == 1.31
     assert values["llmsre_autoscaler_engine_on_cpu_ratio"] == 0.77
+    assert values["llmsre_autoscaler_engine_waiting_core_ratio"] == 0.09
     assert values["llmsre_autoscaler_mode{mode=observe_only}"] == 1
     assert values["llmsre_autoscaler_mode{mode=active}"] == 0
     assert values["llmsre_drill_running"] == 1 and values["llmsre_faults_active"] == 2

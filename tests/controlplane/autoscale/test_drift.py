@@ -11,6 +11,7 @@ import pytest
 from controlplane.autoscale.drift import (
     ENGINE_BUSY,
     ENGINE_STEP_CPU,
+    ENGINE_STEP_RUNQUEUE,
     ENGINE_TURN,
     STEP_WORK,
     ProfileDrift,
@@ -77,8 +78,9 @@ def test_the_share_on_a_core_takes_waiting_for_cores_out_of_the_drift() -> None:
     waiting = drift_from(STEPS, {"r2": 0.75}, per_replica, step_cpu={"r2": 0.6875 * 2 / 3}, turn=turn)
     assert waiting is not None and waiting.ratio == 1.5
     assert waiting.on_cpu == pytest.approx(2 / 3) and waiting.cpu_ratio == pytest.approx(1.0)
-    assert ("the engines ran on a core 67% of their steps' time and waited for one the rest (other processes "
-            "or replicas on these cores), 1.00x the profile on a core") in (waiting.note() or "")
+    assert ("the engines ran on a core 67% of their steps' time and waited for one or for the interpreter "
+            "lock the rest, 1.00x the profile on a core") in (waiting.note() or "")
+    assert waiting.waiting_core is None and waiting.waiting_lock is None  # no run-queue counter
 
     both = drift_from(STEPS, busy, per_replica, step_cpu={"r1": 0.6875, "r2": 0.6875 * 2 / 3}, turn=turn)
     assert both is not None and both.on_cpu == pytest.approx(5 / 6)
@@ -86,6 +88,28 @@ def test_the_share_on_a_core_takes_waiting_for_cores_out_of_the_drift() -> None:
     # a replica without the CPU counter (an older build) leaves the share to those that have it
     mixed = drift_from(STEPS, busy, per_replica, step_cpu={"r2": 0.6875 * 2 / 3}, turn=turn)
     assert mixed is not None and mixed.on_cpu == pytest.approx(2 / 3)
+
+
+def test_the_run_queue_splits_the_wait_into_cores_and_the_interpreter_lock() -> None:
+    """r2 ran on a core two thirds of its steps' time; of the third it did not, it waited for a core a
+    quarter (its run delay: other processes on its cores) and slept the rest, on the lock its HTTP server
+    held. More cores would give back the quarter, not the rest."""
+    per_replica = {"r1": work(64), "r2": work(64)}
+    turn = {"r1": 0.0625, "r2": 0.0625}  # steps: 0.6875 s/s each
+    split = drift_from(STEPS, {"r2": 0.75}, per_replica, step_cpu={"r2": 0.6875 * 2 / 3}, turn=turn,
+                       runqueue={"r2": 0.6875 / 12})
+    assert split is not None and split.ratio == 1.5
+    assert split.on_cpu == pytest.approx(2 / 3) and split.waiting_core == pytest.approx(1 / 12)
+    assert split.waiting_lock == pytest.approx(1 / 4)
+    assert ("the engines ran on a core 67% of their steps' time, waited for one 8% (other processes or "
+            "replicas on these cores) and for the interpreter lock 25% (their own HTTP servers), 1.00x the "
+            "profile on a core") in (split.note() or "")
+    assert split.as_dict()["waiting_core"] == 0.0833
+    # the share waiting for a core is over the replicas that count it: r1 (an older build) does not
+    both = drift_from(STEPS, {"r1": 0.75, "r2": 0.75}, per_replica,
+                      step_cpu={"r1": 0.6875, "r2": 0.6875 * 2 / 3}, turn=turn, runqueue={"r2": 0.6875 / 12})
+    assert both is not None and both.on_cpu == pytest.approx(5 / 6)
+    assert both.waiting_core == pytest.approx(1 / 12)
 
 
 def drifting_telemetry(busy: dict[str, float]) -> FixedTelemetry:
@@ -108,9 +132,12 @@ def test_the_observation_judges_only_replicas_busy_enough_and_notes_a_stale_prof
     counted = drifting_telemetry({"r1": 1.4, "r2": 0.02})
     counted.rate_values[ENGINE_TURN] = {("r1",): 0.4, ("r2",): 0.0}
     counted.rate_values[ENGINE_STEP_CPU] = {("r1",): 0.7, ("r2",): 0.02}
+    counted.rate_values[ENGINE_STEP_RUNQUEUE] = {("r1",): 0.1, ("r2",): 0.0}
     o = observe(counted, eps, 2)
     assert o.drift is not None and o.drift.on_cpu == pytest.approx(0.7)  # r1 alone: 0.7 of its 1.0 step s
-    assert any("ran on a core 70% of their steps' time" in n for n in o.notes)
+    assert o.drift.waiting_core == pytest.approx(0.1)
+    assert any("ran on a core 70% of their steps' time, waited for one 10%" in n and "lock 20%" in n
+               for n in o.notes)
 
     idle = observe(drifting_telemetry({"r1": 0.01, "r2": 0.02}), eps, 2)
     assert idle.drift is None and not any("drift" in n for n in idle.notes)

@@ -15,7 +15,7 @@ import pytest
 from controlplane.autoscale.profile import ReplicaProfile, load_profile
 from controlplane.bench.host_cpu import DataPathProbe, engine_cpu_s
 from controlplane.bench.live_slice import Slice, write_config
-from controlplane.bench.live_speed import host_speed, run_drift, run_on_cpu, speed_at
+from controlplane.bench.live_speed import host_speed, run_drift, run_share, speed_at
 from controlplane.bench.sim_vs_live import engine_seconds, fitting_compress, profile_path
 from controlplane.bench.sim_vs_live_report import (
     Side,
@@ -153,13 +153,15 @@ def test_the_runs_drift_weighs_each_decisions_window_by_its_engine_time() -> Non
     assert run_drift(decisions[:1]) is None
 
 
-def test_the_runs_share_on_a_core_weighs_each_decision_by_its_engine_time() -> None:
+def test_the_runs_shares_of_step_time_weigh_each_decision_by_its_engine_time() -> None:
     decisions = [_decision(1, {"ratio": 1.5, "busy_s_per_s": 0.5, "predicted_s_per_s": 0.4, "on_cpu": 1.0}),
-                 _decision(2, {"ratio": 2.0, "busy_s_per_s": 1.5, "predicted_s_per_s": 0.75, "on_cpu": 0.6}),
+                 _decision(2, {"ratio": 2.0, "busy_s_per_s": 1.5, "predicted_s_per_s": 0.75, "on_cpu": 0.6,
+                               "waiting_core": 0.3}),
                  _decision(2, {"ratio": 2.0, "busy_s_per_s": 1.5, "predicted_s_per_s": 0.75}),  # not counted
                  _decision(1, None)]
-    assert run_on_cpu(decisions) == pytest.approx((0.5 * 1.0 + 1.5 * 0.6) / 2.0)
-    assert run_on_cpu(decisions[2:]) is None
+    assert run_share(decisions, "on_cpu") == pytest.approx((0.5 * 1.0 + 1.5 * 0.6) / 2.0)
+    assert run_share(decisions, "waiting_core") == pytest.approx(0.3)  # the one decision that had it
+    assert run_share(decisions[2:], "on_cpu") is None
 
 
 def test_the_hosts_speed_takes_the_core_sharing_out_of_each_windows_drift() -> None:

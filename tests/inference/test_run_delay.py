@@ -1,0 +1,77 @@
+"""The run delay a thread reads of itself: the seconds it waited for a core, which a replica's engine counts
+within its steps to tell waiting for a core from waiting for the interpreter lock."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from inference import run_delay as rd
+from inference.metrics import ReplicaMetrics
+from tests.inference.test_replica_metrics import _metrics
+
+SPIN = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass"
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_this_kernel_counts_run_delays() -> None:
+    # the suite's replicas export the step counter on this host; CI's kernel must count them too
+    assert rd.unavailable_reason() is None
+    assert rd.run_delay() is not None
+
+
+def test_a_thread_reads_its_own_wait_for_a_core_and_sleep_is_not_one() -> None:
+    mine = rd.run_delay()  # this thread's descriptor, opened here
+    assert mine is not None
+    waited: list[float] = []
+
+    def spin_beside_the_hogs() -> None:
+        before = rd.run_delay()
+        assert before is not None
+        _spin(0.6)
+        after = rd.run_delay()
+        assert after is not None
+        waited.append(after - before)
+
+    # one more spinning process than the host has cores, and a thread of this process spinning beside them:
+    # it waits for a core about a third of its 0.6 s or more (on 2 cores, 2 of 4 runnable run at a time)
+    hogs = [subprocess.Popen([sys.executable, "-c", SPIN.format(s=2.0)])
+            for _ in range((os.cpu_count() or 1) + 1)]
+    try:
+        time.sleep(0.2)  # the hogs have started spinning
+        worker = threading.Thread(target=spin_beside_the_hogs)
+        worker.start()
+        worker.join()  # this thread sleeps meanwhile
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    after = rd.run_delay()
+    assert after is not None
+    assert 0.02 < waited[0] < 0.6, waited  # the worker read its own wait
+    assert after - mine < waited[0] / 2  # and this thread, asleep in join, waited little: not the worker's
+
+
+def test_where_the_kernel_does_not_count_them_nothing_is_read_or_exported(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str]) -> None:
+    monkeypatch.setattr(rd, "SCHEDSTAT", f"{tmp_path}/schedstat")
+    assert "schedstat" in (rd.unavailable_reason() or "")
+    outcome: list[float | None] = []
+    thread = threading.Thread(target=lambda: outcome.append(rd.run_delay()))  # a thread with no descriptor
+    thread.start()
+    thread.join()
+    assert outcome == [None]
+    metrics: ReplicaMetrics = _metrics()
+    assert metrics.engine_step_runqueue is None
+    names = {m.name for m in metrics.registry.collect()}
+    assert "llmsre_engine_step_runqueue_seconds" not in names and "llmsre_engine_step_cpu_seconds" in names
