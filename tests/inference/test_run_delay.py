@@ -77,3 +77,37 @@ def test_where_the_kernel_does_not_count_them_nothing_is_read_or_exported(
     assert metrics.engine_step_runqueue is None
     names = {m.name for m in metrics.registry.collect()}
     assert "llmsre_engine_step_runqueue_seconds" not in names and "llmsre_engine_step_cpu_seconds" in names
+
+
+def test_a_thread_that_ends_closes_its_descriptor_and_a_forked_child_reads_its_own() -> None:
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    rd.run_delay()
+    before = open_fds()
+    for _ in range(5):
+        worker = threading.Thread(target=rd.run_delay)
+        worker.start()
+        worker.join()
+    assert open_fds() == before
+
+    # a child forked from this thread reads through a descriptor of its own: the one it inherited names
+    # this thread
+    assert rd.run_delay() is not None
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave at once, running nothing of the parent's
+        os.close(read)
+        try:
+            value = rd.run_delay()
+            descriptor = rd._local.descriptor
+            target = "" if descriptor is None else os.readlink(f"/proc/self/fd/{descriptor.fd}")
+            os.write(write, f"{value!r} {target}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        value, target = pipe.read().split(" ", 1)
+    os.waitpid(pid, 0)
+    assert value != "None"
+    assert target == f"/proc/{pid}/task/{pid}/schedstat", target
