@@ -49,6 +49,12 @@ STALE_BEYOND = 0.25  # a drift further than this from 1.0 says so in the decisio
 STARVED_BELOW = 0.9
 
 
+def lock_share(on_cpu: float, waiting_core: float) -> float:
+    """Of the engines' step time, the share neither on a core nor waiting for one: asleep, on the
+    interpreter lock mostly."""
+    return max(1.0 - on_cpu - waiting_core, 0.0)
+
+
 @dataclass(slots=True, frozen=True)
 class ProfileDrift:
     """Engine seconds per second observed and predicted by the profile, fleet-wide and per replica."""
@@ -76,7 +82,7 @@ class ProfileDrift:
         interpreter lock mostly (None where the run queue is not counted)."""
         if self.on_cpu is None or self.waiting_core is None:
             return None
-        return max(1.0 - self.on_cpu - self.waiting_core, 0.0)
+        return lock_share(self.on_cpu, self.waiting_core)
 
     def waits(self) -> str:
         """What the engines' step time was made of, for a note: on a core, and waiting for what."""

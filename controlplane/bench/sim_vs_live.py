@@ -54,6 +54,7 @@ from importlib import resources
 from pathlib import Path
 
 from controlplane.autoscale.calibrate import CalibrationPlan, calibrate_with_bar
+from controlplane.autoscale.drift import lock_share
 from controlplane.autoscale.profile import (
     DEFAULT_PROFILE,
     HELD_OUT_BOUND,
@@ -251,7 +252,7 @@ def sim_vs_live_main(args: argparse.Namespace) -> int:
               "waiting for one or for the interpreter lock the rest" if run.waiting_core is None else
               f"waiting for one {run.waiting_core:.0%} (the load client, the gateway, the control plane and "
               f"the other replicas share the host's cores) and for the interpreter lock "
-              f"{max(1 - run.on_cpu - run.waiting_core, 0):.0%} (each replica's own HTTP server)")
+              f"{lock_share(run.on_cpu, run.waiting_core):.0%} (each replica's own HTTP server)")
               + f"; on a core, {run.drift * run.on_cpu:.2f}x the profile")
     at_speed = None
     if run.speed:  # the simulator's own error, once the profile's and the host's are taken out
