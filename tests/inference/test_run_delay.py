@@ -38,8 +38,6 @@ def test_this_kernel_counts_run_delays_and_a_replica_exports_them() -> None:
 
 @needs_run_delays
 def test_a_thread_reads_its_own_wait_for_a_core_and_sleep_is_not_one() -> None:
-    mine = rd.run_delay()  # this thread's descriptor, opened here
-    assert mine is not None
     waited: list[float] = []
 
     def spin_beside_the_hogs() -> None:
@@ -58,15 +56,16 @@ def test_a_thread_reads_its_own_wait_for_a_core_and_sleep_is_not_one() -> None:
             for _ in range(cores + 1)]
     try:
         time.sleep(0.2)  # the hogs have started spinning
+        mine = rd.run_delay()  # this thread's own, from here to the end of the worker's spin
         worker = threading.Thread(target=spin_beside_the_hogs)
         worker.start()
         worker.join()  # this thread sleeps meanwhile
+        after = rd.run_delay()
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
-    after = rd.run_delay()
-    assert after is not None
+    assert mine is not None and after is not None
     assert 0.6 / (cores + 2) < waited[0] < 1.5, waited  # the worker read its own wait
     assert after - mine < waited[0] / 2  # and this thread, asleep in join, waited little: not the worker's
 
